@@ -1,0 +1,1 @@
+"""Applications: thin adapters from LLM-inference domains to the core."""

@@ -1,0 +1,137 @@
+"""The ask/tell surface every policy shares.
+
+A policy is configured once (keyword-only, validated in the constructor, stored as given) and
+then started on a problem's :class:`~canopy.problem.ProblemSpec` with a budget and a seed::
+
+    policy.start(spec, budget=600.0, seed=0)
+    while (query := policy.ask()) is not None:
+        policy.tell(query, observe(query))      # may happen elsewhere, later, in any order
+    best = policy.recommend(k=5)
+
+``ask`` charges the policy's own :class:`~canopy.problem.Ledger` when it issues a query, so a
+policy never spends past its budget even when many queries are outstanding, and returns
+``None`` once it cannot afford another query or has nothing left to ask. ``tell`` rejects
+NaN, infinite and out-of-range observations before they reach any statistic. Fitted state
+carries a trailing underscore (``spec_``, ``ledger_``, ``rng_``).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import numpy as np
+
+from canopy.problem import Ledger, ProblemSpec, Query
+from canopy.stats import check_observation
+
+__all__ = ["Policy", "check_k"]
+
+
+def check_k(k: int, n_leaves: int) -> int:
+    """Validate a top-``k`` request against the number of leaves."""
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
+        raise TypeError(f"k must be an int, got {type(k).__name__}")
+    if not 1 <= k <= n_leaves:
+        raise ValueError(f"k must be in 1..{n_leaves} (the number of leaves), got {k}")
+    return int(k)
+
+
+class Policy(ABC):
+    """Base class: budget bookkeeping, seeding, validation of ask/tell.
+
+    Subclasses implement :meth:`_start`, :meth:`_next_query`, :meth:`_observe` and
+    :meth:`recommend`, and set :attr:`query_kinds` to the kinds they issue (structure-blind
+    policies issue leaf evaluations only).
+    """
+
+    query_kinds: tuple[str, ...] = ("probe", "leaf")
+    name: str = "policy"
+
+    spec_: ProblemSpec
+    ledger_: Ledger
+    rng_: np.random.Generator
+
+    # ------------------------------------------------------------------ public surface
+    def start(self, spec: ProblemSpec, *, budget: float,
+              seed: int | np.random.Generator | None = None) -> Policy:
+        """Reset the policy for a new problem and budget. Returns ``self``."""
+        if not isinstance(spec, ProblemSpec):
+            raise TypeError(f"spec must be a ProblemSpec, got {type(spec).__name__}")
+        self.spec_ = spec
+        self.ledger_ = Ledger(budget)
+        cheapest = min(spec.probe_cost if kind == "probe" else spec.leaf_cost
+                       for kind in self.query_kinds)
+        if budget < cheapest:
+            raise ValueError(
+                f"budget {budget:g} is smaller than one query ({cheapest:g}) of {self.name}"
+            )
+        self.rng_ = np.random.default_rng(seed)
+        self._outstanding: dict[Query, int] = {}
+        self._start()
+        return self
+
+    def ask(self) -> Query | None:
+        """The next query, already paid for, or ``None`` when the policy is done."""
+        self._check_started()
+        query = self._next_query()
+        if query is None:
+            return None
+        cost = self.spec_.cost(query)
+        if not self.ledger_.can_afford(cost):
+            return None
+        self.ledger_.charge(query.kind, cost)
+        self._outstanding[query] = self._outstanding.get(query, 0) + 1
+        return query
+
+    def tell(self, query: Query, value: float) -> None:
+        """Report the observation of a query this policy asked (queries compare by value, so an
+        equal ``Query`` rebuilt elsewhere is accepted)."""
+        self._check_started()
+        pending = self._outstanding.get(query, 0)
+        if pending == 0:
+            raise ValueError(f"{query!r} was not asked by this policy, or was already told")
+        observation = check_observation(value, *self.spec_.value_range)
+        if pending == 1:
+            del self._outstanding[query]
+        else:
+            self._outstanding[query] = pending - 1
+        self._observe(query, observation)
+
+    @abstractmethod
+    def recommend(self, k: int = 1) -> np.ndarray:
+        """The ``k`` leaf indices the policy believes best, best first."""
+
+    @property
+    def spent(self) -> float:
+        return self.ledger_.spent
+
+    @property
+    def remaining(self) -> float:
+        return self.ledger_.remaining
+
+    # ------------------------------------------------------------------ subclass hooks
+    @abstractmethod
+    def _start(self) -> None:
+        """Allocate per-run state from ``self.spec_``, ``self.ledger_`` and ``self.rng_``."""
+
+    @abstractmethod
+    def _next_query(self) -> Query | None:
+        """Choose the next query (the base class checks and charges its cost)."""
+
+    @abstractmethod
+    def _observe(self, query: Query, value: float) -> None:
+        """Fold one validated observation into the statistics."""
+
+    # ------------------------------------------------------------------ helpers
+    def _check_started(self) -> None:
+        if not hasattr(self, "ledger_"):
+            raise RuntimeError(f"{type(self).__name__}.start(spec, budget=..., seed=...) first")
+
+    def _affordable(self, kind: str, count: int = 1) -> bool:
+        cost = self.spec_.probe_cost if kind == "probe" else self.spec_.leaf_cost
+        return self.ledger_.can_afford(cost * count)
+
+    def __repr__(self) -> str:
+        params = ", ".join(f"{key}={value!r}" for key, value in vars(self).items()
+                           if not key.endswith("_") and not key.startswith("_"))
+        return f"{type(self).__name__}({params})"
