@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
-from typing import Literal, Protocol, runtime_checkable
+from typing import Literal, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -30,12 +30,12 @@ __all__ = [
 QueryKind = Literal["probe", "leaf"]
 
 
-@dataclass(frozen=True, slots=True)
-class Query:
+class Query(NamedTuple):
     """One request of a policy: ``kind="probe"`` of an internal node, or ``kind="leaf"``, an
     evaluation of a leaf. ``node`` is always a node id of the tree (a ``(level, index)`` pair on
     a :class:`~canopy.tree.LazyTree`); :attr:`ProblemSpec.leaf_of` turns a leaf node into the
-    leaf index that :meth:`Problem.evaluate` takes."""
+    leaf index that :meth:`Problem.evaluate` takes. A named tuple: cheap to build, hashable,
+    equal by value."""
 
     kind: QueryKind
     node: Hashable

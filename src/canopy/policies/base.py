@@ -76,10 +76,11 @@ class Policy(ABC):
         query = self._next_query()
         if query is None:
             return None
-        cost = self.spec_.cost(query)
-        if not self.ledger_.can_afford(cost):
+        cost = self.spec_.probe_cost if query.kind == "probe" else self.spec_.leaf_cost
+        ledger = self.ledger_
+        if not ledger.can_afford(cost):
             return None
-        self.ledger_.charge(query.kind, cost)
+        ledger.charge(query.kind, cost)
         self._outstanding[query] = self._outstanding.get(query, 0) + 1
         return query
 
