@@ -18,14 +18,18 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from http.client import HTTPConnection
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
 
-__all__ = ["CountingProxy", "LocalLlamaServer", "LocalServerError", "find_smollm2_gguf"]
+from canopy.llm.client import LLMClient
+
+__all__ = ["CountingProxy", "LocalLlamaServer", "LocalServerError", "find_smollm2_gguf",
+           "open_endpoint"]
 
 _HOP_HEADERS = frozenset({"connection", "keep-alive", "transfer-encoding", "host",
                           "content-length", "proxy-connection", "upgrade"})
@@ -256,3 +260,25 @@ class LocalLlamaServer:
         if self._proxy is None:
             raise LocalServerError("the server is not running; use it as a context manager")
         return self._proxy
+
+
+@contextmanager
+def open_endpoint(base_url: str | None, *, model: str | None = None,
+                  cache_dir: str | os.PathLike[str] | None = None, timeout: float = 120.0,
+                  api_key_env: str | None = "OPENAI_API_KEY",
+                  ) -> Iterator[tuple[LLMClient, LocalLlamaServer | None]]:
+    """A client of ``base_url``, or, when ``base_url`` is ``None``, of a
+    :class:`LocalLlamaServer` started for the duration (then also yielded, for its request
+    count)."""
+    server = LocalLlamaServer().start() if base_url is None else None
+    try:
+        url = server.base_url if server is not None else str(base_url)
+        name = model or (server.model if server is not None else None)
+        if name is None:
+            raise ValueError("--model is required with --base-url")
+        with LLMClient(url, model=name, api_key_env=api_key_env, timeout=timeout,
+                       cache_dir=cache_dir) as client:
+            yield client, server
+    finally:
+        if server is not None:
+            server.stop()

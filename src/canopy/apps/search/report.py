@@ -14,7 +14,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-__all__ = ["interval_cells", "plot_accuracy", "print_json", "print_table", "progress_bar"]
+__all__ = ["cli_error", "interval_cells", "plot_accuracy", "print_json", "print_table",
+           "progress_bar"]
 
 Row = Mapping[str, object]
 
@@ -27,6 +28,12 @@ def _cell(value: object) -> str:
     if isinstance(value, float):
         return f"{value:.3f}" if abs(value) < 10 else f"{value:.1f}"
     return str(value)
+
+
+def cli_error(error: Exception) -> typer.Exit:
+    """Print ``error`` on stderr and return the exit (status 2) for the CLI to raise."""
+    Console(stderr=True).print(f"[red]error:[/red] {error}")
+    return typer.Exit(2)
 
 
 def interval_cells(row: Row) -> dict[str, object]:
