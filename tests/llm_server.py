@@ -7,8 +7,10 @@
 - ``scripted_server``: a tiny HTTP server of our own on 127.0.0.1 that answers each path the
   way a test scripts it (HTTP errors, malformed bodies, slow answers), for failure paths.
 
-Register with ``pytest_plugins = ["llm_server"]`` in the root ``conftest.py``, or import the
-fixtures into a test module (``from llm_server import llm_client, llm_server``).
+Register with ``pytest_plugins = ["llm_server"]`` in the root ``conftest.py`` (until then each
+test module that uses them declares ``pytest_plugins = ["llm_server"]`` itself). Test modules
+should not import from this module directly (that defeats pytest's assertion rewriting of it);
+the scripted server's response-body helpers are static methods of the fixture's object.
 """
 
 from __future__ import annotations
@@ -67,10 +69,36 @@ Reply = tuple[int, bytes, float]
 @dataclass
 class ScriptedServer:
     """HTTP server on 127.0.0.1: ``routes[path]`` is a function of the request number (from 0)
-    for that path returning a :data:`Reply`; unknown paths get 404. Counts requests per path."""
+    for that path returning a :data:`Reply`; unknown paths get 404. Counts requests per path
+    and keeps every request body (parsed JSON, or ``None``) in :attr:`bodies`, the current one
+    last, so a route may answer according to what was asked."""
 
     routes: dict[str, Callable[[int], Reply]] = field(default_factory=dict)
     counts: Counter[str] = field(default_factory=Counter)
+    bodies: list[object] = field(default_factory=list)
+
+    @staticmethod
+    def chat_body(text: str, *, prompt_tokens: int = 5, completion_tokens: int = 3) -> bytes:
+        """A well-formed chat-completion response body."""
+        return json.dumps({
+            "id": "x", "object": "chat.completion", "model": "scripted",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                         "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                      "total_tokens": prompt_tokens + completion_tokens},
+        }).encode()
+
+    @staticmethod
+    def completion_body(text: str, *, prompt_tokens: int = 5, completion_tokens: int = 3,
+                        token_logprobs: tuple[float, ...] = (-0.5, -0.25)) -> bytes:
+        """A well-formed text-completion response body, with token log-probabilities."""
+        return json.dumps({
+            "id": "x", "object": "text_completion", "model": "scripted",
+            "choices": [{"index": 0, "text": text, "finish_reason": "stop",
+                         "logprobs": {"token_logprobs": list(token_logprobs)}}],
+            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                      "total_tokens": prompt_tokens + completion_tokens},
+        }).encode()
 
     def url(self, prefix: str = "") -> str:
         return f"http://127.0.0.1:{self.port}{prefix}"
@@ -84,12 +112,17 @@ class ScriptedServer:
 
             def do_POST(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
-                self.rfile.read(length)
+                raw = self.rfile.read(length)
+                try:
+                    asked = json.loads(raw) if raw else None
+                except ValueError:
+                    asked = None
                 with lock:
                     number = script.counts[self.path]
                     script.counts[self.path] += 1
-                route = script.routes.get(self.path)
-                status, body, delay = route(number) if route else (404, b"no route", 0.0)
+                    script.bodies.append(asked)
+                    route = script.routes.get(self.path)
+                    status, body, delay = route(number) if route else (404, b"no route", 0.0)
                 time.sleep(delay)
                 try:
                     self.send_response(status)
@@ -113,17 +146,6 @@ class ScriptedServer:
     def close(self) -> None:
         self._server.shutdown()
         self._server.server_close()
-
-
-def chat_body(text: str, *, prompt_tokens: int = 5, completion_tokens: int = 3) -> bytes:
-    """A well-formed chat-completion response body."""
-    return json.dumps({
-        "id": "x", "object": "chat.completion", "model": "scripted",
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                     "finish_reason": "stop"}],
-        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                  "total_tokens": prompt_tokens + completion_tokens},
-    }).encode()
 
 
 @pytest.fixture

@@ -16,7 +16,6 @@ from canopy.llm import (
     ResponseCache,
 )
 from canopy.llm.local import free_port
-from llm_server import chat_body
 
 # The fixtures live in tests/llm_server.py (until the root conftest lists it in pytest_plugins).
 pytest_plugins = ["llm_server"]
@@ -91,7 +90,7 @@ def test_server_error_is_retried_then_reported(scripted_server):
 
 def test_transient_error_recovers_and_counts_the_retry(scripted_server):
     scripted_server.routes[CHAT] = lambda n: (503, b"busy", 0.0) if n == 0 else (
-        200, chat_body("5", prompt_tokens=11, completion_tokens=2), 0.0)
+        200, scripted_server.chat_body("5", prompt_tokens=11, completion_tokens=2), 0.0)
     client = LLMClient(scripted_server.url("/v1"), model="m", max_retries=1, backoff=0.0)
     answer = client.chat(ASK)
     assert answer.text == "5" and answer.prompt_tokens == 11
@@ -125,7 +124,7 @@ def test_malformed_response_is_a_clear_error_and_not_cached(scripted_server, tmp
 
 
 def test_timeout_raises_instead_of_hanging(scripted_server):
-    scripted_server.routes[CHAT] = lambda n: (200, chat_body("late"), 1.5)
+    scripted_server.routes[CHAT] = lambda n: (200, scripted_server.chat_body("late"), 1.5)
     client = LLMClient(scripted_server.url("/v1"), model="m", timeout=0.3, max_retries=1,
                        backoff=0.0)
     with pytest.raises(LLMTimeoutError, match="timed out"):
@@ -138,7 +137,7 @@ def test_api_key_comes_from_the_named_environment_variable(scripted_server, monk
 
     class Recorder:
         def __call__(self, n):
-            return 200, chat_body("ok"), 0.0
+            return 200, scripted_server.chat_body("ok"), 0.0
 
     scripted_server.routes[CHAT] = Recorder()
     monkeypatch.setenv("CANOPY_TEST_KEY", "sekret")

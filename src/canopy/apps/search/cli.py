@@ -3,13 +3,20 @@ against an OpenAI-compatible endpoint)."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.console import Console
 
+from canopy.apps.search.budget import check_budgets
 from canopy.apps.search.report import (
+    BaseUrl,
+    CacheDir,
+    Json,
+    Model,
+    Plot,
+    Seed,
+    Timeout,
     cli_error,
     interval_cells,
     plot_accuracy,
@@ -28,15 +35,13 @@ _COLUMNS = ["method", "budget", "accuracy [95% CI]", "delta [95% CI]", "calls",
             "reward_calls", "tokens"]
 
 
-def parse_budgets(text: str) -> list[float]:
+def parse_budgets(text: str, *, whole: bool = False) -> list[float]:
     """``"2,4,8"`` -> ``[2.0, 4.0, 8.0]``; each must be a number of calls >= 1."""
     try:
         budgets = [float(part) for part in text.split(",") if part.strip()]
     except ValueError:
         raise ValueError(f"--budgets must be comma-separated numbers, got {text!r}") from None
-    if not budgets or any(b < 1 for b in budgets):
-        raise ValueError(f"--budgets must list numbers of calls >= 1, got {text!r}")
-    return budgets
+    return check_budgets(budgets, whole=whole)
 
 
 @search_app.command("replay")
@@ -48,12 +53,11 @@ def replay_command(
                                            "reward-model score.")] = 1.0,
     orders: Annotated[int, typer.Option("--orders", help="Random generation orders per "
                                         "problem.")] = 20,
-    seed: Annotated[int, typer.Option("--seed", help="Random seed.")] = 0,
+    seed: Seed = 0,
     reference: Annotated[str, typer.Option("--reference", help="Method the paired gaps are "
                                            "taken against.")] = "best_of_n",
-    as_json: Annotated[bool, typer.Option("--json", help="Print rows as JSON.")] = False,
-    plot: Annotated[Path | None, typer.Option("--plot", help="Save accuracy against budget "
-                                              "to this image.")] = None,
+    as_json: Json = False,
+    plot: Plot = None,
 ) -> None:
     """Replay best-of-N, majority, reward-weighted vote and the multi-fidelity selector on
     logged answers at matched budgets, with paired bootstrap intervals over problems."""
@@ -94,10 +98,8 @@ def parse_names(text: str, known: tuple[str, ...], option: str) -> list[str]:
 
 @search_app.command("run")
 def run_command(
-    base_url: Annotated[str | None, typer.Option(
-        "--base-url", help="OpenAI-compatible API root (e.g. http://127.0.0.1:8000/v1); "
-        "default: start the local SmolLM2-135M llama-cpp server.")] = None,
-    model: Annotated[str | None, typer.Option("--model", help="Model name.")] = None,
+    base_url: BaseUrl = None,
+    model: Model = None,
     n: Annotated[int, typer.Option("--n", help="GSM8K test questions.")] = 5,
     offset: Annotated[int, typer.Option("--offset", help="First question.")] = 0,
     budgets: Annotated[str, typer.Option("--budgets", help="Comma-separated budgets, in "
@@ -106,15 +108,13 @@ def run_command(
         "first,best_of_n,majority,weighted_vote,beam,value_guided"),
     max_tokens: Annotated[int, typer.Option("--max-tokens", help="Tokens per rollout.")] = 192,
     temperature: Annotated[float, typer.Option("--temperature")] = 0.8,
-    seed: Annotated[int, typer.Option("--seed", help="Sampling seed.")] = 0,
-    cache_dir: Annotated[Path | None, typer.Option(
-        "--cache-dir", help="Response cache folder (reruns cost no calls).")] = None,
-    timeout: Annotated[float, typer.Option("--timeout", help="Seconds per call.")] = 120.0,
+    seed: Seed = 0,
+    cache_dir: CacheDir = None,
+    timeout: Timeout = 120.0,
     reference: Annotated[str, typer.Option("--reference", help="Method the paired gaps are "
                                            "taken against.")] = "best_of_n",
-    as_json: Annotated[bool, typer.Option("--json", help="Print rows as JSON.")] = False,
-    plot: Annotated[Path | None, typer.Option("--plot", help="Save accuracy against budget "
-                                              "to this image.")] = None,
+    as_json: Json = False,
+    plot: Plot = None,
 ) -> None:
     """Value-guided search against best-of-N (first, highest likelihood, majority, weighted
     vote) and beam search on GSM8K at matched generation calls, live."""
@@ -126,7 +126,7 @@ def run_command(
     console = Console(stderr=True)
     try:
         chosen = parse_names(methods, LIVE_METHODS, "--methods")
-        budget_list = [int(b) for b in parse_budgets(budgets)]
+        budget_list = [int(b) for b in parse_budgets(budgets, whole=True)]
         config = SearchConfig(max_tokens=max_tokens, temperature=temperature)
         questions = load_gsm8k(data.path("gsm8k", "test.jsonl"), n=n, offset=offset)
         with open_endpoint(base_url, model=model, cache_dir=cache_dir, timeout=timeout) as (

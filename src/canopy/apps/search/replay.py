@@ -37,6 +37,7 @@ from pathlib import Path
 import numpy as np
 from scipy.stats import binom
 
+from canopy.apps.search.budget import check_budgets
 from canopy.apps.search.intervals import Interval, bootstrap_mean, paired_bootstrap
 from canopy.problem import Ledger
 
@@ -298,13 +299,7 @@ def replay(problems: Sequence[LoggedProblem], *, budgets: Sequence[float],
     called after each problem."""
     if not problems:
         raise ValueError("problems is empty")
-    checked = []
-    for budget in budgets:
-        if not (isinstance(budget, (int, float)) and math.isfinite(budget) and budget >= 1):
-            raise ValueError(f"budgets must be numbers of calls >= 1, got {budget!r}")
-        checked.append(float(budget))
-    if not checked:
-        raise ValueError("budgets is empty")
+    checked = check_budgets(budgets)
     unknown = [m for m in methods if m not in METHODS]
     if unknown:
         raise ValueError(f"unknown methods {unknown}; known: {sorted(METHODS)}")

@@ -1,6 +1,6 @@
-"""Rendering for the search and trim commands: rich tables, JSON rows, and plots of accuracy
-against budget (matplotlib, imported lazily). Library code returns rows; only these helpers,
-called from the CLI, write anything."""
+"""Command-line helpers for the search and trim commands: shared options, rich tables, JSON
+rows, progress bars and plots of accuracy against budget (matplotlib, imported lazily). Library
+code returns rows; only these helpers, called from the CLI, write anything."""
 
 from __future__ import annotations
 
@@ -8,14 +8,28 @@ import json
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Annotated
 
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-__all__ = ["cli_error", "interval_cells", "plot_accuracy", "print_json", "print_table",
-           "progress_bar"]
+__all__ = ["BaseUrl", "CacheDir", "Json", "Model", "Plot", "Seed", "Timeout", "cli_error",
+           "interval_cells", "plot_accuracy", "print_json", "print_table", "progress_bar"]
+
+BaseUrl = Annotated[str | None, typer.Option(
+    "--base-url", help="OpenAI-compatible API root (e.g. http://127.0.0.1:8000/v1); default: "
+    "start the local SmolLM2-135M llama-cpp server.")]
+Model = Annotated[str | None, typer.Option("--model", help="Model name (needed with "
+                                           "--base-url).")]
+CacheDir = Annotated[Path | None, typer.Option(
+    "--cache-dir", help="Response cache folder (a rerun costs no calls).")]
+Timeout = Annotated[float, typer.Option("--timeout", help="Seconds allowed per call.")]
+Seed = Annotated[int, typer.Option("--seed", help="Random seed.")]
+Json = Annotated[bool, typer.Option("--json", help="Print the rows as JSON.")]
+Plot = Annotated[Path | None, typer.Option("--plot", help="Save a plot of accuracy to this "
+                                           "image.")]
 
 Row = Mapping[str, object]
 

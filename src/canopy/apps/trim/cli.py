@@ -3,13 +3,19 @@ per-item oracle, live against an OpenAI-compatible endpoint."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.console import Console
 
 from canopy.apps.search.report import (
+    BaseUrl,
+    CacheDir,
+    Json,
+    Model,
+    Plot,
+    Seed,
+    Timeout,
     cli_error,
     interval_cells,
     plot_accuracy,
@@ -30,10 +36,8 @@ DEFAULT_TASKS = "boolean_expressions,navigate,sports_understanding,web_of_lies"
 
 @trim_app.command("run")
 def run_command(
-    base_url: Annotated[str | None, typer.Option(
-        "--base-url", help="OpenAI-compatible API root; default: start the local "
-        "SmolLM2-135M llama-cpp server.")] = None,
-    model: Annotated[str | None, typer.Option("--model", help="Model name.")] = None,
+    base_url: BaseUrl = None,
+    model: Model = None,
     tasks: Annotated[str, typer.Option("--tasks", help="Comma-separated BBH tasks (the "
                                        "categories).")] = DEFAULT_TASKS,
     n: Annotated[int, typer.Option("--n", help="Items per task.")] = 10,
@@ -46,13 +50,11 @@ def run_command(
     max_tokens: Annotated[int, typer.Option("--max-tokens", help="Tokens per answer.")] = 48,
     orders: Annotated[int, typer.Option("--orders", help="Random item orders for the "
                                         "bandit.")] = 20,
-    seed: Annotated[int, typer.Option("--seed", help="Random seed.")] = 0,
-    cache_dir: Annotated[Path | None, typer.Option(
-        "--cache-dir", help="Response cache folder (reruns cost no calls).")] = None,
-    timeout: Annotated[float, typer.Option("--timeout", help="Seconds per call.")] = 120.0,
-    as_json: Annotated[bool, typer.Option("--json", help="Print rows as JSON.")] = False,
-    plot: Annotated[Path | None, typer.Option("--plot", help="Save accuracy against input "
-                                              "tokens to this image.")] = None,
+    seed: Seed = 0,
+    cache_dir: CacheDir = None,
+    timeout: Timeout = 120.0,
+    as_json: Json = False,
+    plot: Plot = None,
 ) -> None:
     """Collect every trim level's answer on BBH items, then compare the per-task UCB bandit
     with every fixed trim level (at matched tokens) and the per-item oracle."""

@@ -67,34 +67,33 @@ def _fit(budget: int, question: str, count: Counter) -> int:
     return max(room, 0)
 
 
-def keep_first(text: str, tokens: int, count: Counter = approx_tokens) -> str:
-    """The longest prefix of ``text`` (cut at a word boundary) within ``tokens``."""
+def _longest_fit(text: str, tokens: int, count: Counter, *, from_end: bool) -> str:
+    """The longest run of whole words at the start (or end) of ``text`` within ``tokens``."""
     if count(text) <= tokens:
         return text
     words = re.split(r"(\s+)", text)
+
+    def part(n: int) -> str:
+        return "".join(words[len(words) - n:] if from_end else words[:n])
+
     low, high = 0, len(words)
-    while low < high:
+    while low < high:  # binary search on the number of pieces kept
         middle = (low + high + 1) // 2
-        if count("".join(words[:middle])) <= tokens:
+        if count(part(middle)) <= tokens:
             low = middle
         else:
             high = middle - 1
-    return "".join(words[:low]).rstrip()
+    return part(low).strip()
+
+
+def keep_first(text: str, tokens: int, count: Counter = approx_tokens) -> str:
+    """The longest prefix of ``text`` (cut at a word boundary) within ``tokens``."""
+    return _longest_fit(text, tokens, count, from_end=False)
 
 
 def keep_last(text: str, tokens: int, count: Counter = approx_tokens) -> str:
     """The longest suffix of ``text`` (cut at a word boundary) within ``tokens``."""
-    if count(text) <= tokens:
-        return text
-    words = re.split(r"(\s+)", text)
-    low, high = 0, len(words)
-    while low < high:
-        middle = (low + high + 1) // 2
-        if count("".join(words[len(words) - middle:])) <= tokens:
-            low = middle
-        else:
-            high = middle - 1
-    return "".join(words[len(words) - low:]).lstrip()
+    return _longest_fit(text, tokens, count, from_end=True)
 
 
 def select_chunks(chunks: Sequence[str], query: str, tokens: int,
