@@ -48,7 +48,7 @@ def llm_server() -> Iterator[object]:
     _require_llama()
     from canopy.llm.local import LocalLlamaServer
 
-    with LocalLlamaServer(n_ctx=2048, n_threads=2) as server:
+    with LocalLlamaServer(n_ctx=2048) as server:
         yield server
 
 

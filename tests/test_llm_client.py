@@ -133,20 +133,14 @@ def test_timeout_raises_instead_of_hanging(scripted_server):
 
 
 def test_api_key_comes_from_the_named_environment_variable(scripted_server, monkeypatch):
-    seen = []
-
-    class Recorder:
-        def __call__(self, n):
-            return 200, scripted_server.chat_body("ok"), 0.0
-
-    scripted_server.routes[CHAT] = Recorder()
-    monkeypatch.setenv("CANOPY_TEST_KEY", "sekret")
+    scripted_server.routes[CHAT] = lambda n: (200, scripted_server.chat_body("ok"), 0.0)
     client = LLMClient(scripted_server.url("/v1"), model="m", api_key_env="CANOPY_TEST_KEY")
-    seen.append(client._headers())
-    monkeypatch.delenv("CANOPY_TEST_KEY")
-    seen.append(client._headers())
-    assert seen == [{"Authorization": "Bearer sekret"}, {}]
+    monkeypatch.setenv("CANOPY_TEST_KEY", "sekret")
+    assert client._headers() == {"Authorization": "Bearer sekret"}
     assert client.chat(ASK).text == "ok"
+    monkeypatch.delenv("CANOPY_TEST_KEY")
+    assert client._headers() == {}
+    assert scripted_server.bodies[-1]["model"] == "m"
 
 
 def test_cache_key_depends_on_model_prompt_and_parameters():

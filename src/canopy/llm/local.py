@@ -133,7 +133,9 @@ class LocalLlamaServer:
     Args:
         model_path: GGUF file; default :func:`find_smollm2_gguf`.
         n_ctx: context window in tokens.
-        n_threads: CPU threads for generation (default 2).
+        n_threads: CPU threads for generation (default 1: llama.cpp's OpenMP threads spin
+            while they wait, which slows a shared, busy machine down badly; the server is also
+            started with ``OMP_WAIT_POLICY=passive``).
         startup_timeout: seconds to wait for ``/v1/models`` to answer before giving up.
         extra_args: further command-line arguments for ``llama_cpp.server``.
         python: interpreter that has llama-cpp-python installed (default: this one).
@@ -142,7 +144,7 @@ class LocalLlamaServer:
     model = "smollm2-135m"
 
     def __init__(self, model_path: str | os.PathLike[str] | None = None, *, n_ctx: int = 2048,
-                 n_threads: int = 2, startup_timeout: float = 120.0,
+                 n_threads: int = 1, startup_timeout: float = 120.0,
                  extra_args: Sequence[str] = (), python: str = sys.executable) -> None:
         if startup_timeout <= 0:
             raise ValueError(f"startup_timeout must be > 0, got {startup_timeout}")
@@ -204,8 +206,9 @@ class LocalLlamaServer:
                    "--n_ctx", str(self.n_ctx), "--n_threads", str(self.n_threads),
                    *self.extra_args]
         self._log = tempfile.NamedTemporaryFile(prefix="canopy-llama-", suffix=".log")
+        environment = {**os.environ, "OMP_WAIT_POLICY": "passive"}
         self._process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL)
+                                         stdin=subprocess.DEVNULL, env=environment)
         try:
             self._wait_ready()
             self._proxy = CountingProxy(self.port)
