@@ -42,36 +42,45 @@ class TrimRun:
 def collect(client: LLMClient, tasks: Mapping[str, tuple[FewShotPrompt, Sequence[Item]]],
             levels: Sequence[TrimLevel], *, max_tokens: int = 48,
             progress: Callable[[int, int], None] | None = None) -> TrimRun:
-    """Query every level on every item (items of all tasks, in task order)."""
+    """Query every level on every item. Within a task the loop runs level by level, so
+    consecutive prompts share the trimmed context and the server can reuse its prefix; a
+    failure drops the unfinished task and keeps the tasks before it."""
     if not levels:
         raise ValueError("levels is empty")
     if max_tokens < 1:
         raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
-    work = [(prompt, item) for prompt, items in tasks.values() for item in items]
-    if not work:
+    items = [item for _, task_items in tasks.values() for item in task_items]
+    if not items:
         raise ValueError("no items to trim")
-    shape = (len(work), len(levels))
-    run = TrimRun([item for _, item in work], list(levels), np.full(shape, np.nan),
-                  np.full(shape, np.nan), np.full(shape, np.nan))
-    for i, (prompt, item) in enumerate(work):
-        texts = []
+    shape = (len(items), len(levels))
+    run = TrimRun(items, list(levels), np.full(shape, np.nan), np.full(shape, np.nan),
+                  np.full(shape, np.nan))
+    texts = [[""] * len(levels) for _ in items]
+    start = 0
+    for prompt, task_items in tasks.values():
+        block = range(start, start + len(task_items))
         try:
             for a, level in enumerate(levels):
-                query = render_query(level.build(prompt, item.question), item.question)
-                response = client.complete(query, max_tokens=max_tokens, temperature=0.0,
-                                           stop=["\n\nQ:", "\nQ:"])
-                run.correct[i, a] = float(grade(response.text, item))
-                run.tokens[i, a] = response.prompt_tokens
-                run.estimated[i, a] = approx_tokens(query)
-                texts.append(response.text)
+                for i in block:
+                    item = items[i]
+                    query = render_query(level.build(prompt, item.question), item.question)
+                    response = client.complete(query, max_tokens=max_tokens, temperature=0.0,
+                                               stop=["\n\nQ:", "\nQ:"])
+                    run.correct[i, a] = float(grade(response.text, item))
+                    run.tokens[i, a] = response.prompt_tokens
+                    run.estimated[i, a] = approx_tokens(query)
+                    texts[i][a] = response.text
         except LLMError as error:
-            run.error = f"item {i} ({item.task}): {error}"
-            run.correct[i], run.tokens[i], run.estimated[i] = np.nan, np.nan, np.nan
+            run.error = (f"task {items[block.start].task} (items {block.start}-"
+                         f"{block.stop - 1}): {error}")
+            for array in (run.correct, run.tokens, run.estimated):
+                array[block.start:] = np.nan
             break
-        run.completions.append(texts)
-        run.completed = i + 1
+        start = block.stop
+        run.completed = start
         if progress is not None:
-            progress(i + 1, len(work))
+            progress(start, len(items))
+    run.completions = texts[:run.completed]
     return run
 
 
