@@ -55,6 +55,17 @@ def find_smollm2_gguf() -> Path:
     return files[0]
 
 
+def _die_with_parent() -> None:
+    """In the child, before exec (Linux): ask for SIGTERM when the parent dies, so a killed
+    test run or CLI leaves no server behind (the signal follows the thread that started the
+    server, so start it from a thread that outlives it). A no-op elsewhere."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+        import signal
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that is free right now."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -208,7 +219,8 @@ class LocalLlamaServer:
         self._log = tempfile.NamedTemporaryFile(prefix="canopy-llama-", suffix=".log")
         environment = {**os.environ, "OMP_WAIT_POLICY": "passive"}
         self._process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, env=environment)
+                                         stdin=subprocess.DEVNULL, env=environment,
+                                         preexec_fn=_die_with_parent)
         try:
             self._wait_ready()
             self._proxy = CountingProxy(self.port)
