@@ -12,7 +12,7 @@ from canopy.cli import app
 def test_replay_json_lists_every_method_and_budget(data_file, tmp_path):
     data_file("qwen25math_rm", "math_cot_100.jsonl")
     plot = tmp_path / "replay.png"
-    result = CliRunner().invoke(app, ["search", "replay", "--budgets", "2,8", "--orders", "2",
+    result = CliRunner().invoke(app, ["search", "replay", "--budgets", "2,8", "--orders", "1",
                                       "--json", "--plot", str(plot)])
     assert result.exit_code == 0, result.output
     rows = json.loads(result.stdout)["rows"]

@@ -51,7 +51,7 @@ def test_budgets_are_never_exceeded(logged):
 
 
 def test_replay_table_at_matched_budgets(logged):
-    result = replay(logged, budgets=[4, 8], n_orders=10, seed=0)
+    result = replay(logged, budgets=[4, 8], n_orders=5, seed=0)
     rows = {(r.method, r.budget): r for r in result.rows(n_resamples=1000, seed=0)}
     for budget in (4.0, 8.0):
         mf, bon = rows["multi_fidelity", budget], rows["best_of_n", budget]
