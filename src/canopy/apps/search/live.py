@@ -48,9 +48,9 @@ LIVE_METHODS = ("first", "best_of_n", "majority", "weighted_vote", "beam", "valu
 _STOP = ["<|im_end|>", "<|endoftext|>"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class SearchConfig:
-    """Sampling and search settings (keyword-only use)."""
+    """Sampling and search settings (keyword-only)."""
 
     temperature: float = 0.8
     max_tokens: int = 192
