@@ -105,13 +105,16 @@ class CountingProxy:
                     data = f"upstream unreachable: {error}".encode()
                 finally:
                     upstream.close()
-                self.send_response(status, reason)
-                for key, value in answer_headers:
-                    if key.lower() not in _HOP_HEADERS:
-                        self.send_header(key, value)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                try:
+                    self.send_response(status, reason)
+                    for key, value in answer_headers:
+                        if key.lower() not in _HOP_HEADERS:
+                            self.send_header(key, value)
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                except OSError:
+                    pass  # the client gave up (its timeout) before the model answered
 
             do_GET = do_POST = do_PUT = do_DELETE = _forward
 
