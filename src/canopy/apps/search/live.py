@@ -37,7 +37,14 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from canopy.apps.search.budget import check_budgets
-from canopy.apps.search.gsm8k import CHATML, SYSTEM, Question, extract_answer, render_prompt
+from canopy.apps.search.gsm8k import (
+    CHATML,
+    SYSTEM,
+    Question,
+    extract_answer,
+    is_correct,
+    render_prompt,
+)
 from canopy.apps.search.intervals import bootstrap_mean, paired_bootstrap
 from canopy.llm.client import LLMClient, LLMError
 from canopy.problem import Ledger
@@ -328,7 +335,7 @@ def run_search(client: LLMClient, questions: Sequence[Question], *, budgets: Seq
             result.error = f"question {q}: {error}"
             break
         for (method, b), (answer, calls, tokens) in outcomes.items():
-            result.correct[method][b, q] = float(answer is not None and answer == question.gold)
+            result.correct[method][b, q] = float(is_correct(answer, question))
             result.calls[method][b, q] = calls
             result.tokens[method][b, q] = tokens
             result.answers[method][b][q] = answer

@@ -47,6 +47,7 @@ __all__ = [
     "ReplayResult",
     "ReplayRow",
     "SampleStream",
+    "contested",
     "load_logged",
     "replay",
 ]
