@@ -50,6 +50,8 @@ def ucb_per_category(categories: np.ndarray, correct: np.ndarray, tokens: np.nda
                      seed: int | np.random.Generator | None = 0) -> BanditOutcome:
     """Run UCB1 independently in every category over ``n_orders`` random item orders."""
     cats, hits, cost = _check(categories, correct, tokens, lam)
+    if not (math.isfinite(exploration) and exploration >= 0):
+        raise ValueError(f"exploration must be a finite number >= 0, got {exploration}")
     if n_orders < 1:
         raise ValueError(f"n_orders must be >= 1, got {n_orders}")
     rng = np.random.default_rng(seed)

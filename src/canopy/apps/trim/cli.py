@@ -50,6 +50,8 @@ def run_command(
     max_tokens: Annotated[int, typer.Option("--max-tokens", help="Tokens per answer.")] = 48,
     orders: Annotated[int, typer.Option("--orders", help="Random item orders for the "
                                         "bandit.")] = 20,
+    exploration: Annotated[float, typer.Option(
+        "--exploration", help="UCB constant c (1 is UCB1).")] = 1.0,
     seed: Seed = 0,
     cache_dir: CacheDir = None,
     timeout: Timeout = 120.0,
@@ -81,7 +83,7 @@ def run_command(
                 run = collect(client, loaded, levels, max_tokens=max_tokens, progress=update)
             usage = client.usage
             requests = server.request_count if server is not None else None
-        rows = summarise(run, lam=lam, n_orders=orders, seed=seed)
+        rows = summarise(run, lam=lam, exploration=exploration, n_orders=orders, seed=seed)
     except (ValueError, FileNotFoundError, LocalServerError) as error:
         raise cli_error(error) from None
     if run.error is not None:
@@ -91,8 +93,8 @@ def run_command(
         plot_accuracy(rows, plot, x="tokens", title="BBH trimming: accuracy vs input tokens",
                       xlabel="mean input tokens per item")
     meta = {"items": run.completed, "requested": len(run.items), "error": run.error,
-            "lam": lam, "http_calls": usage.calls, "cache_hits": usage.cache_hits,
-            "server_requests": requests}
+            "lam": lam, "exploration": exploration, "http_calls": usage.calls,
+            "cache_hits": usage.cache_hits, "server_requests": requests}
     if as_json:
         print_json({**meta, "rows": rows})
     else:
