@@ -70,7 +70,8 @@ def _summarise(method: str, budget: float, values: list[float]) -> DemoRow:
         half = float(stats.t.ppf(0.975, data.size - 1) * data.std(ddof=1) / np.sqrt(data.size))
     else:
         half = 0.0
-    return DemoRow(method, float(budget), mean, mean - half, mean + half, int(data.size))
+    low, high = max(mean - half, 0.0), min(mean + half, 1.0)  # recall lives in [0, 1]
+    return DemoRow(method, float(budget), mean, low, high, int(data.size))
 
 
 def plot_demo(rows: Sequence[DemoRow], path: str) -> None:
