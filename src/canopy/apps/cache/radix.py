@@ -170,7 +170,7 @@ def _victim(kind, t, parent, depth, ni, nf, params, hkey, hnode, hver, sc):
             v = ni[v, _NEXT]
         return -1
     while sc[_HLEN] > 0:
-        key, v, ver = hkey[0], hnode[0], hver[0]
+        v, ver = hnode[0], hver[0]
         _heap_pop(hkey, hnode, hver, sc)
         if ni[v, _CACHED] == 0 or ni[v, _NCHILD] != 0 or ni[v, _VER] != ver:
             continue  # dead entry
