@@ -39,7 +39,7 @@ def test_missing_toolagent_says_how_to_supply_it(tmp_path, monkeypatch):
     monkeypatch.setenv("CANOPY_DATA_DIR", str(tmp_path))
     monkeypatch.setenv("CANOPY_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.delenv("CANOPY_DOWNLOAD", raising=False)
-    with pytest.raises(data.DataNotFound, match="toolagent_trace.jsonl"):
+    with pytest.raises(data.DataNotFound, match=r"toolagent_trace\.jsonl"):
         resolve("toolagent")
 
 
