@@ -19,7 +19,7 @@ block spaces).
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -154,6 +154,14 @@ def _json_line(file: Path, lineno: int, line: str) -> object:
         raise _bad_line(file, lineno, f"not valid JSON ({error.msg})") from None
 
 
+def _rows(file: Path) -> Iterator[tuple[int, object]]:
+    """``(line number, parsed JSON)`` for each non-blank line of ``file``."""
+    with file.open(encoding="utf-8") as lines:
+        for lineno, line in enumerate(lines, start=1):
+            if line.strip():
+                yield lineno, _json_line(file, lineno, line)
+
+
 def _int_list(file: Path, lineno: int, value: object, field: str) -> list[int]:
     if not isinstance(value, list) or not all(
             isinstance(x, int) and not isinstance(x, bool) for x in value):
@@ -178,22 +186,18 @@ def load_mooncake(file: str | Path, *, name: str | None = None) -> Trace:
     paths: list[list[int]] = []
     timestamps: list[float] = []
     tokens: list[int] = []
-    with file.open(encoding="utf-8") as lines:
-        for lineno, line in enumerate(lines, start=1):
-            if not line.strip():
-                continue
-            row = _json_line(file, lineno, line)
-            if not isinstance(row, dict):
-                raise _bad_line(file, lineno, "expected a JSON object")
-            missing = [k for k in ("timestamp", "input_length", "hash_ids") if k not in row]
-            if missing:
-                raise _bad_line(file, lineno, f"missing field(s) {', '.join(missing)}")
-            hashes = _int_list(file, lineno, row["hash_ids"], "hash_ids")
-            timestamps.append(_number(file, lineno, row, "timestamp"))
-            tokens.append(int(_number(file, lineno, row, "input_length")))
-            if "output_length" in row:
-                _number(file, lineno, row, "output_length")
-            paths.append(trie.chain(hashes))
+    for lineno, row in _rows(file):
+        if not isinstance(row, dict):
+            raise _bad_line(file, lineno, "expected a JSON object")
+        missing = [k for k in ("timestamp", "input_length", "hash_ids") if k not in row]
+        if missing:
+            raise _bad_line(file, lineno, f"missing field(s) {', '.join(missing)}")
+        hashes = _int_list(file, lineno, row["hash_ids"], "hash_ids")
+        timestamps.append(_number(file, lineno, row, "timestamp"))
+        tokens.append(int(_number(file, lineno, row, "input_length")))
+        if "output_length" in row:
+            _number(file, lineno, row, "output_length")
+        paths.append(trie.chain(hashes))
     if not paths:
         raise ValueError(f"{file}: no requests")
     return _build(name or file.stem, trie, paths, timestamps, tokens, MOONCAKE_BLOCK_TOKENS)
@@ -210,26 +214,22 @@ def load_prompt_log(file: str | Path, *, block_size: int = 16, name: str | None 
     paths: list[list[int]] = []
     timestamps: list[float] = []
     tokens: list[int] = []
-    with file.open(encoding="utf-8") as lines:
-        for lineno, line in enumerate(lines, start=1):
-            if not line.strip():
-                continue
-            row = _json_line(file, lineno, line)
-            stamp: float = float(len(paths))
-            if isinstance(row, dict):
-                ids = row.get("tokens", row.get("token_ids"))
-                if ids is None:
-                    raise _bad_line(file, lineno, "object needs a tokens (or token_ids) list")
-                if "timestamp" in row:
-                    stamp = _number(file, lineno, row, "timestamp")
-            else:
-                ids = row
-            ids = _int_list(file, lineno, ids, "tokens")
-            full = len(ids) // block_size
-            blocks = (tuple(ids[b * block_size:(b + 1) * block_size]) for b in range(full))
-            paths.append(trie.chain(blocks))
-            timestamps.append(stamp)
-            tokens.append(len(ids))
+    for lineno, row in _rows(file):
+        stamp: float = float(len(paths))
+        if isinstance(row, dict):
+            ids = row.get("tokens", row.get("token_ids"))
+            if ids is None:
+                raise _bad_line(file, lineno, "object needs a tokens (or token_ids) list")
+            if "timestamp" in row:
+                stamp = _number(file, lineno, row, "timestamp")
+        else:
+            ids = row
+        ids = _int_list(file, lineno, ids, "tokens")
+        full = len(ids) // block_size
+        blocks = (tuple(ids[b * block_size:(b + 1) * block_size]) for b in range(full))
+        paths.append(trie.chain(blocks))
+        timestamps.append(stamp)
+        tokens.append(len(ids))
     if not paths:
         raise ValueError(f"{file}: no requests")
     return _build(name or file.stem, trie, paths, timestamps, tokens, block_size)
