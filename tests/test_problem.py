@@ -135,9 +135,14 @@ def test_instance_families():
     for node in range(tree.n_nodes):
         block = smooth.means[list(tree.leaves_under(node))]
         assert np.ptp(block) <= 1.0 * 0.25 ** tree.level[node] + 1e-12
-    planted = piecewise_lipschitz(4, 5, 3, seed=2)
-    assert planted.problem.best_leaf in planted.spike_leaves
-    assert planted.violation_cells.size == 3
+    for seed in range(10):
+        planted = piecewise_lipschitz(4, 5, 3, seed=seed)
+        assert planted.problem.best_leaf == planted.spike_leaves[0]
+        spike_values = planted.problem.means[planted.spike_leaves]
+        assert np.all(np.diff(spike_values) < 0)  # distinct, decreasing heights
+        others = np.delete(planted.problem.means, planted.spike_leaves)
+        assert spike_values.min() > others.max()
+        assert planted.violation_cells.size == 3
     hetero = heterogeneous_smoothness(4, 4, seed=0)
     half = hetero.means.size // 2
     assert np.ptp(hetero.means[:half]) < np.ptp(hetero.means[half:])
