@@ -130,7 +130,7 @@ def test_leaf_queries_on_full_tree_leaves_only():
     problem = tree_lipschitz(2, 3, seed=2)
     result = run(OptimisticDescent(expand="always"), problem, budget=400, seed=0, record=True)
     tree = problem.tree
-    for is_probe, node in zip(result.history.is_probe, result.history.nodes):
+    for is_probe, node in zip(result.history.is_probe, result.history.nodes, strict=True):
         assert is_probe == (not tree.is_leaf(node))
     assert result.n_leaf_evals > 0
 
@@ -149,8 +149,14 @@ def test_recommend_ranks_leaves_best_first():
 
 def test_memory_follows_explored_nodes_not_tree_size():
     tree = Tree.complete(2, 20)
-    policy = OptimisticDescent(expand="always")
-    per_round_overhead_us(lambda: policy, tree, 2_000, seed=0)
+    made = []
+
+    def factory():
+        made.append(OptimisticDescent(expand="always"))
+        return made[-1]
+
+    assert per_round_overhead_us(factory, tree, 2_000, seed=0) > 0
+    policy = made[-1]
     assert policy.max_stored_ <= 2 * 2_000 + 1
     assert policy._fs.shape[0] <= 2 * (policy.max_stored_ + 2)  # capacity doubling
 
