@@ -157,7 +157,9 @@ class ExploredTreePolicy(Policy):
             start_spread = 1.0 if spread == "certified" else lip
             self._fs[i, :ex.N_FLOAT] = (0.0, 0.0, start_spread, np.inf, np.inf, 1.0, 1.0, lip,
                                         0.0, root_log_m)
-        self._asked: dict[object, list[int]] = {}
+        self._forest = n_inst > 1
+        self._asked: dict[object, list[int]] = {}  # forest: rows asked per node, by schedule
+        self._row_of: dict[object, int] = {}  # one tree: a node's row is unique
         self._queries: dict[int, Query] = {}
         self._next = 0
         self._sync_counts()
@@ -180,7 +182,9 @@ class ExploredTreePolicy(Policy):
         query = self._queries.get(row)
         if query is None:
             query = self._queries[row] = self._query_of(row)
-        self._asked.setdefault(query.node, []).append(row)
+            self._row_of[query.node] = row
+        if self._forest:
+            self._asked.setdefault(query.node, []).append(row)
         return query
 
     def _query_of(self, row: int) -> Query:
@@ -188,10 +192,13 @@ class ExploredTreePolicy(Policy):
         return Query("leaf" if is_leaf else "probe", (level, node) if self._lazy else node)
 
     def _observe(self, query: Query, value: float) -> None:
-        rows = self._asked[query.node]
-        row = rows.pop()
-        if not rows:
-            del self._asked[query.node]
+        if self._forest:
+            rows = self._asked[query.node]
+            row = rows.pop()
+            if not rows:
+                del self._asked[query.node]
+        else:
+            row = self._row_of[query.node]
         if self._lazy and not self._row_holds(row, query.node):
             return  # its cell was forgotten by the memory bound while the query was out
         ctl = self._ctl
