@@ -29,7 +29,7 @@ from canopy.policies.base import Policy, check_k
 from canopy.problem import Query
 from canopy.tree import Tree
 
-__all__ = ["Batch", "PhasedPolicy", "TreeStatsPolicy", "sr_schedule"]
+__all__ = ["Batch", "PhasedPolicy", "TreeStatsPolicy", "halving_entrants", "sr_schedule"]
 
 Batch = tuple[str, np.ndarray]
 ALIVE = np.iinfo(np.int64).max
@@ -53,6 +53,21 @@ def sr_schedule(n_arms: int, n_pulls: int, keep: int = 1) -> np.ndarray:
     phase = np.arange(1, n_arms - keep + 1)
     counts = np.ceil((n_pulls - n_arms) / (logbar * (n_arms + 1 - phase)))
     return np.maximum(counts, 1 if n_pulls >= n_arms else 0).astype(np.int64)
+
+
+def halving_entrants(n_pulls: int, keep: int) -> int:
+    """The most arms ``A`` a race of ``n_pulls`` observations can take while every arm still
+    gets one observation in each of the ``ceil(log2(A / keep))`` rounds that halving ``A``
+    down to ``keep`` takes: the largest ``A >= keep`` with ``A ceil(log2(A / keep)) <=
+    n_pulls`` (``keep`` when even that fails). With fewer pulls than this, a race decides on
+    single observations, which at the noise of a leaf evaluation is a coin toss."""
+    keep = max(int(keep), 1)
+    if n_pulls <= keep:
+        return keep
+    arms = np.arange(keep + 1, n_pulls + 1)
+    rounds = np.ceil(np.log2(arms / keep))
+    fits = arms[arms * rounds <= n_pulls]
+    return int(fits.max()) if fits.size else keep
 
 
 class TreeStatsPolicy(Policy):
@@ -205,22 +220,23 @@ class PhasedPolicy(TreeStatsPolicy):
             order = np.arange(rounds)[:, None] < need[None, :]
             yield kind, np.broadcast_to(nodes, order.shape)[order]
 
-    def _race(self, kind: str, arms: np.ndarray, n_pulls: int, keep: int
-              ) -> Generator[Batch, None, np.ndarray]:
+    def _race(self, kind: str, arms: np.ndarray, n_pulls: int, keep: int, *,
+              focus: bool = False) -> Generator[Batch, None, np.ndarray]:
         """Successive rejects over ``arms`` (node ids) with ``n_pulls`` fresh observations,
         rejecting one arm per phase (:func:`sr_schedule`) until ``keep`` remain; returns the
         survivors, best first. Earlier observations of the arms count in their means. With
-        fewer pulls than arms, only the ``n_pulls`` arms of best current score race."""
+        fewer pulls than arms (``focus``: than :func:`halving_entrants` allows), only that
+        many arms of best current score race (the score of their cells, seeded order where
+        there is none)."""
         alive = np.asarray(arms, dtype=np.int64)
         keep = min(max(int(keep), 1), max(alive.size, 1))
-        if n_pulls < alive.size:
-            # Too few pulls to observe every arm once: race the n_pulls arms ranked best so
-            # far (by the score of their cells; seeded order where there is none).
+        entrants = max(halving_entrants(n_pulls, keep) if focus else n_pulls, keep)
+        if entrants < alive.size:
             prior = self._score[self.tree_.leaf_lo[alive]]
             order = self._arm_order(prior, alive)
-            cut = order[max(n_pulls, keep):]
+            cut = order[entrants:]
             self._reject(alive[cut], prior[cut])
-            alive = alive[np.sort(order[:max(n_pulls, keep)])]
+            alive = alive[np.sort(order[:entrants])]
         done = 0
         # Phases that add no pulls reject on unchanged means, so a run of them rejects its
         # arms at once (one event ranks them by mean, as separate events would).

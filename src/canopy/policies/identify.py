@@ -228,9 +228,13 @@ class _TreeIdentifier(PhasedPolicy):
         self.lipschitz_ = max(float(np.max(osc / level_scale)), 1e-9)
 
     def _final_race(self, candidates: np.ndarray) -> Generator[Batch, None, None]:
-        """Successive rejects with leaf evaluations over the candidate leaf nodes."""
+        """Successive rejects with leaf evaluations over the candidate leaf nodes; when the
+        budget is short, the best-scored
+        :func:`~canopy.policies._identify_core.halving_entrants` of them race (the probes'
+        ranking chooses the entrants, the leaf evaluations decide)."""
         if candidates.size:
-            yield from self._race("leaf", candidates, self._affordable_count("leaf"), self.k)
+            yield from self._race("leaf", candidates, self._affordable_count("leaf"), self.k,
+                                  focus=True)
 
 
 class TopKBeam(_TreeIdentifier):
