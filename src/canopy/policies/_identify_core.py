@@ -101,6 +101,17 @@ class TreeStatsPolicy(Policy):
             self._leaf_n[leaf] += 1.0
             self._leaf_sum[leaf] += value
 
+    def _fold(self, kind: str, nodes: np.ndarray, values: np.ndarray) -> None:
+        """Add a batch of observations of one kind (node ids, values) to the statistics."""
+        if kind == "probe":
+            np.add.at(self._node_n, nodes, 1.0)
+            np.add.at(self._node_sum, nodes, values)
+            np.add.at(self._node_sq, nodes, values * values)
+        else:
+            leaves = self.tree_.node_leaf[nodes]
+            np.add.at(self._leaf_n, leaves, 1.0)
+            np.add.at(self._leaf_sum, leaves, values)
+
     # ------------------------------------------------------------------ statistics
     def _probe_mean(self, nodes: np.ndarray) -> np.ndarray:
         n = self._node_n[nodes]
@@ -169,32 +180,69 @@ class TreeStatsPolicy(Policy):
 
 
 class PhasedPolicy(TreeStatsPolicy):
-    """A phase-based algorithm driven through ask/tell by a generator of batches."""
+    """A phase-based algorithm driven through ask/tell by a generator of batches.
+
+    Per-query work is kept to list operations: a batch is turned into :class:`Query`
+    objects a chunk at a time, and observations are buffered and folded into the statistics
+    in one vectorised step (:meth:`_fold`) when the plan resumes or a recommendation is asked
+    (the plan reads statistics only at phase boundaries)."""
+
+    CHUNK = 4096
 
     def _start(self) -> None:
         super()._start()
         self._batch_kind = "leaf"
         self._batch_nodes = np.zeros(0, dtype=np.int64)
         self._batch_pos = 0
+        self._chunk: list[Query] = []
+        self._chunk_pos = 0
+        self._buffer: dict[str, tuple[list, list]] = {"probe": ([], []), "leaf": ([], [])}
         self._plan_iter = self._plan()
+
+    def _observe(self, query: Query, value: float) -> None:
+        nodes, values = self._buffer[query.kind]
+        nodes.append(query.node)
+        values.append(value)
+
+    def _flush(self) -> None:
+        """Fold the buffered observations into the statistics."""
+        for kind, (nodes, values) in self._buffer.items():
+            if nodes:
+                self._fold(kind, np.array(nodes, dtype=np.int64), np.array(values, dtype=float))
+                nodes.clear()
+                values.clear()
+
+    def recommend(self, k: int = 1) -> np.ndarray:
+        self._check_started()
+        self._flush()
+        return super().recommend(k)
 
     @abstractmethod
     def _plan(self) -> Generator[Batch, None, None]:
         """Yield ``(kind, node ids)`` batches; statistics are complete after each yield."""
 
     def _next_query(self) -> Query | None:
+        pos = self._chunk_pos
+        if pos < len(self._chunk):
+            self._chunk_pos = pos + 1
+            return self._chunk[pos]
         while self._batch_pos >= self._batch_nodes.size:
             if self._outstanding:
                 return None  # phase barrier: the next phase needs these observations
+            self._flush()
             batch = next(self._plan_iter, None)
             if batch is None:
                 return None
             self._batch_kind, nodes = batch
             self._batch_nodes = np.asarray(nodes, dtype=np.int64).ravel()
             self._batch_pos = 0
-        node = int(self._batch_nodes[self._batch_pos])
-        self._batch_pos += 1
-        return Query(self._batch_kind, node)
+        stop = self._batch_pos + self.CHUNK
+        kind = self._batch_kind
+        self._chunk = [Query(kind, node) for node in
+                       self._batch_nodes[self._batch_pos:stop].tolist()]
+        self._batch_pos = min(stop, self._batch_nodes.size)
+        self._chunk_pos = 1
+        return self._chunk[0]
 
     # ------------------------------------------------------------------ planning helpers
     def _cost(self, kind: str) -> float:
