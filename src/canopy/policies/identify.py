@@ -388,13 +388,19 @@ class TopKSound(_TreeIdentifier):
 class EdgeTargeted(_TreeIdentifier):
     """The edge-targeted fixed-budget algorithm (Section 3.4, Theorem 2, Appendix B).
 
-    1. Detection (budget ``detect_fraction B``, default 0.3): every internal cell at the
-       detection level gets ``n_det = 16`` probes and the violation test at floor ``L rho^l``
-       (level ``delta`` split over the cells the detection may test); the internal children
-       of flagged cells are tested in turn, down to the penultimate level or until the
-       detection budget ends. The detection level is the deepest level whose cells cost at
-       most half the detection budget. :attr:`flagged_cells_` and :attr:`n_violations_`
-       read the outcome.
+    1. Detection (budget ``detect_fraction B``, default 0.5), in two looks. The detection
+       level is the deepest level whose cells can each get ``DETECT_PROBES = 6`` probes from
+       half the detection budget (on a complete tree with budget enough, the penultimate
+       cells, as Appendix B asks). First look: every internal cell there gets an equal share
+       of that half and the violation test at floor ``L rho^l``. Second look: the
+       ``ceil(sqrt(cells))`` unflagged cells of largest probe spread get the rest of the
+       detection budget (half of it when the level is above the penultimate one) and are
+       tested again on all their probes. Each look's sample size is fixed in advance, so a
+       Bonferroni split ``delta / (4 cells)`` per look keeps the chance of flagging any
+       smooth cell below ``delta / 2`` although the second look picks its cells from data.
+       Then the internal children of flagged cells are tested in turn (``delta / (2 cells)``
+       each) while the detection budget lasts. :attr:`flagged_cells_` and
+       :attr:`n_violations_` read the outcome.
     2. Smooth search: successive rejects at probe cost over the unflagged cells of the
        detection level keep ``k``; their unflagged internal children race the same way, level
        by level, with the smooth budget split evenly over the levels. The winners' leaf
@@ -410,7 +416,7 @@ class EdgeTargeted(_TreeIdentifier):
         lipschitz, rho: the schedule ``L rho^l``; ``None`` estimates ``L`` by the pre-pass.
         delta: level of the violation test and the certificates.
         z: truncation level of the certificate.
-        detect_fraction: share of the budget the detection may spend (``None``: 0.3).
+        detect_fraction: share of the budget the detection may spend (``None``: 0.5).
         k: how many leaves the races keep.
     """
 
