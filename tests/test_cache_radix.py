@@ -47,14 +47,14 @@ def test_ancestor_closed_within_capacity_and_prefix_reuse(paths, capacity, polic
 def test_canopy_switching_arms_keeps_the_invariants(paths, capacity, seed):
     """Eager switching (no hysteresis, short memory, sampled shadows) re-orders the heap
     often; the cache must stay ancestor-closed, within capacity and prefix-exact."""
-    policy = Canopy(z=0.0, window=2.0, shadow_blocks=3, seed=seed)
+    policy = Canopy(z=0.0, min_evidence=0.0, window=2.0, shadow_blocks=3, seed=seed)
     _replay_checked(from_paths(paths), policy, capacity)
 
 
 def test_canopy_switches_arms_on_random_traffic():
     rng = np.random.default_rng(1)
     paths = [rng.integers(0, 3, size=rng.integers(1, 7)).tolist() for _ in range(400)]
-    cache = _replay_checked(from_paths(paths), Canopy(z=0.0, window=4.0), 6)
+    cache = _replay_checked(from_paths(paths), Canopy(z=0.0, min_evidence=0.0, window=4.0), 6)
     assert cache.switches > 0
 
 

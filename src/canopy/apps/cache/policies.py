@@ -88,6 +88,7 @@ class Arms:
     seed: int
     gamma: float
     z: float
+    min_evidence: float
     kinds: np.ndarray
     params: np.ndarray
 
@@ -115,7 +116,8 @@ class Canopy(EvictionPolicy):
       sampled request, so the choice re-adapts after a shift (a cell's counts decay too).
     * **hysteresis.** The main cache evicts the lowest-priority unpinned leaf under the current
       arm and switches (re-ordering its heap once) to the arm with the best score only when
-      its discounted paired lead over the current arm exceeds ``z`` standard errors. All arms
+      its discounted paired lead over the current arm exceeds ``z`` standard errors, and never
+      before ``min_evidence`` sampled requests (discounted) back the estimate. All arms
       are replayed on the same sampled requests, so they have equal evidence; the optimism of
       the paper applies to cells (the parental prior), not to arms.
 
@@ -129,6 +131,7 @@ class Canopy(EvictionPolicy):
     shadow_blocks: int = 256
     window: float = 1000.0
     z: float = 2.0
+    min_evidence: float = 100.0
     start_half_life: float = 2.0
     seed: int = 0
 
@@ -142,8 +145,10 @@ class Canopy(EvictionPolicy):
             if not _positive(getattr(self, field)):
                 raise ValueError(f"{field} must be a finite number > 0, "
                                  f"got {getattr(self, field)!r}")
-        if not (_positive(self.z) or self.z == 0):
-            raise ValueError(f"z must be a finite number >= 0, got {self.z!r}")
+        for field in ("z", "min_evidence"):
+            value = getattr(self, field)
+            if not (_positive(value) or (value == 0 and not isinstance(value, bool))):
+                raise ValueError(f"{field} must be a finite number >= 0, got {value!r}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise ValueError(f"seed must be an int >= 0, got {self.seed!r}")
         if self.start_half_life not in self.half_lives:
@@ -173,7 +178,7 @@ class Canopy(EvictionPolicy):
         rows = [self._params(trace, scaled, (self.half_lives[0],))]
         rows += [self._params(trace, scaled, (h,)) for h in self.half_lives]
         return Arms(rate=rate, capacity=scaled, seed=self.seed, gamma=1.0 - 1.0 / self.window,
-                    z=float(self.z),
+                    z=float(self.z), min_evidence=float(self.min_evidence),
                     kinds=np.array([radix.LRU] + [radix.DECAYED] * len(self.half_lives)),
                     params=np.array(rows))
 

@@ -336,11 +336,14 @@ def _score(stats, pairs, got, gamma):
 
 
 @nb.njit(cache=True)
-def _leads(stats, pairs, a, b, z):
+def _leads(stats, pairs, a, b, z, min_n):
     """Whether arm ``a``'s discounted mean reuse exceeds arm ``b``'s by ``z`` standard errors
     of the paired difference (the weight sum ``n`` understates the effective sample size, so
-    the test is conservative)."""
+    the test is conservative); never on less than ``min_n`` of weight, where the variance
+    estimate itself is unreliable."""
     n = stats[len(stats) - 1]
+    if n < min_n:
+        return False
     mean = pairs[0, a, b] / n
     var = max(pairs[1, a, b] / n - mean * mean, 0.0)
     return mean > 0.0 and mean > z * np.sqrt(var / n)
@@ -353,7 +356,7 @@ def _run_canopy(t0, t1, offsets, nodes, parent, depth, capacity, params, ni, nf,
     """Canopy's replay: evict by the current arm; on a hashed sample of requests, replay
     every arm in its shadow cache, fold its reuse into discounted statistics and switch the
     main cache to the best arm once it leads the current one significantly."""
-    rate, gamma, z = ac[0], ac[1], ac[2]
+    rate, gamma, z, min_n = ac[0], ac[1], ac[2], ac[3]
     for t in range(t0, t1):
         lo, hi = offsets[t], offsets[t + 1]
         reused[t] = _request(CANOPY, t, lo, hi, nodes, nodes, parent, depth, capacity, params,
@@ -366,7 +369,7 @@ def _run_canopy(t0, t1, offsets, nodes, parent, depth, capacity, params, ni, nf,
                               sparams[a], sni[a], snf[a], ssc[a], shkey[a], shnode[a], shver[a])
         _score(stats, pairs, got, gamma)
         best = np.argmax(stats[:len(skinds)])
-        if best != sc[_ARM] and _leads(stats, pairs, best, sc[_ARM], z):
+        if best != sc[_ARM] and _leads(stats, pairs, best, sc[_ARM], z, min_n):
             sc[_ARM] = best
             sm[1] += 1
             _heap_compact(CANOPY, depth, ni, nf, params, sc, hkey, hnode, hver, True)
@@ -379,7 +382,7 @@ class _Shadows:
     def __init__(self, trace, policy, capacity: int) -> None:
         arms = policy.arms(trace, capacity)
         self.rate, self.capacity = arms.rate, arms.capacity
-        self.ac = np.array([arms.rate, arms.gamma, arms.z])
+        self.ac = np.array([arms.rate, arms.gamma, arms.z, arms.min_evidence])
         self.kinds, self.params = arms.kinds, arms.params
         n, k = trace.n_nodes, len(arms.kinds)
         self.stats = np.zeros(k + 1)
