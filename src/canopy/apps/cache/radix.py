@@ -14,9 +14,13 @@ its victim choice (paper Section 4, "Serving systems": the prefix tree is the ca
   blocks are appended tail first; the victim is the queue front, always a leaf);
 * ``SIEVE`` keeps an insertion-ordered queue and a hand (Zhang et al., NSDI 2024) that skips
   blocks it may not evict (inner nodes, pinned blocks);
-* the priority policies (``LFU``, ``CANOPY``, ``OPTIMAL``) keep a binary min-heap of evictable
-  leaves with lazy deletion (per-node versions); a node is pushed when it becomes a leaf or a
-  leaf is used. A key changes only when its node is used, so the heap is exact.
+* the priority policies (``LFU``, ``CANOPY``, ``OPTIMAL``, and ``DECAYED``, one canopy arm)
+  keep a binary min-heap of evictable leaves with lazy deletion (per-node versions); a node
+  is pushed when it becomes a leaf or a leaf is used. A key changes only when its node is
+  used, so the heap is exact; ``CANOPY`` re-keys the whole heap when it switches arms.
+
+``CANOPY`` also replays a hashed sample of the requests in one metadata-only shadow cache per
+arm (the same kernel on a compact node space), see :class:`~canopy.apps.cache.policies.Canopy`.
 """
 
 from __future__ import annotations
@@ -24,15 +28,15 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
-__all__ = ["CANOPY", "LFU", "LRU", "OPTIMAL", "SIEVE", "RadixCache", "next_use"]
+__all__ = ["CANOPY", "DECAYED", "LFU", "LRU", "OPTIMAL", "SIEVE", "RadixCache", "next_use"]
 
 LRU, LFU, SIEVE, CANOPY, OPTIMAL, DECAYED = 0, 1, 2, 3, 4, 5
 
 # integer node fields (columns of ``ni``, one row a node for locality)
 _CACHED, _NCHILD, _PIN, _VER, _PREV, _NEXT, _HITS, _LAST, _VISITED, _NU, _CLAST = range(11)
 _NI = 11
-# float node fields (columns of ``nf``): heap key, children seen, then one log discounted
-# count per decayed arm
+# float node fields (columns of ``nf``): heap key, children seen, then one discounted use
+# count (as of the node's last use) per decayed arm
 _KEY, _KIDS, _S0 = range(3)
 # scalars (``sc``): blocks cached, list ends, SIEVE hand, heap length, blocks inserted so far,
 # the arm whose priority orders the heap (``CANOPY``: 0 recency, ``j >= 1`` decayed arm j)
