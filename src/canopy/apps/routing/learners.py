@@ -1,0 +1,119 @@
+"""Numba kernels of the regional learners: per-(region, model) running moments pushed along
+the region's root-to-node chain, estimates that back off to the parent region and, at the
+root, to the whole pool, and the UCB and Thompson indices built on them.
+
+Back-off (hierarchical shrinkage). Walking the chain from the root down, a node's estimate
+for a model merges its own moments with the parent's estimate taken as a pseudo-sample of
+``w = min(kappa, n_eff(parent))`` observations (Chan's merge), so a region with little data
+leans on its parent and a region with much data on itself. The effective count
+``n_eff = n + w`` enters the confidence radius: this is the data the region borrows.
+
+Indices, for rewards ``r = quality - lambda * cost`` with range ``R = 1 + lambda * c_max``:
+
+* UCB1-Tuned (Auer, Cesa-Bianchi and Fischer 2002, Section 4):
+  ``mean + c R sqrt(log t / n_eff * min(1/4, V / R^2 + sqrt(2 log t / n_eff)))``, with
+  ``t`` the region's total effective count;
+* Gaussian Thompson sampling (Agrawal and Goyal 2013): ``mean + R z / sqrt(n_eff + 1)``,
+  ``z ~ N(0, 1)``.
+
+A model with no data anywhere on the chain gets index ``+inf`` (played first, lowest index).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numba
+import numpy as np
+
+UCB = 0
+THOMPSON = 1
+
+# stats[node, model] = (count, mean, m2)
+COUNT, MEAN, M2 = 0, 1, 2
+
+
+@numba.njit(cache=True)
+def push(stats: np.ndarray, chain: np.ndarray, model: int, reward: float) -> None:
+    """Welford update of ``(count, mean, m2)`` at every node of ``chain`` (``-1``-padded)."""
+    for v in chain:
+        if v < 0:
+            break
+        n = stats[v, model, COUNT] + 1.0
+        delta = reward - stats[v, model, MEAN]
+        stats[v, model, COUNT] = n
+        stats[v, model, MEAN] += delta / n
+        stats[v, model, M2] += delta * (reward - stats[v, model, MEAN])
+
+
+@numba.njit(cache=True)
+def backoff(stats: np.ndarray, chain: np.ndarray, kappa: float, out: np.ndarray) -> None:
+    """``out[m] = (n_eff, mean, variance)`` of each model at the chain's last node."""
+    k = stats.shape[1]
+    for m in range(k):
+        eff = 0.0
+        mean = 0.0
+        m2 = 0.0
+        for v in chain:
+            if v < 0:
+                break
+            n = stats[v, m, COUNT]
+            w = min(kappa, eff)
+            prior_mean = mean
+            prior_m2 = m2 * (w / eff) if eff > 0.0 else 0.0
+            total = n + w
+            if total > 0.0:
+                delta = stats[v, m, MEAN] - prior_mean
+                mean = prior_mean + delta * (n / total)
+                m2 = stats[v, m, M2] + prior_m2 + delta * delta * (n * w / total)
+            eff = total
+        out[m, 0] = eff
+        out[m, 1] = mean
+        out[m, 2] = m2 / eff if eff > 0.0 else 0.0
+
+
+@numba.njit(cache=True)
+def scores(stats: np.ndarray, chain: np.ndarray, kind: int, kappa: float, explore: float,
+           value_range: float, z: np.ndarray, est: np.ndarray, out: np.ndarray) -> None:
+    """Index of every model at the chain's last node into ``out`` (``est`` is scratch)."""
+    backoff(stats, chain, kappa, est)
+    k = stats.shape[1]
+    t = 0.0
+    for m in range(k):
+        t += est[m, 0]
+    log_t = math.log(max(t, 1.0) + 1.0)
+    for m in range(k):
+        eff = est[m, 0]
+        if eff <= 0.0:
+            out[m] = np.inf
+        elif kind == UCB:
+            scaled_var = est[m, 2] / (value_range * value_range)
+            shape = min(0.25, scaled_var + math.sqrt(2.0 * log_t / eff))
+            out[m] = est[m, 1] + explore * value_range * math.sqrt(log_t / eff * shape)
+        else:
+            out[m] = est[m, 1] + value_range * z[m] / math.sqrt(eff + 1.0)
+
+
+@numba.njit(cache=True)
+def replay_learner(stats: np.ndarray, chains: np.ndarray, quality: np.ndarray,
+                   cost: np.ndarray, lam: float, kind: int, kappa: float, explore: float,
+                   z: np.ndarray) -> np.ndarray:
+    """Bandit replay: query ``i`` (in the given order) at ``chains[i]``; the learner sees only
+    the chosen model's outcome. Returns the chosen model per query."""
+    n, k = quality.shape
+    est = np.empty((k, 3))
+    index = np.empty(k)
+    choices = np.empty(n, dtype=np.int64)
+    c_max = 0.0
+    for i in range(n):
+        value_range = 1.0 + lam * c_max
+        scores(stats, chains[i], kind, kappa, explore, value_range, z[i], est, index)
+        best = 0
+        for m in range(1, k):
+            if index[m] > index[best]:
+                best = m
+        choices[i] = best
+        c = cost[i, best]
+        c_max = max(c_max, c)
+        push(stats, chains[i], best, quality[i, best] - lam * c)
+    return choices
