@@ -8,12 +8,14 @@ for a model merges its own moments with the parent's estimate taken as a pseudo-
 leans on its parent and a region with much data on itself. The effective count
 ``n_eff = n + w`` enters the confidence radius: this is the data the region borrows.
 
-Indices, for rewards ``r = quality - lambda * cost`` with range ``R = 1 + lambda * c_max``:
+Indices, for rewards ``r = quality - lambda * cost``. The reward has no useful a-priori
+range (a per-query cost can be many times its mean), so both indices scale with the
+estimated variance, shrunk towards the worst case of a [0, 1] quality by one
+pseudo-observation: ``V_eff = (n_eff V + 1/4) / (n_eff + 1)``.
 
-* UCB1-Tuned (Auer, Cesa-Bianchi and Fischer 2002, Section 4):
-  ``mean + c R sqrt(log t / n_eff * min(1/4, V / R^2 + sqrt(2 log t / n_eff)))``, with
-  ``t`` the region's total effective count;
-* Gaussian Thompson sampling (Agrawal and Goyal 2013): ``mean + R z / sqrt(n_eff + 1)``,
+* UCB with a variance estimate (Auer, Cesa-Bianchi and Fischer 2002, "UCB1-Normal" form):
+  ``mean + c sqrt(2 V_eff log t / n_eff)``, ``t`` the region's total effective count;
+* Gaussian Thompson sampling (Agrawal and Goyal 2013): ``mean + z sqrt(V_eff / n_eff)``,
   ``z ~ N(0, 1)``.
 
 A model with no data anywhere on the chain gets index ``+inf`` (played first, lowest index).
@@ -74,7 +76,7 @@ def backoff(stats: np.ndarray, chain: np.ndarray, kappa: float, out: np.ndarray)
 
 @numba.njit(cache=True)
 def scores(stats: np.ndarray, chain: np.ndarray, kind: int, kappa: float, explore: float,
-           value_range: float, z: np.ndarray, est: np.ndarray, out: np.ndarray) -> None:
+           z: np.ndarray, est: np.ndarray, out: np.ndarray) -> None:
     """Index of every model at the chain's last node into ``out`` (``est`` is scratch)."""
     backoff(stats, chain, kappa, est)
     k = stats.shape[1]
@@ -86,12 +88,12 @@ def scores(stats: np.ndarray, chain: np.ndarray, kind: int, kappa: float, explor
         eff = est[m, 0]
         if eff <= 0.0:
             out[m] = np.inf
-        elif kind == UCB:
-            scaled_var = est[m, 2] / (value_range * value_range)
-            shape = min(0.25, scaled_var + math.sqrt(2.0 * log_t / eff))
-            out[m] = est[m, 1] + explore * value_range * math.sqrt(log_t / eff * shape)
+            continue
+        var = (eff * est[m, 2] + 0.25) / (eff + 1.0)
+        if kind == UCB:
+            out[m] = est[m, 1] + explore * math.sqrt(2.0 * var * log_t / eff)
         else:
-            out[m] = est[m, 1] + value_range * z[m] / math.sqrt(eff + 1.0)
+            out[m] = est[m, 1] + z[m] * math.sqrt(var / eff)
 
 
 @numba.njit(cache=True)
@@ -104,16 +106,12 @@ def replay_learner(stats: np.ndarray, chains: np.ndarray, quality: np.ndarray,
     est = np.empty((k, 3))
     index = np.empty(k)
     choices = np.empty(n, dtype=np.int64)
-    c_max = 0.0
     for i in range(n):
-        value_range = 1.0 + lam * c_max
-        scores(stats, chains[i], kind, kappa, explore, value_range, z[i], est, index)
+        scores(stats, chains[i], kind, kappa, explore, z[i], est, index)
         best = 0
         for m in range(1, k):
             if index[m] > index[best]:
                 best = m
         choices[i] = best
-        c = cost[i, best]
-        c_max = max(c_max, c)
-        push(stats, chains[i], best, quality[i, best] - lam * c)
+        push(stats, chains[i], best, quality[i, best] - lam * cost[i, best])
     return choices

@@ -96,7 +96,6 @@ class _Learner:
         self.regions = RegionTree()
         self._stats = np.zeros((1, len(self.models), 3))
         self._chains = np.zeros((1, 1), dtype=np.int64)
-        self.c_max = 0.0
         for region in regions:
             self._node(region)
 
@@ -118,17 +117,13 @@ class _Learner:
         return self._chains[self._node(region)]
 
     # -- learning ------------------------------------------------------------------------
-    @property
-    def value_range(self) -> float:
-        return 1.0 + self.lam * self.c_max
-
     def scores(self, region: str) -> np.ndarray:
         """Each model's index in ``region`` (higher is routed first)."""
         k = len(self.models)
         z = self.rng.standard_normal(k) if self._kind == learners.THOMPSON else np.zeros(k)
         out = np.empty(k)
         learners.scores(self._stats, self.chain(region), self._kind, self.kappa, self.explore,
-                        self.value_range, z, np.empty((k, 3)), out)
+                        z, np.empty((k, 3)), out)
         return out
 
     def ranking(self, region: str) -> list[str]:
@@ -141,9 +136,7 @@ class _Learner:
 
     def update(self, region: str, model: str, quality: float, cost: float) -> None:
         index, quality, cost = check_feedback(self.models, model, quality, cost)
-        chain = self.chain(region)
-        self.c_max = max(self.c_max, cost)
-        learners.push(self._stats, chain, index, quality - self.lam * cost)
+        learners.push(self._stats, self.chain(region), index, quality - self.lam * cost)
 
     def estimates(self) -> list[dict[str, object]]:
         """Per (region, model): own count and mean reward, and the backed-off estimate."""
@@ -160,8 +153,8 @@ class _Learner:
 
     # -- persistence ---------------------------------------------------------------------
     def state(self) -> dict[str, object]:
-        """Everything learned, as plain data (region paths, moments, cost scale)."""
-        return {"models": list(self.models), "lam": self.lam, "c_max": self.c_max,
+        """Everything learned, as plain data (region paths and moments)."""
+        return {"models": list(self.models), "lam": self.lam,
                 "regions": list(self.regions.paths), "stats": self._stats.tolist()}
 
     def load_state(self, state: dict[str, object]) -> None:
@@ -180,7 +173,6 @@ class _Learner:
         self.regions = tree
         self._stats = stats.copy()
         self._chains = tree.ancestors()
-        self.c_max = float(state["c_max"])
 
 
 class RegionalRouter(_Learner):
