@@ -5,7 +5,8 @@ root, to the whole pool, and the UCB and Thompson indices built on them.
 Back-off (hierarchical shrinkage). Walking the chain from the root down, a node's estimate
 for a model merges its own moments with the parent's estimate taken as a pseudo-sample of
 ``w = min(kappa, n_eff(parent))`` observations (Chan's merge), so a region with little data
-leans on its parent and a region with much data on itself. The effective count
+leans on its parent and a region with much data on itself. The parent's estimate leaves out
+the data of the child on the chain, so nothing is counted twice. The effective count
 ``n_eff = n + w`` enters the confidence radius: this is the data the region borrows.
 
 Indices, for rewards ``r = quality - lambda * cost``. The reward has no useful a-priori
@@ -50,24 +51,40 @@ def push(stats: np.ndarray, chain: np.ndarray, model: int, reward: float) -> Non
 
 @numba.njit(cache=True)
 def backoff(stats: np.ndarray, chain: np.ndarray, kappa: float, out: np.ndarray) -> None:
-    """``out[m] = (n_eff, mean, variance)`` of each model at the chain's last node."""
+    """``out[m] = (n_eff, mean, variance)`` of each model at the chain's last node.
+
+    At each ancestor the data of the child on the chain is taken out first (reverse Chan
+    merge), so a region's prior is its siblings' data, backed off further up: a region's own
+    observations are never counted twice."""
     k = stats.shape[1]
+    depth = 0
+    while depth < chain.size and chain[depth] >= 0:
+        depth += 1
     for m in range(k):
         eff = 0.0
         mean = 0.0
         m2 = 0.0
-        for v in chain:
-            if v < 0:
-                break
-            n = stats[v, m, COUNT]
+        for j in range(depth):
+            v = chain[j]
+            n, own_mean, own_m2 = stats[v, m, COUNT], stats[v, m, MEAN], stats[v, m, M2]
+            if j + 1 < depth:  # take the child's data out of this ancestor's
+                c = chain[j + 1]
+                n_c = stats[c, m, COUNT]
+                rest = n - n_c
+                if rest > 0.5:
+                    rest_mean = (n * own_mean - n_c * stats[c, m, MEAN]) / rest
+                    d = stats[c, m, MEAN] - rest_mean
+                    own_m2 = max(own_m2 - stats[c, m, M2] - d * d * rest * n_c / n, 0.0)
+                    n, own_mean = rest, rest_mean
+                else:
+                    n, own_mean, own_m2 = 0.0, 0.0, 0.0
             w = min(kappa, eff)
-            prior_mean = mean
             prior_m2 = m2 * (w / eff) if eff > 0.0 else 0.0
             total = n + w
             if total > 0.0:
-                delta = stats[v, m, MEAN] - prior_mean
-                mean = prior_mean + delta * (n / total)
-                m2 = stats[v, m, M2] + prior_m2 + delta * delta * (n * w / total)
+                delta = own_mean - mean
+                mean = mean + delta * (n / total)
+                m2 = own_m2 + prior_m2 + delta * delta * (n * w / total)
             eff = total
         out[m, 0] = eff
         out[m, 1] = mean
