@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from canopy import data
+from canopy.apps.routing.logs import read_long, read_routerbench
 from canopy.apps.routing.mmlu_groups import SUBJECT_GROUPS
 from canopy.apps.routing.outcomes import Outcomes
 from canopy.apps.routing.prices import PriceTable, estimate_tokens
@@ -30,6 +31,7 @@ __all__ = [
     "MMLU_OUTPUT_TOKENS",
     "alpaca_eval",
     "arena_bench",
+    "load",
     "mt_bench",
     "priced_costs",
     "routellm_gsm8k",
@@ -230,3 +232,19 @@ DATASETS: dict[str, Callable[..., Outcomes]] = {
     "alpaca-eval": alpaca_eval,
     "arena-bench": arena_bench,
 }
+
+
+def load(dataset: str, **options: object) -> Outcomes:
+    """A registered data set by name (:data:`DATASETS`, ``options`` go to its loader), or a
+    file: ``.pkl``/``.pickle`` as RouterBench, ``.csv``/``.jsonl`` as the long format."""
+    if dataset in DATASETS:
+        return DATASETS[dataset](**options)
+    path = Path(dataset)
+    if path.suffix.lower() in {".pkl", ".pickle"}:
+        return read_routerbench(path, **options)
+    if path.suffix.lower() in {".csv", ".jsonl", ".ndjson"}:
+        if not path.exists():
+            raise FileNotFoundError(f"no such log file: {path}")
+        return read_long(path, **options)
+    raise KeyError(f"unknown data set {dataset!r}: give one of {', '.join(DATASETS)} or a "
+                   ".csv/.jsonl/.pkl path")
