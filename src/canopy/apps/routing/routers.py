@@ -102,19 +102,17 @@ class _Learner:
     # -- regions -----------------------------------------------------------------------
     def _node(self, region: str) -> int:
         node = self.regions.add(region)
-        if self.regions.n_nodes > self._stats.shape[0] or \
-                self.regions.max_depth + 1 > self._chains.shape[1]:
+        if self.regions.n_nodes > self._stats.shape[0]:
             grown = np.zeros((self.regions.n_nodes, len(self.models), 3))
             grown[:self._stats.shape[0]] = self._stats
             self._stats = grown
-            self._chains = self.regions.ancestors()
-        elif self._chains.shape[0] < self.regions.n_nodes:
             self._chains = self.regions.ancestors()
         return node
 
     def chain(self, region: str) -> np.ndarray:
         """Root-to-region node chain (padded with -1) as the kernels read it."""
-        return self._chains[self._node(region)]
+        node = self._node(region)
+        return self._chains[node]
 
     # -- learning ------------------------------------------------------------------------
     def scores(self, region: str) -> np.ndarray:
@@ -122,8 +120,9 @@ class _Learner:
         k = len(self.models)
         z = self.rng.standard_normal(k) if self._kind == learners.THOMPSON else np.zeros(k)
         out = np.empty(k)
-        learners.scores(self._stats, self.chain(region), self._kind, self.kappa, self.explore,
-                        z, np.empty((k, 3)), out)
+        chain = self.chain(region)  # may grow the statistics: take it first
+        learners.scores(self._stats, chain, self._kind, self.kappa, self.explore, z,
+                        np.empty((k, 3)), out)
         return out
 
     def ranking(self, region: str) -> list[str]:
@@ -136,7 +135,8 @@ class _Learner:
 
     def update(self, region: str, model: str, quality: float, cost: float) -> None:
         index, quality, cost = check_feedback(self.models, model, quality, cost)
-        learners.push(self._stats, self.chain(region), index, quality - self.lam * cost)
+        chain = self.chain(region)  # may grow the statistics: take it first
+        learners.push(self._stats, chain, index, quality - self.lam * cost)
 
     def estimates(self) -> list[dict[str, object]]:
         """Per (region, model): own count and mean reward, and the backed-off estimate."""
