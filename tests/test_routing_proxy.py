@@ -1,0 +1,183 @@
+"""The routing proxy over real HTTP on 127.0.0.1: bad input, fallback within the deadline,
+persistence across a restart (against scripted upstreams), and a bounded load test against
+two llama-cpp-python servers with SmolLM2-135M, one stopped halfway."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import httpx
+import pytest
+
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+
+from canopy.apps.routing.proxy.app import create_app, serve_in_thread
+from canopy.apps.routing.proxy.config import ProxyConfig
+from canopy.apps.routing.proxy.loadtest import run_load_test
+from llm_server import ScriptedServer, _require_llama, chat_body
+
+PRICES = {"version": "test-1", "models": {"small": {"input": 1.0, "output": 1.0},
+                                          "large": {"input": 50.0, "output": 50.0}}}
+ASK = {"messages": [{"role": "user", "content": "Say hi"}], "max_tokens": 2}
+
+
+def config(tmp_path, small_url, large_url, **extra) -> ProxyConfig:
+    data = {"upstreams": [
+        {"model": "small", "base_url": small_url, "upstream_model": "smollm2-135m",
+         "timeout_s": extra.pop("timeout_s", 20.0)},
+        {"model": "large", "base_url": large_url, "upstream_model": "smollm2-135m",
+         "timeout_s": 20.0}],
+        "state_path": "router.sqlite", "lam": 1000.0, "prices": PRICES, **extra}
+    return ProxyConfig.from_mapping(data, base=tmp_path)
+
+
+@pytest.fixture
+def upstreams():
+    servers = [ScriptedServer().start(), ScriptedServer().start()]
+    for number, server in enumerate(servers):
+        server.routes["/v1/chat/completions"] = (
+            lambda _, n=number: (200, chat_body(f"answer {n}", prompt_tokens=10,
+                                                completion_tokens=2), 0.0))
+    yield servers
+    for server in servers:
+        server.close()
+
+
+def test_config_refuses_unpriced_models_and_bad_fields(tmp_path):
+    with pytest.raises(KeyError, match="no price for model 'small'"):
+        ProxyConfig.from_mapping({"upstreams": [{"model": "small", "base_url": "http://x"}],
+                                  "state_path": "s.sqlite"}, base=tmp_path)
+    with pytest.raises(ValueError, match="unknown configuration keys"):
+        ProxyConfig.from_mapping({"upstreams": [], "state_path": "s", "lamda": 1})
+    with pytest.raises(ValueError, match="base_url"):
+        config(tmp_path, "ftp://x", "http://y")
+
+
+def test_bad_input_gets_clear_4xx_and_leaves_state_unchanged(tmp_path, upstreams):
+    cfg = config(tmp_path, upstreams[0].url("/v1"), upstreams[1].url("/v1"))
+    with serve_in_thread(create_app(cfg)) as url, httpx.Client(base_url=url,
+                                                               timeout=30) as client:
+        good = client.post("/v1/chat/completions", json=ASK).json()["canopy"]["request_id"]
+        assert client.post("/v1/feedback", json={"request_id": good, "quality": 0.7}
+                           ).status_code == 200
+        before = client.get("/v1/router/stats").json()
+        cases = [
+            ("/v1/chat/completions", b"{not json", 400, "not valid JSON"),
+            ("/v1/chat/completions", json.dumps({"messages": []}), 400, "non-empty list"),
+            ("/v1/chat/completions", json.dumps({"messages": [{"role": "user"}]}), 400,
+             "messages[0]"),
+            ("/v1/chat/completions", json.dumps({**ASK, "model": "gpt-9"}), 400,
+             "unknown model 'gpt-9'"),
+            ("/v1/chat/completions", json.dumps({**ASK, "stream": True}), 400, "stream"),
+            ("/v1/feedback", json.dumps({"request_id": "req-nope", "quality": 0.5}), 404,
+             "unknown request id"),
+            ("/v1/feedback", json.dumps({"request_id": good, "quality": 1.5}), 422,
+             "in [0, 1]"),
+            ("/v1/feedback", json.dumps({"request_id": good, "quality": "high"}), 422,
+             "in [0, 1]"),
+            ("/v1/feedback", json.dumps({"request_id": good, "quality": 0.2}), 409,
+             "already has feedback"),
+            ("/v1/feedback", b"[1, 2]", 400, "feedback must be"),
+        ]
+        for path, body, status, message in cases:
+            answer = client.post(path, content=body,
+                                 headers={"Content-Type": "application/json"})
+            assert answer.status_code == status, (path, body, answer.text)
+            assert message in answer.json()["error"]["message"]
+        after = client.get("/v1/router/stats").json()
+        assert after["statistics"] == before["statistics"]
+        assert after["with_feedback"] == 1
+        assert client.get("/health").json()["status"] == "ok"
+
+
+def test_failed_upstream_is_skipped_and_deadline_bounds_the_wait(tmp_path, upstreams):
+    upstreams[0].routes["/v1/chat/completions"] = lambda _: (500, b'{"error": "boom"}', 0.0)
+    cfg = config(tmp_path, upstreams[0].url("/v1"), upstreams[1].url("/v1"))
+    with serve_in_thread(create_app(cfg)) as url, httpx.Client(base_url=url,
+                                                               timeout=30) as client:
+        for _ in range(3):
+            answer = client.post("/v1/chat/completions", json={**ASK, "model": "auto"})
+            assert answer.status_code == 200
+            assert answer.json()["canopy"]["model"] == "large"
+            assert answer.headers["X-Canopy-Model"] == "large"
+    # both upstreams slower than the deadline: a 504 naming the attempts, after ~deadline
+    for server in upstreams:
+        server.routes["/v1/chat/completions"] = lambda _: (200, chat_body("late"), 5.0)
+    cfg = config(tmp_path / "b", upstreams[0].url("/v1"), upstreams[1].url("/v1"),
+                 deadline_s=1.0)
+    with serve_in_thread(create_app(cfg)) as url, httpx.Client(base_url=url,
+                                                               timeout=30) as client:
+        t0 = time.monotonic()
+        answer = client.post("/v1/chat/completions", json=ASK)
+        waited = time.monotonic() - t0
+    assert answer.status_code == 504 and answer.json()["error"]["type"] == "timeout"
+    assert answer.json()["error"]["attempts"][0]["model"] in {"small", "large"}
+    assert waited < 4.0
+
+
+def test_restart_keeps_learned_statistics_and_regions(tmp_path, upstreams):
+    cfg = config(tmp_path, upstreams[0].url("/v1"), upstreams[1].url("/v1"),
+                 region={"centroids": {"code": ["write a python function", "fix this bug"],
+                                       "chat": ["hello how are you", "tell me a joke"]}})
+    with serve_in_thread(create_app(cfg)) as url, httpx.Client(base_url=url,
+                                                               timeout=30) as client:
+        for i in range(12):
+            text = "write a python function to sort" if i % 2 else "hello, tell me a joke"
+            answer = client.post("/v1/chat/completions", json={
+                "messages": [{"role": "user", "content": text}], "max_tokens": 2}).json()
+            assert answer["canopy"]["region"] == ("code" if i % 2 else "chat")
+            model = answer["canopy"]["model"]
+            client.post("/v1/feedback", json={"request_id": answer["canopy"]["request_id"],
+                                              "quality": 1.0 if model == "small" else 0.0})
+        before = client.get("/v1/router/stats").json()
+    assert before["with_feedback"] == 12
+    with serve_in_thread(create_app(cfg)) as url, httpx.Client(base_url=url,
+                                                               timeout=30) as client:
+        after = client.get("/v1/router/stats").json()
+        assert after["statistics"] == before["statistics"]
+        explicit = client.post("/v1/chat/completions", json=ASK,
+                               headers={"X-Canopy-Region": "code/python"}).json()
+        assert explicit["canopy"]["region"] == "code/python"
+
+
+@pytest.fixture(scope="module")
+def llama_pair():
+    _require_llama()
+    from canopy.llm.local import LocalLlamaServer
+
+    small, large = LocalLlamaServer(n_threads=1), LocalLlamaServer(n_threads=1)
+    small.start()
+    try:
+        large.start()
+    except BaseException:
+        small.stop()
+        raise
+    yield small, large
+    small.stop()
+    large.stop()
+
+
+@pytest.mark.live
+def test_load_with_an_upstream_stopped_halfway_and_a_restart(tmp_path, llama_pair):
+    """200 requests, 32 at a time, the cheap upstream stopped halfway: every request is
+    answered; then a restart of the proxy keeps the statistics. (The 1,000-request version
+    is benchmarks/test_routing_bench.py.)"""
+    small, large = llama_pair
+    cfg = config(tmp_path, small.base_url, large.base_url, timeout_s=30.0)
+    with serve_in_thread(create_app(cfg)) as url:
+        result = run_load_test(url, requests=200, concurrency=32, max_tokens=2,
+                               regions=["chat", "code/python"],
+                               quality=lambda answer: 1.0, halfway=small.stop)
+        stats = httpx.get(url + "/v1/router/stats", timeout=30).json()
+    assert result.client_errors == []
+    assert result.status == {200: 200}
+    assert result.feedback_status == {200: 200}
+    assert result.models.get("small", 0) > 0 and result.models.get("large", 0) > 0
+    assert stats["with_feedback"] == 200
+    with serve_in_thread(create_app(cfg)) as url:
+        assert httpx.get(url + "/v1/router/stats", timeout=30).json()["statistics"] == \
+            stats["statistics"]
+        answer = httpx.post(url + "/v1/chat/completions", json=ASK, timeout=60)
+        assert answer.status_code == 200 and answer.json()["canopy"]["model"] == "large"
