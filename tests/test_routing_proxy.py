@@ -181,3 +181,41 @@ def test_load_with_an_upstream_stopped_halfway_and_a_restart(tmp_path, llama_pai
             stats["statistics"]
         answer = httpx.post(url + "/v1/chat/completions", json=ASK, timeout=60)
         assert answer.status_code == 200 and answer.json()["canopy"]["model"] == "large"
+
+
+def test_cli_serve_router_runs_the_proxy(tmp_path, upstreams):
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    path = tmp_path / "router.json"
+    path.write_text(json.dumps({"upstreams": [
+        {"model": "small", "base_url": upstreams[0].url("/v1")},
+        {"model": "large", "base_url": upstreams[1].url("/v1")}],
+        "state_path": "state.sqlite", "prices": PRICES}))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    process = subprocess.Popen([sys.executable, "-m", "canopy", "serve", "router", "--config",
+                                str(path), "--port", str(port)], env=env,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                health = httpx.get(f"http://127.0.0.1:{port}/health", timeout=2)
+                break
+            except httpx.HTTPError:
+                assert process.poll() is None, process.stderr.read().decode()
+                assert time.monotonic() < deadline, "the proxy did not start"
+                time.sleep(0.2)
+        assert health.json() == {"status": "ok", "models": ["small", "large"]}
+        answer = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=ASK,
+                            timeout=30)
+        assert answer.status_code == 200 and answer.json()["canopy"]["model"] == "small"
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+    assert (tmp_path / "state.sqlite").exists()
