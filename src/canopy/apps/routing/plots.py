@@ -32,7 +32,7 @@ def plot_replay(result: ReplayResult, path: str | Path, *, regret_lambda: float 
         left.plot(c[i][order], q[i][order], marker="o", ms=3, label=name,
                   ls="--" if "oracle" in name else "-")
     if fixed:
-        left.scatter(c[fixed, 0], q[fixed, 0], marker="s", color="tab:orange", zorder=3,
+        left.scatter(c[fixed, 0], q[fixed, 0], marker="s", color="black", zorder=3,
                      label="fixed models")
         for i in fixed:
             left.annotate(result.routers[i].removeprefix("fixed:"), (c[i, 0], q[i, 0]),
@@ -45,7 +45,7 @@ def plot_replay(result: ReplayResult, path: str | Path, *, regret_lambda: float 
     else:
         li = int(np.argmin(np.abs(result.lambdas - regret_lambda)))
     for i, name in enumerate(result.routers):
-        if i not in fixed and name != "category-oracle":
+        if i not in fixed and "oracle" not in name:
             right.plot(result.steps, result.regret_curve[i, li], label=name)
     right.set(xlabel="queries", ylabel="cumulative regret vs per-category oracle",
               title=f"lambda = {result.lambdas[li]:.3g}")
