@@ -56,16 +56,18 @@ def test_proxy_load_1000(benchmark, tmp_path):
     with LocalLlamaServer(n_threads=1) as small, LocalLlamaServer(n_threads=1) as large:
         config = ProxyConfig.from_mapping({"upstreams": [
             {"model": "small", "base_url": small.base_url, "upstream_model": small.model,
-             "timeout_s": 30},
+             "timeout_s": 300},
             {"model": "large", "base_url": large.base_url, "upstream_model": large.model,
-             "timeout_s": 30}],
-            "state_path": str(tmp_path / "router.sqlite"), "lam": 1000.0, "prices": prices})
+             "timeout_s": 300}],
+            "state_path": str(tmp_path / "router.sqlite"), "lam": 1000.0, "prices": prices,
+            "deadline_s": 360})
         with serve_in_thread(create_app(config)) as url:
             result = benchmark.pedantic(
                 run_load_test, args=(url,),
-                kwargs={"requests": 1000, "concurrency": 32, "max_tokens": 2,
+                kwargs={"requests": 1000, "concurrency": 32, "max_tokens": 1,
                         "regions": ["chat", "code/python", "math"],
-                        "quality": lambda answer: 1.0, "halfway": small.stop},
+                        "quality": lambda answer: 1.0, "halfway": small.stop,
+                        "request_timeout": 400.0},
                 rounds=1, iterations=1)
     summary = result.summary()
     benchmark.extra_info.update(summary)

@@ -23,12 +23,12 @@ PRICES = {"version": "test-1", "models": {"small": {"input": 1.0, "output": 1.0}
 ASK = {"messages": [{"role": "user", "content": "Say hi"}], "max_tokens": 2}
 
 
-def config(tmp_path, small_url, large_url, **extra) -> ProxyConfig:
+def config(tmp_path, small_url, large_url, *, timeout_s=20.0, **extra) -> ProxyConfig:
     data = {"upstreams": [
         {"model": "small", "base_url": small_url, "upstream_model": "smollm2-135m",
-         "timeout_s": extra.pop("timeout_s", 20.0)},
+         "timeout_s": timeout_s},
         {"model": "large", "base_url": large_url, "upstream_model": "smollm2-135m",
-         "timeout_s": 20.0}],
+         "timeout_s": timeout_s}],
         "state_path": "router.sqlite", "lam": 1000.0, "prices": PRICES, **extra}
     return ProxyConfig.from_mapping(data, base=tmp_path)
 
@@ -165,9 +165,11 @@ def test_load_with_an_upstream_stopped_halfway_and_a_restart(tmp_path, llama_pai
     answered; then a restart of the proxy keeps the statistics. (The 1,000-request version
     is benchmarks/test_routing_bench.py.)"""
     small, large = llama_pair
-    cfg = config(tmp_path, small.base_url, large.base_url, timeout_s=30.0)
+    # generous timeouts: on 2 shared cores a llama server answers a few requests a second,
+    # so 32 queued requests wait tens of seconds (the 504 path is tested above)
+    cfg = config(tmp_path, small.base_url, large.base_url, timeout_s=150.0, deadline_s=180.0)
     with serve_in_thread(create_app(cfg)) as url:
-        result = run_load_test(url, requests=200, concurrency=32, max_tokens=2,
+        result = run_load_test(url, requests=200, concurrency=32, max_tokens=1,
                                regions=["chat", "code/python"],
                                quality=lambda answer: 1.0, halfway=small.stop)
         stats = httpx.get(url + "/v1/router/stats", timeout=30).json()

@@ -29,6 +29,7 @@ class LoadTestResult:
     overhead_ms: np.ndarray
     duration_s: float
     feedback_status: dict[int, int] = field(default_factory=dict)
+    error_bodies: list[str] = field(default_factory=list)
 
     @property
     def answered(self) -> int:
@@ -63,6 +64,7 @@ async def _run(base_url: str, n: int, concurrency: int, max_tokens: int,
     feedback_status: Counter[int] = Counter()
     models: Counter[str] = Counter()
     errors: list[str] = []
+    error_bodies: list[str] = []
     latency: list[float] = []
     overhead: list[float] = []
     queue: asyncio.Queue[int] = asyncio.Queue()
@@ -95,6 +97,7 @@ async def _run(base_url: str, n: int, concurrency: int, max_tokens: int,
                 latency.append((time.perf_counter() - t0) * 1000.0)
                 status[answer.status_code] += 1
                 if answer.status_code != 200:
+                    error_bodies.append(answer.text[:500])
                     continue
                 overhead.append(float(answer.headers["X-Canopy-Overhead-Ms"]))
                 data = answer.json()
@@ -114,7 +117,7 @@ async def _run(base_url: str, n: int, concurrency: int, max_tokens: int,
         if hook is not None:
             await hook
     return LoadTestResult(n, dict(status), errors, dict(models), np.array(latency),
-                          np.array(overhead), duration, dict(feedback_status))
+                          np.array(overhead), duration, dict(feedback_status), error_bodies)
 
 
 def run_load_test(base_url: str, *, requests: int = 1000, concurrency: int = 32,
