@@ -160,29 +160,34 @@ def llama_pair():
 
 
 @pytest.mark.live
-def test_load_with_an_upstream_stopped_halfway_and_a_restart(tmp_path, llama_pair):
-    """200 requests, 32 at a time, the cheap upstream stopped halfway: every request is
-    answered; then a restart of the proxy keeps the statistics. (The 1,000-request version
-    is benchmarks/test_routing_bench.py.)"""
+def test_load_with_a_restart_and_an_upstream_stopped(tmp_path, llama_pair):
+    """200 requests, 32 at a time, with feedback: 100, a restart of the proxy (the learned
+    statistics survive it), then 100 more during which the cheap upstream is stopped (at
+    request 150 of 200). Every request is answered. (The 1,000-request version is in
+    benchmarks/test_routing_bench.py.)"""
     small, large = llama_pair
     # generous timeouts: on 2 shared cores a llama server answers a few requests a second,
     # so 32 queued requests wait tens of seconds (the 504 path is tested above)
     cfg = config(tmp_path, small.base_url, large.base_url, timeout_s=150.0, deadline_s=180.0)
+    load = {"requests": 100, "concurrency": 32, "max_tokens": 1,
+            "regions": ["chat", "code/python"], "quality": lambda answer: 1.0}
     with serve_in_thread(create_app(cfg)) as url:
-        result = run_load_test(url, requests=200, concurrency=32, max_tokens=1,
-                               regions=["chat", "code/python"],
-                               quality=lambda answer: 1.0, halfway=small.stop)
-        stats = httpx.get(url + "/v1/router/stats", timeout=30).json()
-    assert result.client_errors == []
-    assert result.status == {200: 200}
-    assert result.feedback_status == {200: 200}
-    assert result.models.get("small", 0) > 0 and result.models.get("large", 0) > 0
-    assert stats["with_feedback"] == 200
+        first = run_load_test(url, **load)
+        before = httpx.get(url + "/v1/router/stats", timeout=30).json()
     with serve_in_thread(create_app(cfg)) as url:
-        assert httpx.get(url + "/v1/router/stats", timeout=30).json()["statistics"] == \
-            stats["statistics"]
-        answer = httpx.post(url + "/v1/chat/completions", json=ASK, timeout=60)
-        assert answer.status_code == 200 and answer.json()["canopy"]["model"] == "large"
+        after = httpx.get(url + "/v1/router/stats", timeout=30).json()
+        second = run_load_test(url, **load, halfway=small.stop)
+        final = httpx.get(url + "/v1/router/stats", timeout=30).json()
+        answer = httpx.post(url + "/v1/chat/completions", json=ASK, timeout=120)
+    assert after["statistics"] == before["statistics"] and after["with_feedback"] == 100
+    for result in (first, second):
+        assert result.client_errors == [] and result.error_bodies == []
+        assert result.status == {200: 100} and result.feedback_status == {200: 100}
+    assert second.models.get("large", 0) > 0 and first.models.get("small", 0) > 0
+    assert second.fallbacks > 0  # requests that met the stopped upstream went on to "large"
+    root = {row["model"]: row["count"] for row in final["statistics"] if row["region"] == "/"}
+    assert sum(root.values()) == 200 and final["with_feedback"] == 200
+    assert answer.status_code == 200 and answer.json()["canopy"]["model"] == "large"
 
 
 def test_cli_serve_router_runs_the_proxy(tmp_path, upstreams):

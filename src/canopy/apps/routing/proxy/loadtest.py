@@ -30,6 +30,7 @@ class LoadTestResult:
     duration_s: float
     feedback_status: dict[int, int] = field(default_factory=dict)
     error_bodies: list[str] = field(default_factory=list)
+    fallbacks: int = 0
 
     @property
     def answered(self) -> int:
@@ -52,7 +53,8 @@ class LoadTestResult:
                 "latency_ms_p99": self.percentile("latency", 99),
                 "overhead_ms_p50": self.percentile("overhead", 50),
                 "overhead_ms_p99": self.percentile("overhead", 99),
-                "feedback_status": self.feedback_status}
+                "feedback_status": self.feedback_status,
+                "answers_after_a_failed_upstream": self.fallbacks}
 
 
 async def _run(base_url: str, n: int, concurrency: int, max_tokens: int,
@@ -65,6 +67,7 @@ async def _run(base_url: str, n: int, concurrency: int, max_tokens: int,
     models: Counter[str] = Counter()
     errors: list[str] = []
     error_bodies: list[str] = []
+    fallbacks = 0
     latency: list[float] = []
     overhead: list[float] = []
     queue: asyncio.Queue[int] = asyncio.Queue()
@@ -76,7 +79,7 @@ async def _run(base_url: str, n: int, concurrency: int, max_tokens: int,
                                  limits=limits) as client:
 
         async def worker() -> None:
-            nonlocal hook
+            nonlocal hook, fallbacks
             while True:
                 try:
                     i = queue.get_nowait()
@@ -102,6 +105,7 @@ async def _run(base_url: str, n: int, concurrency: int, max_tokens: int,
                 overhead.append(float(answer.headers["X-Canopy-Overhead-Ms"]))
                 data = answer.json()
                 models[data["canopy"]["model"]] += 1
+                fallbacks += bool(data["canopy"]["failed_attempts"])
                 if quality is not None:
                     try:
                         rated = await client.post("/v1/feedback", json={
@@ -117,7 +121,8 @@ async def _run(base_url: str, n: int, concurrency: int, max_tokens: int,
         if hook is not None:
             await hook
     return LoadTestResult(n, dict(status), errors, dict(models), np.array(latency),
-                          np.array(overhead), duration, dict(feedback_status), error_bodies)
+                          np.array(overhead), duration, dict(feedback_status), error_bodies,
+                          fallbacks)
 
 
 def run_load_test(base_url: str, *, requests: int = 1000, concurrency: int = 32,
