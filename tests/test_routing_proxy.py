@@ -16,7 +16,9 @@ pytest.importorskip("uvicorn")
 from canopy.apps.routing.proxy.app import create_app, serve_in_thread
 from canopy.apps.routing.proxy.config import ProxyConfig
 from canopy.apps.routing.proxy.loadtest import run_load_test
-from llm_server import ScriptedServer, _require_llama, chat_body
+from llm_server import ScriptedServer, _require_llama
+
+chat_body = ScriptedServer.chat_body
 
 PRICES = {"version": "test-1", "models": {"small": {"input": 1.0, "output": 1.0},
                                           "large": {"input": 50.0, "output": 50.0}}}
