@@ -10,7 +10,7 @@ from scipy import stats
 
 from canopy.experiments.study import Measurement, Row
 
-__all__ = ["find_row", "summarize", "t_interval"]
+__all__ = ["lookup", "summarize", "t_interval"]
 
 
 def t_interval(values: Sequence[float] | np.ndarray, level: float = 0.95
@@ -43,11 +43,12 @@ def summarize(measurements: Iterable[Measurement]) -> list[Row]:
     return rows
 
 
-def find_row(rows: Sequence[Row], *, method: str, metric: str, x: float | None = None) -> Row:
-    """The row of ``method`` and ``metric`` at ``x`` (the one row when ``x`` is ``None`` and
-    the method has a single x for that metric)."""
-    matches = [r for r in rows if r.method == method and r.metric == metric
-               and (x is None or (r.x is not None and math.isclose(r.x, x)))]
-    if len(matches) != 1:
-        raise KeyError(f"{len(matches)} rows for method={method!r} metric={metric!r} x={x!r}")
-    return matches[0]
+def lookup(rows: Sequence[Row], method: str, metric: str, x: float | None = None, *,
+           x_name: str | None = None) -> Row | None:
+    """The row of (method, metric, x) (on axis ``x_name`` if given), or ``None`` when the
+    run's grid did not include it."""
+    for row in rows:
+        if row.method == method and row.metric == metric and x_name in (None, row.x_name) and (
+                row.x == x or (row.x is not None and x is not None and math.isclose(row.x, x))):
+            return row
+    return None
