@@ -31,15 +31,23 @@ def t_interval(values: Sequence[float] | np.ndarray, level: float = 0.95
 
 
 def summarize(measurements: Iterable[Measurement]) -> list[Row]:
-    """Group measurements by (method, x_name, x, metric), in order of first appearance, and
-    reduce each group over seeds to its mean and 95% t-interval."""
+    """Group measurements by (method, x_name, x, metric) and reduce each group over seeds to
+    its mean and 95% t-interval. Rows are ordered by x axis, metric and method (each in order
+    of first appearance), then by x (``None`` first)."""
     groups: dict[tuple, list[float]] = {}
     for m in measurements:
         groups.setdefault((m.method, m.x_name, m.x, m.metric), []).append(m.value)
+    rank = [{key[i]: None for key in groups} for i in range(4)]
+    order = [{value: n for n, value in enumerate(r)} for r in rank]
+
+    def position(key: tuple) -> tuple:
+        method, x_name, x, metric = key
+        return (order[1][x_name], order[3][metric], order[0][method], x is not None, x or 0.0)
+
     rows = []
-    for (method, x_name, x, metric), values in groups.items():
-        mean, low, high = t_interval(values)
-        rows.append(Row(method, x_name, x, metric, mean, low, high, len(values)))
+    for key in sorted(groups, key=position):
+        mean, low, high = t_interval(groups[key])
+        rows.append(Row(*key, mean, low, high, len(groups[key])))
     return rows
 
 

@@ -7,8 +7,8 @@ Instance family (the paper does not specify it): ``canopy.instances.tree_lipschi
 branching 4, depth 5 (1,024 leaves), Lipschitz constant ``lipschitz`` and noise ``sigma``
 (the parameters below), a new instance per seed, shared by every method of that seed. Budgets
 are in leaf-cost units (``leaf_cost = 1``). Successive elimination evaluates leaves only, so its
-recall does not depend on the probe cost: it is measured once per budget and drawn as a band
-in the cost-ratio panel.
+recall does not depend on the probe cost: it runs once per budget (with probe cost = leaf
+cost, which it never pays) and is drawn as a band in the cost-ratio panel.
 """
 
 from __future__ import annotations
@@ -81,24 +81,27 @@ class FidelityParams:
             check_budget("budget", budget, 1.0)  # successive elimination needs one leaf
 
 
-def _cell(method: str, policy: str, params: FidelityParams, *, x_name: str, x: float | None,
-          budget: float, ratio: float, **kwargs: Any) -> dict[str, Any]:
-    return {**policy_cell(method, policy, k=params.k, **kwargs), "x_name": x_name, "x": x,
-            "budget": budget, "probe_cost": ratio, "branching": params.branching,
-            "depth": params.depth, "lipschitz": params.lipschitz, "sigma": params.sigma}
-
-
 def cells(params: FidelityParams) -> list[dict[str, Any]]:
-    """Cost-ratio panel at ``budget``, then budget panel at ``cheap_ratio``."""
-    tree = [(BEAM, "TopKBeam", {"width": 20}), (SOUND, "TopKSound", {})]
-    out = [_cell(m, p, params, x_name=RATIO, x=r, budget=params.budget, ratio=r, **kw)
-           for r in params.ratios for m, p, kw in tree]
-    out.append(_cell(SE, "SuccessiveElimination", params, x_name=RATIO, x=None,
-                     budget=params.budget, ratio=1.0))
-    out += [_cell(m, p, params, x_name=BUDGET, x=b, budget=b, ratio=params.cheap_ratio, **kw)
-            for b in params.budgets for m, p, kw in
-            [*tree, (SE, "SuccessiveElimination", {})]]
-    return out
+    """One cell per distinct (method, probe cost, budget); ``points`` lists the (axis, x) at
+    which its recall is reported: the cost-ratio panel at ``budget``, the budget panel at
+    ``cheap_ratio`` (a configuration on both panels runs once)."""
+    tree = [(BEAM, "TopKBeam"), (SOUND, "TopKSound")]
+    configs: dict[tuple, list] = {}
+    for ratio in params.ratios:
+        for method, policy in tree:
+            configs.setdefault((method, policy, ratio, params.budget), []).append([RATIO, ratio])
+    configs.setdefault((SE, "SuccessiveElimination", 1.0, params.budget), []).append(
+        [RATIO, None])
+    for budget in params.budgets:
+        for method, policy in [*tree, (SE, "SuccessiveElimination")]:
+            ratio = 1.0 if policy == "SuccessiveElimination" else params.cheap_ratio
+            configs.setdefault((method, policy, ratio, budget), []).append([BUDGET, budget])
+    extra = {BEAM: {"width": 20}}
+    return [{**policy_cell(method, policy, k=params.k, **extra.get(method, {})),
+             "points": points, "budget": budget, "probe_cost": ratio,
+             "branching": params.branching, "depth": params.depth,
+             "lipschitz": params.lipschitz, "sigma": params.sigma}
+            for (method, policy, ratio, budget), points in configs.items()]
 
 
 def run_cell(cell: dict[str, Any], seed: int) -> list[Measurement]:
@@ -107,8 +110,9 @@ def run_cell(cell: dict[str, Any], seed: int) -> list[Measurement]:
                              seed=instance_seed(seed))
     k = cell["kwargs"]["k"]
     result = run(make_policy(cell), problem, budget=cell["budget"], seed=seed, k=k)
-    return [Measurement(cell["method"], cell["x_name"], cell["x"], f"recall@{k}",
-                        recall(result, problem, k))]
+    value = recall(result, problem, k)
+    return [Measurement(cell["method"], x_name, x, f"recall@{k}", value)
+            for x_name, x in cell["points"]]
 
 
 def headlines(rows: Sequence[Row]) -> list[Headline]:
