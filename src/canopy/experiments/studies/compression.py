@@ -109,7 +109,7 @@ STUDY = Study(
     params=CompressionParams(),
     quick_params=CompressionParams(horizons=(1000, 4000, 15000)),
     seeds=10,
-    quick_seeds=3,
+    quick_seeds=4,
     cells=cells,
     run_cell=run_cell,
     paper=PAPER,
