@@ -25,6 +25,8 @@ from canopy.experiments.study import (
     PaperValue,
     Row,
     Study,
+    check_nonnegative,
+    check_positive,
     check_positive_int,
 )
 from canopy.experiments.summary import lookup
@@ -61,8 +63,9 @@ class AblationParams:
             check_positive_int(name, getattr(self, name))
         if not self.assumed or any(not value > 0 for value in self.assumed):
             raise ValueError(f"assumed L values must be > 0, got {self.assumed}")
-        if not self.sigma >= 0:
-            raise ValueError(f"sigma must be >= 0, got {self.sigma}")
+        check_nonnegative(sigma=self.sigma)
+        check_positive(smooth_lipschitz=self.smooth_lipschitz,
+                       rough_lipschitz=self.rough_lipschitz)
 
 
 def cells(params: AblationParams) -> list[dict[str, Any]]:

@@ -18,7 +18,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from canopy.experiments.studies._common import instance_seed, make_policy, policy_cell, regret_curve
+from canopy.experiments.studies._common import (
+    lipschitz_instance,
+    make_policy,
+    policy_cell,
+    regret_curve,
+)
 from canopy.experiments.study import (
     Headline,
     Measurement,
@@ -26,10 +31,11 @@ from canopy.experiments.study import (
     PaperValue,
     Row,
     Study,
+    check_nonnegative,
+    check_positive,
     check_positive_int,
 )
 from canopy.experiments.summary import lookup
-from canopy.instances import tree_lipschitz
 
 __all__ = ["PAPER", "STUDY", "MemoryParams"]
 
@@ -61,8 +67,8 @@ class MemoryParams:
             check_positive_int(name, getattr(self, name))
         if not self.depths or any(not 1 <= d <= self.depth for d in self.depths):
             raise ValueError(f"depths must lie in 1..{self.depth}, got {self.depths}")
-        if not self.sigma >= 0 or not self.lipschitz > 0:
-            raise ValueError("sigma must be >= 0 and lipschitz > 0")
+        check_nonnegative(sigma=self.sigma)
+        check_positive(lipschitz=self.lipschitz)
 
 
 def cells(params: MemoryParams) -> list[dict[str, Any]]:
@@ -79,8 +85,7 @@ def cells(params: MemoryParams) -> list[dict[str, Any]]:
 
 
 def run_cell(cell: dict[str, Any], seed: int) -> list[Measurement]:
-    problem = tree_lipschitz(cell["branching"], cell["depth"], lipschitz=cell["lipschitz"],
-                             sigma=cell["sigma"], seed=instance_seed(seed))
+    problem = lipschitz_instance(cell, seed)
     policy = make_policy(cell)
     regret = regret_curve(policy, problem, horizon=cell["horizon"], seed=seed)
     method, x = cell["method"], cell["x"]
