@@ -317,7 +317,10 @@ class TopKBeam(_TreeIdentifier):
     ``width b`` raced leaves), scored by ``mean + spread`` (the beam score), and the ``width``
     best stay (``max(width, k)``); their children form the next level. Leaves met on the way
     join the candidates, which a successive-rejects race of leaf evaluations ranks with all
-    the budget left.
+    the budget left. With ``spread="hybrid"`` (detect and relax) the beam is preceded by
+    :class:`EdgeTargeted`'s two-look detection at level ``delta / 2`` (half the budget); the
+    leaves of the deepest flagged cells join the candidates, scored with their cells'
+    certified spread, and the beam's own tests get the other ``delta / 2``.
 
     Args:
         width: beam width.
