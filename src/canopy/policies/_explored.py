@@ -3,8 +3,9 @@
 The explored tree lives in two packed arrays that grow by capacity doubling, so memory follows
 the explored nodes and never the full tree:
 
-- ``fs`` (float64, one row a node): the columns named ``MEAN .. LOGM`` below, then (for the
-  certified spreads) the node's packed certificate state ``[n, mean, m2, mean_y[k], m2_y[k]]``;
+- ``fs`` (float64, one row a node): the columns named ``MEAN .. M2`` below (``M2``: the running
+  sum of squared deviations of the node's own probes), then (for the certified and hybrid
+  spreads) the node's packed certificate state ``[n, mean, m2, mean_y[k], m2_y[k]]``;
 - ``ist`` (int64, one row a node): the columns named ``NODE .. ISLEAF``, and ``FREE``, a stack
   of freed child blocks (its first ``n_free`` entries).
 
@@ -34,8 +35,8 @@ import numpy as np
 from canopy.certificate import state_bound, welford_push
 
 # float columns of ``fs``
-MEAN, COUNT, SPREAD, UPPER, BVAL, LHAT, SCALE, FLOOR, SUBN, LOGM = range(10)
-N_FLOAT = 10
+MEAN, COUNT, SPREAD, UPPER, BVAL, LHAT, SCALE, FLOOR, SUBN, LOGM, M2 = range(11)
+N_FLOAT = 11
 # int columns of ``ist``
 NODE, LEVEL, PARENT, FIRST, NKIDS, INST, ISLEAF, FREE = range(8)
 N_INT = 8
@@ -47,7 +48,11 @@ N_PARAMS = 11
 M_USED, M_STORED, M_PEAK, M_NFREE, M_ROUNDS, M_DEEPEST = range(N_PARAMS, N_PARAMS + 6)
 INST0 = N_PARAMS + 6  # then (L, rho, t) per schedule
 
-ASSUMED, CERTIFIED, HYBRID = 0, 1, 2
+ASSUMED, CERTIFIED, HYBRID, ESTIMATED = 0, 1, 2, 3
+# own probes a node needs before ``spread="estimated"`` trusts its own within-cell sd (and
+# before it may be split): the sample variance's relative standard error sqrt(2 / (n - 1)) is
+# then at most 1/2. Fixed a priori, not tuned on any instance.
+MIN_PROBES = 9.0
 REFINE, ALWAYS, FIXED = 0, 1, 2
 
 
@@ -66,12 +71,30 @@ def spread_lower(state: np.ndarray, sigma: float, delta: float, z: float) -> flo
 
 
 @numba.njit(cache=True)
+def _estimated(v: int, fs: np.ndarray, sigma: float) -> float:
+    """Section 3.3's data-driven bonus ``sigma_w sqrt(2 log m)`` with the plug-in
+    ``sigma_w = sqrt(max(var(own probes) - sigma^2, 0))``, capped at 1 (the values' range).
+    With ``MIN_PROBES`` own probes the node's per-subtree estimate ``L_hat = bonus / rho^level``
+    is stored in ``LHAT`` (its children inherit it at the split); before, the bonus is the
+    inherited ``L_hat rho^level``."""
+    n = fs[v, COUNT]
+    if n < MIN_PROBES:
+        return min(1.0, fs[v, LHAT] * fs[v, SCALE])
+    within = math.sqrt(max(fs[v, M2] / (n - 1.0) - sigma * sigma, 0.0))
+    bonus = min(1.0, within * math.sqrt(2.0 * fs[v, LOGM]))
+    fs[v, LHAT] = bonus / fs[v, SCALE]
+    return bonus
+
+
+@numba.njit(cache=True)
 def _spread(v: int, fs: np.ndarray, ctl: np.ndarray, lambdas: np.ndarray) -> float:
     """The bias bonus of row ``v`` (see :class:`~canopy.policies.descent.OptimisticDescent`)."""
     mode = int(ctl[P_SPREAD])
     floor = fs[v, FLOOR]
     if mode == ASSUMED:
         return floor
+    if mode == ESTIMATED:
+        return _estimated(v, fs, ctl[P_SIGMA])
     sigma, delta, z = ctl[P_SIGMA], ctl[P_DELTA], ctl[P_Z]
     state = fs[v, N_FLOAT:]
     own = state_bound(state, lambdas, fs[v, LOGM], sigma, delta, z)
@@ -147,6 +170,8 @@ def _wants_split(v: int, fs: np.ndarray, ist: np.ndarray, ctl: np.ndarray) -> bo
         return False
     if int(ctl[P_EXPAND]) != REFINE:
         return True
+    if int(ctl[P_SPREAD]) == ESTIMATED and fs[v, COUNT] < MIN_PROBES:
+        return False  # split only once the node has its own estimate for its children
     spread = fs[v, SPREAD]
     if spread <= 0.0:
         return False
@@ -168,7 +193,9 @@ def observe(v: int, x: float, fs: np.ndarray, ist: np.ndarray, ctl: np.ndarray,
         fs[a, SUBN] += 1.0
         if a == v or path_stats:
             fs[a, COUNT] += 1.0
-            fs[a, MEAN] += (x - fs[a, MEAN]) / fs[a, COUNT]
+            d = x - fs[a, MEAN]
+            fs[a, MEAN] += d / fs[a, COUNT]
+            fs[a, M2] += d * (x - fs[a, MEAN])
         a = ist[a, PARENT]
     if fs.shape[1] > N_FLOAT:
         welford_push(fs[v, N_FLOAT:], x, lambdas, ctl[P_SIGMA], ctl[P_Z])
@@ -248,7 +275,8 @@ def split(v: int, fs: np.ndarray, ist: np.ndarray, ctl: np.ndarray, child_ptr: n
     ctl[M_DEEPEST] = max(ctl[M_DEEPEST], level)
     arity = int(ctl[P_ARITY])
     inherited = fs[v, SPREAD] / fs[v, SCALE]
-    certified = int(ctl[P_SPREAD]) == CERTIFIED
+    mode = int(ctl[P_SPREAD])
+    inherits = mode == CERTIFIED or mode == ESTIMATED
     for j in range(n_kids):
         w = first + j
         node = _kid_node(v, ist, arity, child_ptr, child_ids, j)
@@ -273,6 +301,6 @@ def split(v: int, fs: np.ndarray, ist: np.ndarray, ctl: np.ndarray, child_ptr: n
         fs[w, LHAT] = inherited
         fs[w, UPPER] = np.inf
         fs[w, BVAL] = np.inf
-        fs[w, SPREAD] = min(1.0, inherited * fs[w, SCALE]) if certified else fs[w, FLOOR]
+        fs[w, SPREAD] = min(1.0, inherited * fs[w, SCALE]) if inherits else fs[w, FLOOR]
     ist[v, FIRST] = first
     return _finish(v, fs, ist, ctl)

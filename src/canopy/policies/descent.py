@@ -38,7 +38,8 @@ from canopy.tree import LazyTree, Tree
 
 __all__ = ["MemoryBoundedDescent", "OptimisticDescent", "per_round_overhead_us"]
 
-_SPREADS = {"assumed": ex.ASSUMED, "certified": ex.CERTIFIED, "hybrid": ex.HYBRID}
+_SPREADS = {"assumed": ex.ASSUMED, "certified": ex.CERTIFIED, "hybrid": ex.HYBRID,
+            "estimated": ex.ESTIMATED}
 _EXPANDS = {"refine": ex.REFINE, "always": ex.ALWAYS, "fixed": ex.FIXED}
 _INITIAL_CAPACITY = 64
 _EMPTY = np.zeros(1, dtype=np.int64)
@@ -139,7 +140,7 @@ class ExploredTreePolicy(Policy):
         self._ctl = ctl
         self._lazy = lazy
         self._max_kids = branching
-        certified = spread != "assumed"
+        certified = spread in ("certified", "hybrid")
         self._lambdas = default_lambdas(spec.sigma, z) if certified else np.ones(1)
         width = ex.N_FLOAT + (3 + 2 * self._lambdas.size if certified else 0)
         capacity = max(_INITIAL_CAPACITY, 2 * n_inst + branching)
@@ -154,9 +155,9 @@ class ExploredTreePolicy(Policy):
                       else math.log(tree.n_leaves))
         for i, (lip, _) in enumerate(schedules):
             self._ist[i] = (0, 0, -1, -1, root_kids, i, 0 if lazy or root_kids else 1, 0)
-            start_spread = 1.0 if spread == "certified" else lip
+            start_spread = 1.0 if spread in ("certified", "estimated") else lip
             self._fs[i, :ex.N_FLOAT] = (0.0, 0.0, start_spread, np.inf, np.inf, 1.0, 1.0, lip,
-                                        0.0, root_log_m)
+                                        0.0, root_log_m, 0.0)
         self._forest = n_inst > 1
         self._asked: dict[object, list[int]] = {}  # forest: rows asked per node, by schedule
         self._row_of: dict[object, int] = {}  # one tree: a node's row is unique
@@ -296,14 +297,33 @@ class OptimisticDescent(ExploredTreePolicy):
         spread: the bias bonus ``spread(v)`` of Eq. (4).
 
             - ``"assumed"``: the floor ``L rho^level`` of Eq. (3).
-            - ``"certified"``: estimated from data per subtree. The node's own certificate
-              (Algorithm 1 on its own probes, O(|grid|) running state) gives
-              ``own(v) = min(1, bound)``; each node carries a local Lipschitz estimate
-              ``L_hat(v) = min(L_hat(parent), own(v) / rho^level)`` (``L_hat(root) = 1``, the
-              trivial bias bound), and ``spread(v) = L_hat(v) rho^level``. So before a node's
-              own certificate is tighter than its ancestors' estimate, it uses the estimate of
-              its nearest certified ancestor scaled down the levels (Section 3.3), and after,
-              its own bound. ``lipschitz`` is unused.
+            - ``"estimated"``: Section 3.3's data-driven bonus ``sigma_w sqrt(2 log m)``
+              (the certificate's light-tail rate, Appendix A) with the plug-in
+              ``sigma_w = sqrt(max(var(own probes) - sigma^2, 0))``, the noise-deconvolved
+              within-cell sd from O(1) running moments of the node's own probes, and ``m``
+              the node's number of leaves; capped at 1. Once a node has
+              ``MIN_PROBES = 9`` own probes (the sample variance's relative standard error
+              ``sqrt(2/(n-1))`` is then at most 1/2) it holds the per-subtree estimate
+              ``L_hat(v) = bonus(v) / rho^level``; a node with fewer own probes uses
+              ``L_hat(parent) rho^level`` (the parent's estimate, frozen at the split, as the
+              parent is no longer played). The prior before any data is the trivial bound 1
+              at the root, which is played alone until it has its own estimate: under this
+              spread no node is split before ``MIN_PROBES`` own probes. A point estimate,
+              not a bound: it can under-state the bias of a cell with a narrow peak, and a
+              cell estimated flat (bonus 0) is never split (Eq. 6's threshold is infinite).
+              ``lipschitz`` is unused.
+            - ``"certified"``: the rigorous variant. The node's own certificate (Algorithm 1
+              on its own probes, O(|grid|) running state) gives ``own(v) = min(1, bound)``;
+              each node carries ``L_hat(v) = min(L_hat(parent), own(v) / rho^level)``
+              (``L_hat(root) = 1``, the trivial bias bound), and
+              ``spread(v) = L_hat(v) rho^level``. So before a node's own certificate is
+              tighter than its ancestors' estimate, it uses the estimate of its nearest
+              certified ancestor scaled down the levels, and after, its own bound.
+              Conservative: the bound holds with probability ``1 - delta`` on every instance,
+              and at the ``~ c^2 ln t / spread^2`` own probes Eq. (6) leaves a node before it
+              splits it is wider than ``rho^level``, so on benign instances it rarely binds
+              and the policy then plays as ``"assumed"`` with ``L = 1``.
+              ``lipschitz`` is unused.
             - ``"hybrid"``: the floor ``L rho^level`` unless the node is flagged (the lower
               confidence bound on its noise-deconvolved within-cell sd exceeds the floor, as
               :func:`canopy.certificate.is_violation`), then ``max(floor, min(1, bound))``.
@@ -362,10 +382,11 @@ class MemoryBoundedDescent(ExploredTreePolicy):
     arity and ``n = budget / probe_cost`` the horizon: room for a path down to the depth a cell
     is resolved by one probe, twice over.
 
-    ``spread`` is ``"assumed"`` or ``"certified"`` as in :class:`OptimisticDescent`; the
-    certificate treats a cell at ``level`` as ``b^(D - level)`` leaves, ``D = ceil(log_b n)``
-    (a modelling choice: the leaves of an infinite tree are a continuum). After a run:
-    ``depth_reached_`` (deepest level explored) and ``tree_nodes_``
+    ``spread`` is ``"assumed"``, ``"estimated"`` or ``"certified"`` as in
+    :class:`OptimisticDescent`; the estimate and the certificate treat a cell at ``level`` as
+    ``m = b^(D - level)`` leaves, ``D = ceil(log_b n)`` (a modelling choice: the leaves of an
+    infinite tree are a continuum; cells at level ``D`` and below get bonus 0 from data).
+    After a run: ``depth_reached_`` (deepest level explored) and ``tree_nodes_``
     (``LazyTree.n_nodes_to_level(depth_reached_)``, the tree that depth spans).
     """
 
@@ -381,8 +402,9 @@ class MemoryBoundedDescent(ExploredTreePolicy):
         self.lipschitz = check_positive(lipschitz, "lipschitz")
         self.rho = check_rho(rho)
         self.c = check_positive(c, "c")
-        if spread not in ("assumed", "certified"):
-            raise ValueError(f"spread must be 'assumed' or 'certified', got {spread!r}")
+        if spread not in ("assumed", "estimated", "certified"):
+            raise ValueError("spread must be 'assumed', 'estimated' or 'certified', "
+                             f"got {spread!r}")
         self.spread = spread
         self.max_nodes = _check_level(max_nodes, "max_nodes")
         self.delta = _check_unit(delta, "delta")
