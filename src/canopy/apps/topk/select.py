@@ -31,7 +31,7 @@ def _canopy(k: int) -> Policy:
 def _successive_elimination(k: int) -> Policy:
     from canopy.policies import SuccessiveElimination
 
-    return SuccessiveElimination()
+    return SuccessiveElimination(k=k)
 
 
 def _uniform(k: int) -> Policy:
@@ -43,7 +43,7 @@ def _uniform(k: int) -> Policy:
 def _sequential_halving(k: int) -> Policy:
     from canopy.policies import SequentialHalving
 
-    return SequentialHalving()
+    return SequentialHalving(k=k)
 
 
 #: Method name -> factory of a fresh policy focused on the top ``k``.
