@@ -28,7 +28,7 @@ from canopy.experiments.study import (
     check_budget,
     check_positive_int,
 )
-from canopy.experiments.summary import find_row, t_interval
+from canopy.experiments.summary import lookup, t_interval
 from canopy.instances import tree_lipschitz
 
 PROBE_COST = 0.05
@@ -70,8 +70,8 @@ def toy_cell(cell: dict, seed: int) -> list[Measurement]:
 
 
 def toy_headlines(rows):
-    probe = find_row(rows, method="probe-root", metric="abs error", x=8.0)
-    leaf = find_row(rows, method="random-leaf", metric="abs error", x=8.0)
+    probe = lookup(rows, "probe-root", "abs error", 8.0)
+    leaf = lookup(rows, "random-leaf", "abs error", 8.0)
     return [Headline("probe error / leaf error at budget 8", probe.mean / leaf.mean, paper=0.25,
                      target="< 1", passed=probe.mean < leaf.mean)]
 

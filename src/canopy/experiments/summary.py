@@ -10,7 +10,7 @@ from scipy import stats
 
 from canopy.experiments.study import Measurement, Row
 
-__all__ = ["find_row", "summarize", "t_interval"]
+__all__ = ["lookup", "summarize", "t_interval"]
 
 
 def t_interval(values: Sequence[float] | np.ndarray, level: float = 0.95
@@ -31,23 +31,32 @@ def t_interval(values: Sequence[float] | np.ndarray, level: float = 0.95
 
 
 def summarize(measurements: Iterable[Measurement]) -> list[Row]:
-    """Group measurements by (method, x_name, x, metric), in order of first appearance, and
-    reduce each group over seeds to its mean and 95% t-interval."""
+    """Group measurements by (method, x_name, x, metric) and reduce each group over seeds to
+    its mean and 95% t-interval. Rows are ordered by x axis, metric and method (each in order
+    of first appearance), then by x (``None`` first)."""
     groups: dict[tuple, list[float]] = {}
     for m in measurements:
         groups.setdefault((m.method, m.x_name, m.x, m.metric), []).append(m.value)
+    rank = [{key[i]: None for key in groups} for i in range(4)]
+    order = [{value: n for n, value in enumerate(r)} for r in rank]
+
+    def position(key: tuple) -> tuple:
+        method, x_name, x, metric = key
+        return (order[1][x_name], order[3][metric], order[0][method], x is not None, x or 0.0)
+
     rows = []
-    for (method, x_name, x, metric), values in groups.items():
-        mean, low, high = t_interval(values)
-        rows.append(Row(method, x_name, x, metric, mean, low, high, len(values)))
+    for key in sorted(groups, key=position):
+        mean, low, high = t_interval(groups[key])
+        rows.append(Row(*key, mean, low, high, len(groups[key])))
     return rows
 
 
-def find_row(rows: Sequence[Row], *, method: str, metric: str, x: float | None = None) -> Row:
-    """The row of ``method`` and ``metric`` at ``x`` (the one row when ``x`` is ``None`` and
-    the method has a single x for that metric)."""
-    matches = [r for r in rows if r.method == method and r.metric == metric
-               and (x is None or (r.x is not None and math.isclose(r.x, x)))]
-    if len(matches) != 1:
-        raise KeyError(f"{len(matches)} rows for method={method!r} metric={metric!r} x={x!r}")
-    return matches[0]
+def lookup(rows: Sequence[Row], method: str, metric: str, x: float | None = None, *,
+           x_name: str | None = None) -> Row | None:
+    """The row of (method, metric, x) (on axis ``x_name`` if given), or ``None`` when the
+    run's grid did not include it."""
+    for row in rows:
+        if row.method == method and row.metric == metric and x_name in (None, row.x_name) and (
+                row.x == x or (row.x is not None and x is not None and math.isclose(row.x, x))):
+            return row
+    return None

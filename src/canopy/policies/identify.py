@@ -395,7 +395,7 @@ class EdgeTargeted(_TreeIdentifier):
 
     name = "canopy-edge"
     DETECT_PROBES = 16
-    DEFAULT_DETECT_FRACTION = 0.3
+    DEFAULT_DETECT_FRACTION = 0.5
 
     def __init__(self, *, lipschitz: float | None = None, rho: float | None = None,
                  delta: float = 0.05, z: float = 3.0, detect_fraction: float | None = None,
@@ -432,17 +432,20 @@ class EdgeTargeted(_TreeIdentifier):
         budget = fraction * self.remaining
         unit = self.DETECT_PROBES * self.spec_.probe_cost
         counts = self._internal_levels()
-        affordable = np.flatnonzero(counts[1:] * unit <= budget / 2.0) + 1
+        affordable = np.flatnonzero((counts[1:] > 0) & (counts[1:] * unit <= budget / 2.0)) + 1
         level = int(affordable.max()) if affordable.size else 1
         cells = np.flatnonzero(self._internal & (tree.level == level))
         if cells.size == 0:
             return cells
-        # Cells that may be tested: the detection level plus b per level per flagged cell.
-        self._delta_cell = self.delta / float(cells.size + counts[level + 1:].sum())
+        # Half of delta to the detection level, half to the flagged cells' children.
+        self._delta_cell = self.delta / (2.0 * cells.size)
+        n_det = max(int(budget / 2.0 / (cells.size * self.spec_.probe_cost)),
+                    self.DETECT_PROBES)
+        unit = n_det * self.spec_.probe_cost
         stop = self.ledger_.spent + budget
         tested = cells
         while tested.size and self.ledger_.spent + tested.size * unit <= stop:
-            yield from self._top_up("probe", tested, self.DETECT_PROBES)
+            yield from self._top_up("probe", tested, n_det)
             self._test(tested)
             self._set_scores(tested, self._probe_mean(tested))
             kids = self._children(tested[self._flag[tested]])
