@@ -39,7 +39,7 @@ def pool_csv(tmp_path, n=60, seed=0):
 
 
 @pytest.mark.parametrize("tree", [[], ["--tree-from", "other_a"], ["--families", "family"]])
-@pytest.mark.parametrize("method", ["canopy", "successive-elimination", "uniform",
+@pytest.mark.parametrize("method", ["canopy", "canopy-edge", "successive-elimination", "uniform",
                                     "sequential-halving"])
 def test_json_answer_stays_within_budget(app, tmp_path, method, tree):
     path = pool_csv(tmp_path)

@@ -1,11 +1,18 @@
-"""Choose the top ``k`` of a pool under a cost budget with one of four methods.
+"""Choose the top ``k`` of a pool under a cost budget with one of five methods.
 
-``canopy``: the tree-aware top-k policy with the certified data-driven spread, the
-discontinuity (violation) targeting, and the certificate's pre-pass charged to the budget
-(paper Section 5, "Top-k identification"); see :data:`METHODS` for the exact configuration.
-The three structure-blind baselines evaluate leaves only: ``successive-elimination``,
-``uniform``, ``sequential-halving``. Policies are imported lazily from
-:mod:`canopy.policies`.
+Two tree-aware methods (paper Section 5, "Top-k identification": the data-driven spread,
+discontinuity targeting, and the certificate's pre-pass charged to the budget):
+
+- ``canopy``: :class:`~canopy.policies.TopKBeam` with ``spread="hybrid"`` (the assumed
+  schedule ``L rho^l`` with ``L`` estimated by the charged pre-pass, relaxed to the certificate
+  in cells the violation test flags), ``lipschitz=None``, ``prepass=True``, focused on ``k``;
+- ``canopy-edge``: :class:`~canopy.policies.EdgeTargeted` (violation detection, successive
+  rejects over the smooth cells at probe cost, leaf evaluations targeted at flagged cells),
+  pre-pass charged, focused on ``k``.
+
+Three structure-blind baselines evaluate leaves only: ``successive-elimination``, ``uniform``,
+``sequential-halving`` (the first and last focused on ``k``). Policies are imported lazily
+from :mod:`canopy.policies`.
 """
 
 from __future__ import annotations
@@ -25,7 +32,13 @@ __all__ = ["METHODS", "Selection", "make_policy", "select_top_k", "tied_recall"]
 def _canopy(k: int) -> Policy:
     from canopy.policies import TopKBeam
 
-    return TopKBeam(spread="hybrid", lipschitz=None, prepass=True, k=k)
+    return TopKBeam(spread="hybrid", lipschitz=None, prepass=True, width=20, k=k)
+
+
+def _canopy_edge(k: int) -> Policy:
+    from canopy.policies import EdgeTargeted
+
+    return EdgeTargeted(lipschitz=None, k=k)
 
 
 def _successive_elimination(k: int) -> Policy:
@@ -49,6 +62,7 @@ def _sequential_halving(k: int) -> Policy:
 #: Method name -> factory of a fresh policy focused on the top ``k``.
 METHODS: dict[str, Callable[[int], Policy]] = {
     "canopy": _canopy,
+    "canopy-edge": _canopy_edge,
     "successive-elimination": _successive_elimination,
     "uniform": _uniform,
     "sequential-halving": _sequential_halving,
