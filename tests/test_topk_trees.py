@@ -13,6 +13,7 @@ from canopy.apps.topk import (
     tree_from_features,
     variance_explained,
 )
+from canopy.apps.topk.hardness import top_k_cells, top_k_complexity
 
 
 def clustered_pool(n_per: int = 10, seed: int = 0) -> Pool:
@@ -122,3 +123,19 @@ def test_item_outcomes_skip_missing_items_and_repeat_under_a_seed():
                                                          depth=1), outcomes="items")
     with pytest.raises(IndexError):
         problem.evaluate(3, rng)
+
+
+def test_top_k_cells_and_complexity_by_hand():
+    tree = Tree.complete(2, 2)  # leaves 0,1 | 2,3
+    values = np.array([0.9, 0.8, 0.1, 0.2])
+    assert top_k_cells(tree, values, 2) == (1, 2)
+    assert top_k_cells(tree, np.array([0.9, 0.1, 0.8, 0.2]), 2) == (2, 2)
+    # midpoint between 0.8 and 0.2 is 0.5: gaps 0.4, 0.3, 0.4, 0.3
+    expected = 0.25 * (2 / 0.4**2 + 2 / 0.3**2)
+    assert top_k_complexity(values, 2) == pytest.approx(expected)
+    # a tie with the k-th score is left out; all tied below: infinite
+    assert top_k_complexity(np.array([0.9, 0.8, 0.8, 0.2]), 2) == pytest.approx(
+        0.25 * (1 / 0.4**2 + 1 / 0.3**2))
+    assert top_k_complexity(np.array([0.9, 0.5, 0.5]), 2) == float("inf")
+    with pytest.raises(ValueError, match="k must be in"):
+        top_k_complexity(values, 4)

@@ -1,6 +1,7 @@
 """Top-k identification over real model pools (paper Section 5, Appendix E): pools from score
 tables, pool trees, the multi-fidelity problem over a pool, and the variance the tree explains."""
 
+from canopy.apps.topk.hardness import top_k_cells, top_k_complexity
 from canopy.apps.topk.pools import (
     Pool,
     alpaca_eval,
@@ -23,6 +24,8 @@ __all__ = [
     "load_pool",
     "open_llm_leaderboard",
     "read_pool_csv",
+    "top_k_cells",
+    "top_k_complexity",
     "tree_from_families",
     "tree_from_features",
     "variance_explained",

@@ -11,13 +11,14 @@ identification comes from (paper Section 5, Appendix E).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
 
 from canopy.tree import Tree
 
-__all__ = ["VarianceExplained", "variance_explained"]
+__all__ = ["VarianceExplained", "level_ancestors", "variance_explained"]
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,16 @@ class VarianceExplained:
         return self.share[self.levels.index(level)]
 
 
+def level_ancestors(tree: Tree, nodes: np.ndarray) -> Iterator[tuple[int, np.ndarray]]:
+    """For ``level = depth .. 1``: the ancestor at ``level`` of every node in ``nodes`` (a node
+    at or above the level stands for itself), one vectorised step up per level."""
+    ancestor = np.array(nodes, dtype=np.int64, copy=True)
+    for level in range(tree.depth, 0, -1):
+        deeper = tree.level[ancestor] > level
+        ancestor[deeper] = tree.parent[ancestor[deeper]]
+        yield level, ancestor
+
+
 def variance_explained(tree: Tree, leaf_values: np.ndarray) -> VarianceExplained:
     """Variance decomposition of ``leaf_values`` (one per leaf index) over ``tree``'s levels."""
     values = np.asarray(leaf_values, dtype=float)
@@ -51,11 +62,8 @@ def variance_explained(tree: Tree, leaf_values: np.ndarray) -> VarianceExplained
     if not np.all(np.isfinite(values)):
         raise ValueError("leaf_values contain NaN or infinite values")
     total = float(np.sum((values - values.mean()) ** 2))
-    ancestor = tree.leaf_node.copy()
     levels, groups, shares = [], [], []
-    for level in range(tree.depth, 0, -1):
-        deeper = tree.level[ancestor] > level
-        ancestor[deeper] = tree.parent[ancestor[deeper]]
+    for level, ancestor in level_ancestors(tree, tree.leaf_node):
         _, group, counts = np.unique(ancestor, return_inverse=True, return_counts=True)
         means = np.bincount(group, weights=values) / counts
         within = float(np.sum((values - means[group]) ** 2))

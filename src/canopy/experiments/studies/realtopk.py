@@ -17,8 +17,9 @@ pre-pass charged to its budget), ``canopy-edge`` (``EdgeTargeted``, pre-pass cha
 successive elimination, uniform allocation, sequential halving. Probe cost 0.05 of a leaf
 evaluation; budgets 150 to 2,400 leaf evaluations; 20 seeds; recall@10 (ties at the 10th score
 counted, :func:`~canopy.apps.topk.select.tied_recall`) with 95% t-intervals. Each pool's share
-of target variance explained by its tree, per level, is measured alongside (method ``tree``,
-x = level), the structural quantity the recall gain depends on.
+of target variance explained by its tree and the number of cells holding the true top 10, per
+level, and the top-10 complexity ``H`` (:mod:`canopy.apps.topk.hardness`) are measured
+alongside (method ``tree``), the structural quantities the recall gain depends on.
 
 The paper's pool is RouterEval's 1,000 models scored on 9 evaluation splits, which is not
 public in a usable form here (see the data mirror's SOURCES.md); its numbers are printed beside
@@ -28,11 +29,13 @@ the same experiment.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
+from canopy.apps.topk.hardness import top_k_cells, top_k_complexity
 from canopy.apps.topk.pools import load_pool
 from canopy.apps.topk.problem import PoolProblem
 from canopy.apps.topk.select import METHODS, select_top_k
@@ -103,21 +106,33 @@ def _metric(pool: str, k: int) -> str:
 def _cells(params: Params) -> list[dict[str, Any]]:
     cells: list[dict[str, Any]] = []
     for pool in params.pools:
-        cells.append({"pool": pool, "kind": "variance"})
+        cells.append({"pool": pool, "kind": "structure"})
         cells.extend({"pool": pool, "kind": "recall", "method": method, "budget": budget,
                       "k": params.k, "probe_cost": params.probe_cost}
                      for method in params.methods for budget in params.budgets)
     return cells
 
 
+def _structure(pool: str) -> list[Measurement]:
+    """The pool's structure (seed-free): variance explained and top-10 cells per level, and
+    log10 of the top-10 complexity ``H``."""
+    problem = pool_problem(pool, 0.05)
+    shares = variance_explained(problem.tree, problem.means)
+    cells = top_k_cells(problem.tree, problem.means, 10)
+    out = [Measurement("tree", "level", float(level), f"variance explained ({pool})", share)
+           for level, share in zip(shares.levels, shares.share, strict=True)]
+    out += [Measurement("tree", "level", float(level), f"cells holding the top 10 ({pool})",
+                        float(count)) for level, count in zip(shares.levels, cells, strict=True)]
+    complexity = top_k_complexity(problem.means, 10, problem.spec.sigma)
+    out.append(Measurement("tree", "level", None, f"log10 top-10 complexity H ({pool})",
+                           math.log10(complexity)))
+    return out
+
+
 def _run_cell(cell: Mapping[str, Any], seed: int) -> list[Measurement]:
     pool = cell["pool"]
-    if cell["kind"] == "variance":
-        problem = pool_problem(pool, 0.05)
-        shares = variance_explained(problem.tree, problem.means)
-        return [Measurement("tree", "level", float(level), f"variance explained ({pool})",
-                            share) for level, share in zip(shares.levels, shares.share,
-                                                           strict=True)]
+    if cell["kind"] == "structure":
+        return _structure(pool)
     problem = pool_problem(pool, float(cell["probe_cost"]))
     selection = select_top_k(problem, k=int(cell["k"]), budget=float(cell["budget"]),
                              method=cell["method"], seed=seed)
