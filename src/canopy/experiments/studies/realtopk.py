@@ -19,7 +19,8 @@ evaluation; budgets 150 to 2,400 leaf evaluations; 20 seeds; recall@10 (ties at 
 counted, :func:`~canopy.apps.topk.select.tied_recall`) with 95% t-intervals. Each pool's share
 of target variance explained by its tree and the number of cells holding the true top 10, per
 level, and the top-10 complexity ``H`` (:mod:`canopy.apps.topk.hardness`) are measured
-alongside (method ``tree``), the structural quantities the recall gain depends on.
+alongside (method ``tree``), the structural quantities the recall gain depends on. The share
+of the budget each method actually spent is recorded too (a policy may stop early).
 
 The paper's pool is RouterEval's 1,000 models scored on 9 evaluation splits, which is not
 public in a usable form here (see the data mirror's SOURCES.md); its numbers are printed beside
@@ -136,8 +137,11 @@ def _run_cell(cell: Mapping[str, Any], seed: int) -> list[Measurement]:
     problem = pool_problem(pool, float(cell["probe_cost"]))
     selection = select_top_k(problem, k=int(cell["k"]), budget=float(cell["budget"]),
                              method=cell["method"], seed=seed)
-    return [Measurement(cell["method"], "budget", float(cell["budget"]),
-                        _metric(pool, int(cell["k"])), selection.recall)]
+    budget = float(cell["budget"])
+    return [Measurement(cell["method"], "budget", budget, _metric(pool, int(cell["k"])),
+                        selection.recall),
+            Measurement(cell["method"], "budget", budget, f"share of budget spent ({pool})",
+                        selection.spent / budget)]
 
 
 # Appendix E, Table tab:realtopk: RouterEval 1,000 models, branching 10, depth 3, probe cost
