@@ -42,6 +42,7 @@ from canopy.apps.topk.problem import PoolProblem
 from canopy.apps.topk.select import METHODS, select_top_k
 from canopy.apps.topk.trees import PoolTree, tree_from_families, tree_from_features
 from canopy.apps.topk.variance import variance_explained
+from canopy.experiments.studies._common import headline
 from canopy.experiments.study import (
     Headline,
     Measurement,
@@ -52,6 +53,7 @@ from canopy.experiments.study import (
     check_budget,
     check_positive_int,
 )
+from canopy.experiments.summary import lookup
 
 __all__ = ["STUDY", "Params", "pool_problem"]
 
@@ -158,39 +160,27 @@ PAPER = tuple(PaperValue(method, budget, _metric(REFERENCE_POOL, 10), value)
                                        strict=True))
 
 
-def _find(rows: Sequence[Row], method: str, metric: str, x: float) -> Row | None:
-    for row in rows:
-        if row.method == method and row.metric == metric and row.x == x:
-            return row
-    return None
-
-
 def _headlines(rows: Sequence[Row]) -> list[Headline]:
     out: list[Headline] = []
     for pool in POOLS:
         metric = _metric(pool, 10)
-        baseline = _find(rows, "successive-elimination", metric, 600.0)
         paper = pool == REFERENCE_POOL
-        if baseline is not None:
-            out.append(Headline(f"{pool}: successive elimination recall@10 at B=600",
-                                baseline.mean, baseline.ci_low, baseline.ci_high,
-                                0.126 if paper else None))
+        baseline = lookup(rows, "successive-elimination", metric, 600.0)
+        out += headline(f"{pool}: successive elimination recall@10 at B=600", baseline,
+                        paper=0.126 if paper else None)
         for method in ("canopy", "canopy-edge"):
-            tree_row = _find(rows, method, metric, 600.0)
+            tree_row = lookup(rows, method, metric, 600.0)
+            out += headline(f"{pool}: {method} recall@10 at B=600", tree_row,
+                            paper=0.370 if paper else None)
             if tree_row is None or baseline is None:
                 continue
-            out.append(Headline(f"{pool}: {method} recall@10 at B=600", tree_row.mean,
-                                tree_row.ci_low, tree_row.ci_high,
-                                0.370 if paper else None))
             ratio = tree_row.mean / baseline.mean if baseline.mean > 0 else float("inf")
             out.append(Headline(f"{pool}: {method} / successive elimination at B=600", ratio,
                                 paper=0.370 / 0.126 if paper else None,
                                 target=">= 1 (paper: 2.9x on RouterEval)" if paper else ">= 1",
                                 passed=ratio >= 1.0))
-        share = _find(rows, "tree", f"variance explained ({pool})", 1.0)
-        if share is not None:
-            out.append(Headline(f"{pool}: target variance explained by the tree's first level",
-                                share.mean))
+        out += headline(f"{pool}: target variance explained by the tree's first level",
+                        lookup(rows, "tree", f"variance explained ({pool})", 1.0))
     return out
 
 
