@@ -205,7 +205,8 @@ def run_study(study: Study, *, store: str | os.PathLike, quick: bool = False,
         else:
             _run_local(todo, finished, workers=workers or os.cpu_count() or 1)
     measurements = [m for task in tasks for m in results[task.key]]
-    return StudyRun(study=study.name, params=asdict(params), seeds=n_seeds, backend=backend,
+    return StudyRun(study=study.name, params=json.loads(json.dumps(asdict(params))),
+                    seeds=n_seeds, backend=backend,
                     measurements=measurements, rows=summarize(measurements),
                     n_tasks=len(tasks), computed=len(todo), reused=reused,
                     seconds=time.perf_counter() - started)

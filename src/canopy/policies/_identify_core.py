@@ -43,7 +43,8 @@ def sr_schedule(n_arms: int, n_pulls: int, keep: int = 1) -> np.ndarray:
     ``logbar(K) = 1/2 + sum_{i=2}^K 1/i``, and then rejects the empirically worst arm. Stopping
     when ``keep = m`` arms remain (phases ``j = 1..K-m``) the same count gives
     ``logbar_m(K) = m/(m+1) + sum_{i=m+1}^K 1/i``, which is ``logbar(K)`` at ``m = 1``; the total
-    ``sum_j n_j + m n_{K-m}`` stays at most ``n``. Entries are clipped at 0 when ``n < K``.
+    ``sum_j n_j + m n_{K-m}`` stays at most ``n``. At ``n = K`` the formula gives 0 and every
+    arm gets its one pull; below ``n = K`` entries are 0 (the race first cuts arms).
     """
     keep = max(int(keep), 1)
     if n_arms <= keep:
@@ -51,7 +52,7 @@ def sr_schedule(n_arms: int, n_pulls: int, keep: int = 1) -> np.ndarray:
     logbar = keep / (keep + 1) + float(np.sum(1.0 / np.arange(keep + 1, n_arms + 1)))
     phase = np.arange(1, n_arms - keep + 1)
     counts = np.ceil((n_pulls - n_arms) / (logbar * (n_arms + 1 - phase)))
-    return np.maximum(counts, 0).astype(np.int64)
+    return np.maximum(counts, 1 if n_pulls >= n_arms else 0).astype(np.int64)
 
 
 class TreeStatsPolicy(Policy):
@@ -208,9 +209,18 @@ class PhasedPolicy(TreeStatsPolicy):
               ) -> Generator[Batch, None, np.ndarray]:
         """Successive rejects over ``arms`` (node ids) with ``n_pulls`` fresh observations,
         rejecting one arm per phase (:func:`sr_schedule`) until ``keep`` remain; returns the
-        survivors, best first. Earlier observations of the arms count in their means."""
+        survivors, best first. Earlier observations of the arms count in their means. With
+        fewer pulls than arms, only the ``n_pulls`` arms of best current score race."""
         alive = np.asarray(arms, dtype=np.int64)
         keep = min(max(int(keep), 1), max(alive.size, 1))
+        if n_pulls < alive.size:
+            # Too few pulls to observe every arm once: race the n_pulls arms ranked best so
+            # far (by the score of their cells; seeded order where there is none).
+            prior = self._score[self.tree_.leaf_lo[alive]]
+            order = self._arm_order(prior, alive)
+            cut = order[max(n_pulls, keep):]
+            self._reject(alive[cut], prior[cut])
+            alive = alive[np.sort(order[:max(n_pulls, keep)])]
         done = 0
         # Phases that add no pulls reject on unchanged means, so a run of them rejects its
         # arms at once (one event ranks them by mean, as separate events would).

@@ -301,7 +301,9 @@ class TopKSound(_TreeIdentifier):
     every cell ``v`` holds one leaf at least ``mean_v - radius_v``; where smoothness is
     assumed (``"assumed"``, or ``"hybrid"`` and unflagged) all its ``m_v`` leaves are at least
     ``mean_v - radius_v - L rho^l``. Survivors' children form the next level; the surviving
-    leaves are ranked by a successive-rejects race of leaf evaluations.
+    leaves are ranked by a successive-rejects race of leaf evaluations. Leaves are scored by
+    their cell's probe mean (the certified spread is dominated by confidence terms at these
+    sample sizes, so it would rank cells by noise).
 
     Args: as :class:`TopKBeam`, without ``width``; ``spread`` defaults to ``"certified"``.
     """
@@ -348,7 +350,7 @@ class TopKSound(_TreeIdentifier):
         rad = self._radius(cells)
         upper = mean + rad + spread
         lower = mean - rad
-        self._set_scores(cells, mean + spread)
+        self._set_scores(cells, mean)
         smooth = np.zeros(cells.size, dtype=bool) if self.spread == "certified" else (
             ~self._flag[cells])
         size = (tree.leaf_hi[cells] - tree.leaf_lo[cells]).astype(float)
@@ -360,7 +362,7 @@ class TopKSound(_TreeIdentifier):
         n_better = np.where(above < values.size, tail[np.minimum(above, values.size - 1)], 0.0)
         out = n_better >= self.k
         if out.any():
-            self._reject(cells[out], (mean + spread)[out])
+            self._reject(cells[out], mean[out])
         return cells[~out]
 
 

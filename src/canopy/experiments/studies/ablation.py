@@ -113,7 +113,7 @@ STUDY = Study(
     params=AblationParams(),
     quick_params=AblationParams(horizon=4_000, assumed=(0.05, 0.2, 0.8, 3.0)),
     seeds=10,
-    quick_seeds=3,
+    quick_seeds=5,
     cells=cells,
     run_cell=run_cell,
     paper=PAPER,

@@ -118,7 +118,7 @@ STUDY = Study(
     params=MemoryParams(),
     quick_params=MemoryParams(horizon=4_000, depths=(2, 3, 4)),
     seeds=16,
-    quick_seeds=4,
+    quick_seeds=8,
     cells=cells,
     run_cell=run_cell,
     paper=PAPER,

@@ -133,7 +133,7 @@ STUDY = Study(
     params=TheoryLinkParams(),
     quick_params=TheoryLinkParams(checkpoints=(250, 500, 1000, 2000, 4000, 8000)),
     seeds=8,
-    quick_seeds=3,
+    quick_seeds=5,
     cells=cells,
     run_cell=run_cell,
     paper=PAPER,
