@@ -8,7 +8,14 @@ import re
 import numpy as np
 import pytest
 
-from canopy.apps.topk import Pool, alpaca_eval, can_ai_code, open_llm_leaderboard, read_pool_csv
+from canopy.apps.topk import (
+    Pool,
+    alpaca_eval,
+    can_ai_code,
+    load_pool,
+    open_llm_leaderboard,
+    read_pool_csv,
+)
 
 
 def write(tmp_path, text, name="pool.csv"):
@@ -122,3 +129,12 @@ def test_alpaca_eval_pool(data_file):
     assert len(pool.feature_names) == 5
     reference = pool.names.index("gpt4_1106_preview")  # judged against itself: 0.5
     assert pool.target[reference] == pytest.approx(0.5, abs=1e-6)
+
+
+def test_load_pool_names(data_file):
+    data_file("open_llm_leaderboard_v1", "20230904.csv")
+    pool = load_pool("open-llm-leaderboard:ARC")
+    assert pool.target_name == "ARC" and "MMLU" in pool.feature_names
+    for bad in ("routereval", "can-ai-code:ARC"):
+        with pytest.raises(ValueError, match="unknown pool"):
+            load_pool(bad)

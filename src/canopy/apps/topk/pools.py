@@ -376,10 +376,13 @@ _POOLS = {
 
 
 def load_pool(name: str) -> Pool:
-    """One of the public pools by name: ``open-llm-leaderboard`` (target MMLU),
-    ``can-ai-code`` (junior-v2) or ``alpaca-eval``."""
-    try:
-        loader = _POOLS[name]
-    except KeyError:
-        raise ValueError(f"unknown pool {name!r}; known: {', '.join(_POOLS)}") from None
-    return loader()
+    """One of the public pools by name: ``open-llm-leaderboard`` (target MMLU; another
+    benchmark with ``open-llm-leaderboard:ARC`` etc.), ``can-ai-code`` (junior-v2) or
+    ``alpaca-eval``."""
+    base, _, option = name.partition(":")
+    if base not in _POOLS or (option and base != "open-llm-leaderboard"):
+        raise ValueError(f"unknown pool {name!r}; known: {', '.join(_POOLS)} "
+                         f"(and open-llm-leaderboard:<{'|'.join(LEADERBOARD_COLUMNS)}>)")
+    if option:
+        return open_llm_leaderboard(option)
+    return _POOLS[base]()

@@ -5,8 +5,10 @@ Pools (see :mod:`canopy.apps.topk.pools`), each with a fixed tree (seed 0, the s
 run seed, as the paper arranges its pool once):
 
 - ``open-llm-leaderboard``: 1,291 models, target MMLU, Bernoulli outcomes; tree by recursive
-  k-means on ARC, HellaSwag and TruthfulQA, branching 10, depth 3 (the 291 models past
-  ``10**3`` sit one level deeper, none dropped).
+  k-means on ARC, HellaSwag and TruthfulQA, branching 10, depth 3 (cells still holding several
+  models at depth 3 get one leaf per model a level deeper, none dropped).
+  ``open-llm-leaderboard:ARC`` (or HellaSwag, TruthfulQA) ranks by another benchmark, the tree
+  clustering the other three (``--set pools=...``; not in the default grid).
 - ``can-ai-code``: 700 junior-v2 runs, real per-item outcomes (28 test x language cells);
   tree ``family -> model -> run`` from the data.
 - ``alpaca-eval``: 62 models, real per-item outcomes (403 instructions); tree by k-means on the
@@ -73,8 +75,9 @@ class Params:
 
     def __post_init__(self) -> None:
         for pool in self.pools:
-            if pool not in POOLS:
-                raise ValueError(f"unknown pool {pool!r}; known: {', '.join(POOLS)}")
+            if pool not in POOLS and not pool.startswith(REFERENCE_POOL + ":"):
+                raise ValueError(f"unknown pool {pool!r}; known: {', '.join(POOLS)}, "
+                                 f"{REFERENCE_POOL}:<benchmark>")
         for method in self.methods:
             if method not in METHODS:
                 raise ValueError(f"unknown method {method!r}; known: {', '.join(METHODS)}")
