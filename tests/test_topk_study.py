@@ -94,3 +94,14 @@ def test_study_end_to_end_on_a_small_grid(data_file, tmp_path):
     paper = {(p["method"], p["x"]): p["value"] for p in document["paper"]}
     assert paper["canopy", 600.0] == 0.370 and paper["successive-elimination", 600.0] == 0.126
     assert paths.figure.exists() and paths.table_md.exists()
+
+
+def test_headlines_skip_a_ratio_to_a_zero_baseline():
+    from canopy.experiments.study import Row
+
+    metric = "recall@10 (can-ai-code)"
+    rows = [Row("successive-elimination", "budget", 600.0, metric, 0.0, 0.0, 0.0, 3),
+            Row("canopy", "budget", 600.0, metric, 0.2, 0.1, 0.3, 3)]
+    labels = [h.label for h in get_study("realtopk").headlines(rows)]
+    assert "can-ai-code: canopy recall@10 at B=600" in labels
+    assert not any("/ successive elimination" in label for label in labels)

@@ -175,9 +175,9 @@ def _headlines(rows: Sequence[Row]) -> list[Headline]:
             tree_row = lookup(rows, method, metric, 600.0)
             out += headline(f"{pool}: {method} recall@10 at B=600", tree_row,
                             paper=0.370 if paper else None)
-            if tree_row is None or baseline is None:
-                continue
-            ratio = tree_row.mean / baseline.mean if baseline.mean > 0 else float("inf")
+            if tree_row is None or baseline is None or baseline.mean == 0:
+                continue  # no ratio to a baseline that found nothing
+            ratio = tree_row.mean / baseline.mean
             out.append(Headline(f"{pool}: {method} / successive elimination at B=600", ratio,
                                 paper=0.370 / 0.126 if paper else None,
                                 target=">= 1 (paper: 2.9x on RouterEval)" if paper else ">= 1",
