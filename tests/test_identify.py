@@ -25,7 +25,6 @@ CANOPY = [
     lambda: TopKSound(k=5, spread="assumed"),
     lambda: EdgeTargeted(k=5),
 ]
-SOUND_CERTIFIED = 2
 
 
 def mean_recall(make, *, probe_cost, budget, seeds, depth=5):
@@ -39,11 +38,7 @@ def mean_recall(make, *, probe_cost, budget, seeds, depth=5):
     return float(np.mean(scores))
 
 
-@pytest.mark.parametrize("make", [
-    pytest.param(make, marks=pytest.mark.xfail(
-        strict=True, reason="known shortfall: the certified bound is too loose at ~2 probes "
-        "per cell to prune, so TopKSound(spread='certified') only ties Uniform"))
-    if i == SOUND_CERTIFIED else make for i, make in enumerate(CANOPY)])
+@pytest.mark.parametrize("make", CANOPY)
 def test_every_canopy_policy_beats_uniform_on_a_smooth_instance(make):
     ours = mean_recall(make, probe_cost=0.05, budget=600, seeds=8)
     uniform = mean_recall(Uniform, probe_cost=0.05, budget=600, seeds=8)

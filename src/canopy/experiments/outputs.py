@@ -114,7 +114,8 @@ def _figure(study: Study, rows: Sequence[Row], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     panels = study.panels or _default_panels(rows)
-    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 4.0), squeeze=False)
+    fig, axes = plt.subplots(1, len(panels), figsize=(max(7.0, 5.2 * len(panels)), 4.2),
+                             squeeze=False)
     for ax, panel in zip(axes[0], panels, strict=True):
         if panel.kind == "pair":
             _pair_panel(ax, panel, rows)
@@ -126,6 +127,9 @@ def _figure(study: Study, rows: Sequence[Row], path: Path) -> None:
             ax.set_xscale("log")
         if panel.log_y:
             ax.set_yscale("log")
+        if panel.diagonal:
+            low, high = ax.get_xlim()
+            ax.plot([low, high], [low, high], color="grey", linestyle=":", label="y = x")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.suptitle(f"{study.name}: {study.title}", fontsize=10)

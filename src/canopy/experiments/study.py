@@ -94,7 +94,8 @@ class Panel:
     ``kind="curve"``: ``metric`` against the x axis ``x_name``, one line per method with its
     95% band (a method measured at ``x=None`` is a horizontal band). ``kind="pair"``: one point
     per (method, x) at (mean of ``x_metric``, mean of ``metric``) with both intervals as error
-    bars, points of a method joined in x order.
+    bars, points of a method joined in x order. ``diagonal`` draws the line y = x (a
+    recovered quantity against its truth).
     """
 
     metric: str
@@ -104,6 +105,7 @@ class Panel:
     title: str = ""
     log_x: bool = False
     log_y: bool = False
+    diagonal: bool = False
     methods: tuple[str, ...] = ()
 
 

@@ -42,10 +42,14 @@ from collections.abc import Generator
 
 import numpy as np
 
-from canopy.certificate import default_lambdas, state_bound, welford_push
+from canopy.certificate import default_lambdas, state_bound
 from canopy.policies._identify_core import Batch, PhasedPolicy
-from canopy.policies._identify_spread import oscillation_estimate, radius, violation_test
-from canopy.problem import Query
+from canopy.policies._identify_spread import (
+    oscillation_estimate,
+    push_probes,
+    radius,
+    violation_test,
+)
 
 __all__ = ["EdgeTargeted", "TopKBeam", "TopKSound"]
 
@@ -103,8 +107,9 @@ class _TreeIdentifier(PhasedPolicy):
         self.lipschitz_ = self.lipschitz
         self._mean_branching = mean_b
         self._flag = np.zeros(tree.n_nodes, dtype=bool)
-        self._cert_states: dict[int, np.ndarray] = {}
         self._lambdas = default_lambdas(self.spec_.sigma, self.z)
+        self._cert_row: dict[int, int] = {}
+        self._cert_states = np.zeros((64, 3 + 2 * self._lambdas.size))
         self._delta_cell = self.delta
 
     @property
@@ -127,14 +132,24 @@ class _TreeIdentifier(PhasedPolicy):
         has_flagged_child[parents[parents >= 0]] = True
         return flagged[~has_flagged_child[flagged]]
 
-    def _observe(self, query: Query, value: float) -> None:
-        super()._observe(query, value)
-        if query.kind == "probe" and self.spread != "assumed":
-            state = self._cert_states.get(query.node)
-            if state is None:
-                state = np.zeros(3 + 2 * self._lambdas.size)
-                self._cert_states[query.node] = state
-            welford_push(state, value, self._lambdas, self.spec_.sigma, self.z)
+    def _fold(self, kind: str, nodes: np.ndarray, values: np.ndarray) -> None:
+        super()._fold(kind, nodes, values)
+        if kind == "probe" and self.spread != "assumed":
+            rows = self._cert_rows(nodes)
+            push_probes(self._cert_states, rows, values, self._lambdas, self.spec_.sigma,
+                        self.z)
+
+    def _cert_rows(self, nodes: np.ndarray) -> np.ndarray:
+        """Rows of the certificate states of ``nodes`` (allocated on first sight)."""
+        row_of = self._cert_row
+        for node in np.unique(nodes).tolist():
+            if node not in row_of:
+                row_of[node] = len(row_of)
+        if len(row_of) > self._cert_states.shape[0]:
+            grown = np.zeros((2 * len(row_of), self._cert_states.shape[1]))
+            grown[:self._cert_states.shape[0]] = self._cert_states
+            self._cert_states = grown
+        return np.array([row_of[node] for node in nodes.tolist()], dtype=np.int64)
 
     # ------------------------------------------------------------------ cell quantities
     def _floor(self, nodes: np.ndarray) -> np.ndarray:
@@ -147,10 +162,10 @@ class _TreeIdentifier(PhasedPolicy):
         out = np.full(nodes.size, np.inf)
         log_m = np.log(tree.leaf_hi[nodes] - tree.leaf_lo[nodes])
         for i, node in enumerate(nodes.tolist()):
-            state = self._cert_states.get(node)
-            if state is not None:
-                out[i] = state_bound(state, self._lambdas, float(log_m[i]), self.spec_.sigma,
-                                     self._delta_cell, self.z)
+            row = self._cert_row.get(node)
+            if row is not None:
+                out[i] = state_bound(self._cert_states[row], self._lambdas, float(log_m[i]),
+                                     self.spec_.sigma, self._delta_cell, self.z)
         return np.minimum(out, 1.0 + self.z * self.spec_.sigma)
 
     def _test(self, nodes: np.ndarray) -> None:
@@ -228,9 +243,13 @@ class _TreeIdentifier(PhasedPolicy):
         self.lipschitz_ = max(float(np.max(osc / level_scale)), 1e-9)
 
     def _final_race(self, candidates: np.ndarray) -> Generator[Batch, None, None]:
-        """Successive rejects with leaf evaluations over the candidate leaf nodes."""
+        """Successive rejects with leaf evaluations over the candidate leaf nodes; when the
+        budget is short, the best-scored
+        :func:`~canopy.policies._identify_core.halving_entrants` of them race (the probes'
+        ranking chooses the entrants, the leaf evaluations decide)."""
         if candidates.size:
-            yield from self._race("leaf", candidates, self._affordable_count("leaf"), self.k)
+            yield from self._race("leaf", candidates, self._affordable_count("leaf"), self.k,
+                                  focus=True)
 
 
 class TopKBeam(_TreeIdentifier):
@@ -396,7 +415,7 @@ class EdgeTargeted(_TreeIdentifier):
     """
 
     name = "canopy-edge"
-    DETECT_PROBES = 16
+    DETECT_PROBES = 6
     DEFAULT_DETECT_FRACTION = 0.5
 
     def __init__(self, *, lipschitz: float | None = None, rho: float | None = None,
@@ -426,33 +445,55 @@ class EdgeTargeted(_TreeIdentifier):
         yield from self._final_race(candidates)
 
     def _detect(self) -> Generator[Batch, None, np.ndarray]:
-        """Test the detection level, then the children of flagged cells; returns the cells of
-        the detection level."""
+        """Two-look detection over the detection level, then the children of flagged cells;
+        returns the cells of the detection level (class docstring, step 1)."""
         tree = self.tree_
         fraction = (self.DEFAULT_DETECT_FRACTION if self.detect_fraction is None
                     else self.detect_fraction)
-        budget = fraction * self.remaining
-        unit = self.DETECT_PROBES * self.spec_.probe_cost
+        cp = self.spec_.probe_cost
+        stop = self.ledger_.spent + fraction * self.remaining
         counts = self._internal_levels()
-        affordable = np.flatnonzero((counts[1:] > 0) & (counts[1:] * unit <= budget / 2.0)) + 1
+        first_look = fraction * self.remaining / 2.0
+        affordable = np.flatnonzero(
+            (counts[1:] > 0) & (counts[1:] * self.DETECT_PROBES * cp <= first_look)) + 1
         level = int(affordable.max()) if affordable.size else 1
         cells = np.flatnonzero(self._internal & (tree.level == level))
         if cells.size == 0:
             return cells
-        # Half of delta to the detection level, half to the flagged cells' children.
+        # Half of delta to the detection level (two looks per cell), half to the children
+        # of flagged cells (one look each, at most as many cells again).
+        self._delta_cell = self.delta / (4.0 * cells.size)
+        n_first = max(int(first_look / (cells.size * cp)), self.DETECT_PROBES)
+        yield from self._top_up("probe", cells, n_first)
+        self._test(cells)
+        self._set_scores(cells, self._probe_mean(cells))
+        yield from self._second_look(cells, stop, deeper=level < tree.depth - 1)
         self._delta_cell = self.delta / (2.0 * cells.size)
-        n_det = max(int(budget / 2.0 / (cells.size * self.spec_.probe_cost)),
-                    self.DETECT_PROBES)
-        unit = n_det * self.spec_.probe_cost
-        stop = self.ledger_.spent + budget
-        tested = cells
+        unit = n_first * cp
+        tested = self._children(cells[self._flag[cells]])
+        tested = tested[self._internal[tested]]
         while tested.size and self.ledger_.spent + tested.size * unit <= stop:
-            yield from self._top_up("probe", tested, n_det)
+            yield from self._top_up("probe", tested, n_first)
             self._test(tested)
             self._set_scores(tested, self._probe_mean(tested))
             kids = self._children(tested[self._flag[tested]])
             tested = kids[self._internal[kids]]
         return cells
+
+    def _second_look(self, cells: np.ndarray, stop: float, *, deeper: bool
+                     ) -> Generator[Batch, None, None]:
+        """Give the ``ceil(sqrt(cells))`` unflagged cells of largest probe spread the rest of
+        the detection budget (half of it when flagged cells' children will be tested too)
+        and test them again on all their probes."""
+        suspects = cells[~self._flag[cells]]
+        order = np.argsort(-self._probe_m2(suspects), kind="stable")
+        suspects = np.sort(suspects[order[:math.ceil(math.sqrt(cells.size))]])
+        money = (stop - self.ledger_.spent) / (2.0 if deeper else 1.0)
+        extra = int(money / (max(suspects.size, 1) * self.spec_.probe_cost))
+        if suspects.size and extra > 0:
+            yield from self._top_up("probe", suspects, int(self._node_n[suspects].max()) + extra)
+            self._test(suspects)
+            self._set_scores(suspects, self._probe_mean(suspects))
 
     def _smooth_search(self, arms: np.ndarray, budget: float, n_levels: int
                        ) -> Generator[Batch, None, np.ndarray]:

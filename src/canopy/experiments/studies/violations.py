@@ -139,7 +139,7 @@ STUDY = Study(
     cells=cells,
     run_cell=run_cell,
     headlines=headlines,
-    panels=(Panel(RECOVERED, K_AXIS, title="recovered K vs true K"),
+    panels=(Panel(RECOVERED, K_AXIS, title="recovered K vs true K", diagonal=True),
             Panel(ACCURACY, K_AXIS, title="top-1 accuracy (budget 400, c_p/c_l = 0.05)"),
             Panel(REGRET, K_AXIS, title="simple regret of the recommended leaf")),
 )
