@@ -139,3 +139,13 @@ def test_top_k_cells_and_complexity_by_hand():
     assert top_k_complexity(np.array([0.9, 0.5, 0.5]), 2) == float("inf")
     with pytest.raises(ValueError, match="k must be in"):
         top_k_complexity(values, 4)
+
+
+def test_the_feature_tree_never_looks_at_the_target():
+    pool = clustered_pool()
+    shuffled = Pool(pool.name, pool.names, np.random.default_rng(5).permutation(pool.target),
+                    pool.target_name, pool.features, pool.feature_names)
+    one = tree_from_features(pool, branching=3, depth=2, seed=2)
+    two = tree_from_features(shuffled, branching=3, depth=2, seed=2)
+    np.testing.assert_array_equal(one.row_of_leaf, two.row_of_leaf)
+    np.testing.assert_array_equal(one.tree.parent, two.tree.parent)
