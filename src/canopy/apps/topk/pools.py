@@ -34,7 +34,7 @@ import gzip
 import io
 import math
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -228,8 +228,8 @@ def _read_csv(source: Path) -> tuple[list[str], list[list[str]]]:
     return header, [[cell.strip() for cell in row] for row in table[1:]]
 
 
-def _all_numbers(cells: object) -> bool:
-    for cell in cells:  # type: ignore[attr-defined]
+def _all_numbers(cells: Iterable[str]) -> bool:
+    for cell in cells:
         try:
             float(cell)
         except ValueError:
