@@ -36,3 +36,23 @@ def test_tied_recall_by_hand():
 def test_unknown_method_is_refused():
     with pytest.raises(ValueError, match="unknown method 'greedy'"):
         make_policy("greedy", k=3)
+
+
+def test_recall_of_a_selection_on_a_hand_made_pool():
+    from canopy.apps.topk import Pool, PoolProblem, tree_from_families
+    from canopy.apps.topk.select import select_top_k
+
+    # deterministic outcomes: accuracy 1 always answers 1, accuracy 0 always 0
+    target = np.array([0.0, 1.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.5])
+    names = tuple(f"m{i}" for i in range(target.size))
+    pool = Pool("hand", names, target, "t", np.empty((target.size, 0)), (),
+                groups={"family": tuple("abc"[i % 3] for i in range(target.size))})
+    problem = PoolProblem(pool, tree_from_families(pool, ["family"]))
+    choice = select_top_k(problem, k=2, budget=240, method="uniform", seed=3)
+    assert set(choice.names) == {"m1", "m4"} and choice.recall == 1.0
+    three = select_top_k(problem, k=3, budget=240, method="uniform", seed=3)
+    assert three.names[:2] in (("m1", "m4"), ("m4", "m1")) and three.names[2] == "m11"
+    assert three.recall == 1.0
+    few = select_top_k(problem, k=2, budget=3, method="uniform", seed=3)  # 3 of 12 seen
+    hits = len({"m1", "m4"} & set(few.names))
+    assert few.recall == hits / 2
