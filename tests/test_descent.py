@@ -25,6 +25,7 @@ VARIANTS = {
     "assumed": dict(spread="assumed"),
     "certified": dict(spread="certified"),
     "hybrid": dict(spread="hybrid"),
+    "estimated": dict(spread="estimated"),
     "always": dict(expand="always"),
     "fixed": dict(expand="fixed", max_depth=2),
 }
@@ -67,6 +68,57 @@ def test_certified_at_or_below_too_tight_assumed_lipschitz():
     assert np.mean(certified) <= np.mean(tight)
 
 
+def test_estimated_beats_too_tight_and_too_loose_assumed_lipschitz():
+    n = 10_000
+    finals: dict[str, list[float]] = {"tight": [], "loose": [], "estimated": []}
+    for seed in range(6):
+        problem = heterogeneous_smoothness(4, 4, seed=seed)
+        for name, policy in (("tight", OptimisticDescent(lipschitz=0.05)),
+                             ("loose", OptimisticDescent(lipschitz=3.0)),
+                             ("estimated", OptimisticDescent(spread="estimated"))):
+            finals[name].append(regret_curve(policy, problem, n, seed)[0][-1])
+    estimated = np.mean(finals["estimated"])
+    assert estimated < 0.9 * np.mean(finals["tight"])
+    assert estimated < 0.9 * np.mean(finals["loose"])
+
+
+def _play(policy, problem, budget, seed):
+    """Drive ``policy`` by hand; returns the played nodes and their observations."""
+    rng = np.random.default_rng(seed)
+    policy.start(problem.spec, budget=budget, seed=seed)
+    played, values = [], []
+    while (query := policy.ask()) is not None:
+        value = (problem.probe(query.node, rng) if query.kind == "probe"
+                 else problem.evaluate(query.node, rng))
+        played.append(query.node)
+        values.append(value)
+        policy.tell(query, value)
+    return np.array(played), np.array(values)
+
+
+def test_estimated_spread_is_the_deconvolved_sd_and_tracks_local_smoothness():
+    smooth, rough = [], []
+    for seed in range(4):
+        problem = heterogeneous_smoothness(4, 4, seed=seed)
+        policy = OptimisticDescent(spread="estimated")
+        played, values = _play(policy, problem, 4_000, seed)
+        # the root is played alone until it has its own estimate (and Eq. 6 holds), then never
+        n_root = int(np.sum(played == 0))
+        assert n_root >= ex.MIN_PROBES
+        assert (played[:n_root] == 0).all()
+        root = values[:n_root]
+        within = math.sqrt(max(np.var(root, ddof=1) - problem.spec.sigma**2, 0.0))
+        expected = min(1.0, within * math.sqrt(2.0 * math.log(problem.tree.n_leaves)))
+        assert policy._fs[0, ex.SPREAD] == pytest.approx(expected, rel=1e-9)
+        kids = int(policy._ist[0, ex.FIRST]) + np.arange(4)
+        assert (policy._fs[kids, ex.COUNT] >= ex.MIN_PROBES).all()
+        smooth.extend(policy._fs[kids[:2], ex.LHAT])
+        rough.extend(policy._fs[kids[2:], ex.LHAT])
+    # per-subtree estimates: on average the rough half's level-1 cells (L = 3 against 0.2)
+    # get a much larger L_hat (a single cell's estimate is noisy at sigma = 0.1)
+    assert np.mean(rough) > 2.0 * np.mean(smooth)
+
+
 def test_refine_and_certified_store_fewer_nodes_than_full_resolution():
     n = 12_000
     rows = {}
@@ -103,7 +155,7 @@ def test_memory_bounded_on_infinite_depth():
 
 def test_memory_bounded_default_cap_and_certified_spread():
     problem = infinite_depth(3)
-    for spread in ("assumed", "certified"):
+    for spread in ("assumed", "estimated", "certified"):
         policy = MemoryBoundedDescent(spread=spread)
         run(policy, problem, budget=3_000, seed=1)
         cap = 2 * 3 * math.ceil(math.log(3_000, 3)) + 1
@@ -130,7 +182,7 @@ def test_leaf_queries_on_full_tree_leaves_only():
     problem = tree_lipschitz(2, 3, seed=2)
     result = run(OptimisticDescent(expand="always"), problem, budget=400, seed=0, record=True)
     tree = problem.tree
-    for is_probe, node in zip(result.history.is_probe, result.history.nodes):
+    for is_probe, node in zip(result.history.is_probe, result.history.nodes, strict=True):
         assert is_probe == (not tree.is_leaf(node))
     assert result.n_leaf_evals > 0
 
@@ -149,8 +201,14 @@ def test_recommend_ranks_leaves_best_first():
 
 def test_memory_follows_explored_nodes_not_tree_size():
     tree = Tree.complete(2, 20)
-    policy = OptimisticDescent(expand="always")
-    per_round_overhead_us(lambda: policy, tree, 2_000, seed=0)
+    made = []
+
+    def factory():
+        made.append(OptimisticDescent(expand="always"))
+        return made[-1]
+
+    assert per_round_overhead_us(factory, tree, 2_000, seed=0) > 0
+    policy = made[-1]
     assert policy.max_stored_ <= 2 * 2_000 + 1
     assert policy._fs.shape[0] <= 2 * (policy.max_stored_ + 2)  # capacity doubling
 
@@ -221,4 +279,5 @@ def test_bad_memory_bounded_parameters_and_wrong_trees():
 
 def test_names():
     assert OptimisticDescent(spread="hybrid").name == "descent-hybrid"
+    assert OptimisticDescent(spread="estimated").name == "descent-estimated"
     assert MemoryBoundedDescent.name == "memory-bounded"

@@ -105,7 +105,8 @@ def test_near_optimality_dimension_on_hand_made_functions():
     ("violations", {"ks": "0,300"}, "ks must lie in 0..256"),
     ("memory", {"depths": "5"}, "depths must lie in 1..4"),
     ("theorylink", {"checkpoints": "100"}, "at least two increasing horizons"),
-    ("compression", {"lipschitz": "-1"}, "every lipschitz > 0"),
+    ("compression", {"lipschitz": "-1"}, "lipschitz must be a finite number > 0"),
+    ("memory", {"sigma": "-0.1"}, "sigma must be a finite number >= 0"),
     ("ablation", {"horizon": "0"}, "horizon must be >= 1"),
 ])
 def test_bad_study_configuration_fails_before_work(tmp_path, name, overrides, message):

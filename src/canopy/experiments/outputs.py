@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import textwrap
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
@@ -132,7 +133,8 @@ def _figure(study: Study, rows: Sequence[Row], path: Path) -> None:
             ax.plot([low, high], [low, high], color="grey", linestyle=":", label="y = x")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    fig.suptitle(f"{study.name}: {study.title}", fontsize=10)
+    width = fig.get_size_inches()[0]
+    fig.suptitle(textwrap.fill(f"{study.name}: {study.title}", int(width * 13)), fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -146,26 +148,27 @@ def _methods(panel: Panel, rows: Sequence[Row]) -> list[str]:
 def _curve_panel(ax, panel: Panel, rows: Sequence[Row]) -> None:
     rows = [r for r in rows if r.metric == panel.metric and r.x_name == panel.x_name]
     xs = sorted({r.x for r in rows if r.x is not None})
-    for method in _methods(panel, rows):
+    for index, method in enumerate(_methods(panel, rows)):
+        color = f"C{index}"
         mine = sorted((r for r in rows if r.method == method),
                       key=lambda r: -math.inf if r.x is None else r.x)
         if len(mine) == 1 and mine[0].x is None and xs:
             r = mine[0]
-            line = ax.axhline(r.mean, linestyle="--", label=method)
+            ax.axhline(r.mean, color=color, linestyle="--", label=method)
             if r.ci_low is not None:
-                ax.axhspan(r.ci_low, r.ci_high, color=line.get_color(), alpha=0.15)
+                ax.axhspan(r.ci_low, r.ci_high, color=color, alpha=0.15)
             continue
         mine = [r for r in mine if r.x is not None]
         x = [r.x for r in mine]
-        line, = ax.plot(x, [r.mean for r in mine], marker="o", markersize=3, label=method)
+        ax.plot(x, [r.mean for r in mine], color=color, marker="o", markersize=3, label=method)
         if all(r.ci_low is not None for r in mine):
             ax.fill_between(x, [r.ci_low for r in mine], [r.ci_high for r in mine],
-                            color=line.get_color(), alpha=0.2)
+                            color=color, alpha=0.2)
     ax.set_xlabel(panel.x_name)
 
 
 def _pair_panel(ax, panel: Panel, rows: Sequence[Row]) -> None:
-    for method in _methods(panel, rows):
+    for index, method in enumerate(_methods(panel, rows)):
         ys = {r.x: r for r in rows if r.method == method and r.metric == panel.metric}
         xs = {r.x: r for r in rows if r.method == method and r.metric == panel.x_metric}
         keys = sorted((k for k in ys if k in xs), key=lambda k: -math.inf if k is None else k)
@@ -180,7 +183,7 @@ def _pair_panel(ax, panel: Panel, rows: Sequence[Row]) -> None:
             return [[p.mean - p.ci_low for p in points], [p.ci_high - p.mean for p in points]]
 
         ax.errorbar([p.mean for p in px], [p.mean for p in py], xerr=err(px), yerr=err(py),
-                    marker="o", markersize=4, capsize=2, label=method)
+                    color=f"C{index}", marker="o", markersize=4, capsize=2, label=method)
     ax.set_xlabel(panel.x_metric)
 
 

@@ -27,6 +27,8 @@ __all__ = [
     "Row",
     "Study",
     "check_budget",
+    "check_nonnegative",
+    "check_positive",
     "check_positive_int",
 ]
 
@@ -191,3 +193,22 @@ def check_budget(name: str, budget: float, cheapest: float) -> float:
     if budget < cheapest:
         raise ValueError(f"{name}={budget:g} is below the cost of one query ({cheapest:g})")
     return float(budget)
+
+
+def _check_numbers(values: Mapping[str, Any], *, strict: bool) -> None:
+    bound = "> 0" if strict else ">= 0"
+    for name, value in values.items():
+        for item in value if isinstance(value, tuple) else (value,):
+            if not (isinstance(item, (int, float)) and math.isfinite(item)
+                    and (item > 0 if strict else item >= 0)):
+                raise ValueError(f"{name} must be a finite number {bound}, got {item!r}")
+
+
+def check_nonnegative(**values: Any) -> None:
+    """Validate named numbers (noise scales): finite and >= 0; tuples item by item."""
+    _check_numbers(values, strict=False)
+
+
+def check_positive(**values: Any) -> None:
+    """Validate named numbers (Lipschitz constants): finite and > 0; tuples item by item."""
+    _check_numbers(values, strict=True)

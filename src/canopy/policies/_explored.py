@@ -3,18 +3,26 @@
 The explored tree lives in two packed arrays that grow by capacity doubling, so memory follows
 the explored nodes and never the full tree:
 
-- ``fs`` (float64, one row a node): the columns named ``MEAN .. LOGM`` below;
-- ``ist`` (int64, one row a node): the columns named ``NODE .. ISLEAF``.
+- ``fs`` (float64, one row a node): the columns named ``MEAN .. M2`` below (``M2``: the running
+  sum of squared deviations of the node's own probes), then (for the certified and hybrid
+  spreads) the node's packed certificate state ``[n, mean, m2, mean_y[k], m2_y[k]]``;
+- ``ist`` (int64, one row a node): the columns named ``NODE .. ISLEAF``, and ``FREE``, a stack
+  of freed child blocks (its first ``n_free`` entries).
+
+Scalars travel in one float64 array ``ctl``: the parameters ``P_*``, the counters ``M_*``, then
+one ``(L, rho, t)`` triple per schedule. Few arguments keep numba's per-call dispatch cheap.
 
 The children of an explored node occupy one contiguous block of rows (``FIRST`` is its first
 row), allocated all at once when the node is split. Several explored trees may share the arrays
-(a forest, one root per schedule, used by POO); ``INST`` says which schedule a row belongs to and
-``inst[i] = (L_i, rho_i, t_i)`` holds that schedule and its own round count.
+(a forest, one root per schedule, used by POO); ``INST`` says which schedule a row belongs to,
+and each schedule counts its own rounds ``t``.
 
 Per round, :func:`observe` folds one observation into the played row (and, with path statistics,
-into its ancestors as HOO does), refreshes the row's spread, applies the split rule, refreshes
-``U`` and ``B`` on the path back to the root (off-path ``B`` values stay stale until their next
-visit, as in HCT), and returns the next descent. All of it is O(depth * branching).
+into its ancestors as HOO does), refreshes the row's spread and applies the split rule; when the
+row is to be split it returns ``-1`` and the caller runs :func:`split`, the only kernel that
+reads the full tree. Either way the round ends by refreshing ``U`` and ``B`` on the path back to
+the root (off-path ``B`` values stay stale until their next visit, as in HCT) and descending for
+the next round. All of it is O(depth * branching).
 """
 
 from __future__ import annotations
@@ -27,20 +35,24 @@ import numpy as np
 from canopy.certificate import state_bound, welford_push
 
 # float columns of ``fs``
-MEAN, COUNT, SPREAD, UPPER, BVAL, LHAT, SCALE, FLOOR, SUBN, LOGM = range(10)
-N_FLOAT = 10
+MEAN, COUNT, SPREAD, UPPER, BVAL, LHAT, SCALE, FLOOR, SUBN, LOGM, M2 = range(11)
+N_FLOAT = 11
 # int columns of ``ist``
-NODE, LEVEL, PARENT, FIRST, NKIDS, INST, ISLEAF = range(7)
-N_INT = 7
-# entries of ``params`` (float64)
+NODE, LEVEL, PARENT, FIRST, NKIDS, INST, ISLEAF, FREE = range(8)
+N_INT = 8
+# parameters at the start of ``ctl``
 (P_C, P_DELTA, P_SIGMA, P_Z, P_SPREAD, P_EXPAND, P_MAXDEPTH, P_PATH, P_ARITY, P_MAXNODES,
  P_DEPTHM) = range(11)
 N_PARAMS = 11
-# entries of ``meta`` (int64)
-M_USED, M_STORED, M_PEAK, M_NFREE, M_ROUNDS, M_DEEPEST = range(6)
-N_META = 6
+# counters in ``ctl`` (after the parameters)
+M_USED, M_STORED, M_PEAK, M_NFREE, M_ROUNDS, M_DEEPEST = range(N_PARAMS, N_PARAMS + 6)
+INST0 = N_PARAMS + 6  # then (L, rho, t) per schedule
 
-ASSUMED, CERTIFIED, HYBRID = 0, 1, 2
+ASSUMED, CERTIFIED, HYBRID, ESTIMATED = 0, 1, 2, 3
+# own probes a node needs before ``spread="estimated"`` trusts its own within-cell sd (and
+# before it may be split): the sample variance's relative standard error sqrt(2 / (n - 1)) is
+# then at most 1/2. Fixed a priori, not tuned on any instance.
+MIN_PROBES = 9.0
 REFINE, ALWAYS, FIXED = 0, 1, 2
 
 
@@ -59,20 +71,43 @@ def spread_lower(state: np.ndarray, sigma: float, delta: float, z: float) -> flo
 
 
 @numba.njit(cache=True)
-def _spread(v: int, fs: np.ndarray, cert: np.ndarray, lambdas: np.ndarray,
-            params: np.ndarray) -> float:
+def _estimated(v: int, fs: np.ndarray, sigma: float) -> float:
+    """Section 3.3's data-driven bonus ``sigma_w sqrt(2 log m)`` with the plug-in
+    ``sigma_w = sqrt(max(var(own probes) - sigma^2, 0))``, capped at 1 (the values' range).
+    With ``MIN_PROBES`` own probes the node's per-subtree estimate ``L_hat = bonus / rho^level``
+    is stored in ``LHAT`` (its children inherit it at the split); before, the bonus is the
+    inherited ``L_hat rho^level``."""
+    n = fs[v, COUNT]
+    if n < MIN_PROBES:
+        return min(1.0, fs[v, LHAT] * fs[v, SCALE])
+    within = math.sqrt(max(fs[v, M2] / (n - 1.0) - sigma * sigma, 0.0))
+    bonus = min(1.0, within * math.sqrt(2.0 * fs[v, LOGM]))
+    fs[v, LHAT] = bonus / fs[v, SCALE]
+    return bonus
+
+
+@numba.njit(cache=True)
+def _spread(v: int, fs: np.ndarray, ctl: np.ndarray, lambdas: np.ndarray) -> float:
     """The bias bonus of row ``v`` (see :class:`~canopy.policies.descent.OptimisticDescent`)."""
-    mode = int(params[P_SPREAD])
+    mode = int(ctl[P_SPREAD])
     floor = fs[v, FLOOR]
     if mode == ASSUMED:
         return floor
-    sigma, delta, z = params[P_SIGMA], params[P_DELTA], params[P_Z]
-    own = state_bound(cert[v], lambdas, fs[v, LOGM], sigma, delta, z)
+    if mode == ESTIMATED:
+        return _estimated(v, fs, ctl[P_SIGMA])
+    sigma, delta, z = ctl[P_SIGMA], ctl[P_DELTA], ctl[P_Z]
+    state = fs[v, N_FLOAT:]
+    own = state_bound(state, lambdas, fs[v, LOGM], sigma, delta, z)
     if mode == CERTIFIED:
         return min(1.0, own, fs[v, LHAT] * fs[v, SCALE])
-    if spread_lower(cert[v], sigma, delta, z) > floor:
+    if spread_lower(state, sigma, delta, z) > floor:
         return max(floor, min(1.0, own))
     return floor
+
+
+@numba.njit(cache=True)
+def _log_t(v: int, ist: np.ndarray, ctl: np.ndarray) -> float:
+    return math.log(max(ctl[INST0 + 3 * ist[v, INST] + 2], 1.0))
 
 
 @numba.njit(cache=True)
@@ -113,51 +148,72 @@ def descend(root: int, fs: np.ndarray, ist: np.ndarray) -> int:
 
 
 @numba.njit(cache=True)
-def _wants_split(v: int, fs: np.ndarray, ist: np.ndarray, params: np.ndarray,
-                 log_t: float) -> bool:
+def _finish(v: int, fs: np.ndarray, ist: np.ndarray, ctl: np.ndarray) -> int:
+    """Refresh ``U`` and ``B`` from ``v`` up to its root, then descend for the next round
+    (schedules take rounds in turn). Returns the row to play next."""
+    log_t = _log_t(v, ist, ctl)
+    c = ctl[P_C]
+    a = v
+    while a >= 0:
+        fs[a, UPPER] = _upper(a, fs, c, log_t)
+        _refresh_b(a, fs, ist)
+        a = ist[a, PARENT]
+    n_inst = (ctl.size - INST0) // 3
+    return descend(int(ctl[M_ROUNDS]) % n_inst, fs, ist)
+
+
+@numba.njit(cache=True)
+def _wants_split(v: int, fs: np.ndarray, ist: np.ndarray, ctl: np.ndarray) -> bool:
     """The expand rule: ``always``/``fixed`` split a played explored leaf at once (``fixed``
     stops at ``max_depth``, folded into ``NKIDS``); ``refine`` is Eq. (6)."""
     if ist[v, FIRST] >= 0 or ist[v, NKIDS] == 0 or fs[v, COUNT] < 1.0:
         return False
-    if int(params[P_EXPAND]) != REFINE:
+    if int(ctl[P_EXPAND]) != REFINE:
         return True
+    if int(ctl[P_SPREAD]) == ESTIMATED and fs[v, COUNT] < MIN_PROBES:
+        return False  # split only once the node has its own estimate for its children
     spread = fs[v, SPREAD]
     if spread <= 0.0:
         return False
-    c = params[P_C]
-    return fs[v, COUNT] >= c * c * log_t / (spread * spread)
+    c = ctl[P_C]
+    return fs[v, COUNT] >= c * c * _log_t(v, ist, ctl) / (spread * spread)
 
 
 @numba.njit(cache=True)
-def _kids_of(v: int, ist: np.ndarray, params: np.ndarray, child_ptr: np.ndarray,
-             child_ids: np.ndarray, j: int) -> int:
-    arity = int(params[P_ARITY])
-    if arity > 0:
-        return ist[v, NODE] * arity + j
-    return child_ids[child_ptr[ist[v, NODE]] + j]
+def observe(v: int, x: float, fs: np.ndarray, ist: np.ndarray, ctl: np.ndarray,
+            lambdas: np.ndarray) -> int:
+    """Fold observation ``x`` of row ``v`` into the explored tree and descend for the next
+    round. Returns the row to play next, or ``-1`` when ``v`` is to be split first (call
+    :func:`split`)."""
+    ctl[INST0 + 3 * ist[v, INST] + 2] += 1.0
+    ctl[M_ROUNDS] += 1.0
+    path_stats = ctl[P_PATH] > 0
+    a = v
+    while a >= 0:
+        fs[a, SUBN] += 1.0
+        if a == v or path_stats:
+            fs[a, COUNT] += 1.0
+            d = x - fs[a, MEAN]
+            fs[a, MEAN] += d / fs[a, COUNT]
+            fs[a, M2] += d * (x - fs[a, MEAN])
+        a = ist[a, PARENT]
+    if fs.shape[1] > N_FLOAT:
+        welford_push(fs[v, N_FLOAT:], x, lambdas, ctl[P_SIGMA], ctl[P_Z])
+    fs[v, SPREAD] = _spread(v, fs, ctl, lambdas)
+    if _wants_split(v, fs, ist, ctl):
+        return -1
+    return _finish(v, fs, ist, ctl)
 
 
 @numba.njit(cache=True)
-def _n_kids(node: int, level: int, params: np.ndarray, child_ptr: np.ndarray) -> int:
-    """Children a full-tree node may be split into (0 at ``max_depth`` or at a leaf)."""
-    if level >= params[P_MAXDEPTH]:
-        return 0
-    arity = int(params[P_ARITY])
-    if arity > 0:
-        return arity
-    return child_ptr[node + 1] - child_ptr[node]
-
-
-@numba.njit(cache=True)
-def _prune_one(keep: int, fs: np.ndarray, ist: np.ndarray, meta: np.ndarray,
-               free: np.ndarray, c: float, inst: np.ndarray) -> bool:
+def _prune_one(keep: int, fs: np.ndarray, ist: np.ndarray, ctl: np.ndarray) -> bool:
     """Memory bound: forget the children of the explored node of lowest ``B`` whose children
     are all explored leaves (never ``keep``, the parent of the row being split). The pruned
     node becomes an explored leaf again with its own statistics. Returns whether one was
     found."""
     target = -1
     lowest = np.inf
-    for p in range(meta[M_USED]):
+    for p in range(int(ctl[M_USED])):
         first = ist[p, FIRST]
         if ist[p, LEVEL] < 0 or first < 0 or p == keep:
             continue
@@ -174,104 +230,77 @@ def _prune_one(keep: int, fs: np.ndarray, ist: np.ndarray, meta: np.ndarray,
     first = ist[target, FIRST]
     for j in range(ist[target, NKIDS]):
         ist[first + j, LEVEL] = -1
-    free[meta[M_NFREE]] = first
-    meta[M_NFREE] += 1
-    meta[M_STORED] -= ist[target, NKIDS]
+    ist[int(ctl[M_NFREE]), FREE] = first
+    ctl[M_NFREE] += 1.0
+    ctl[M_STORED] -= ist[target, NKIDS]
     ist[target, FIRST] = -1
-    log_t = math.log(max(inst[ist[target, INST], 2], 1.0))
-    fs[target, UPPER] = _upper(target, fs, c, log_t)
-    v = target
-    while v >= 0:
-        _refresh_b(v, fs, ist)
-        v = ist[v, PARENT]
+    fs[target, UPPER] = _upper(target, fs, ctl[P_C], _log_t(target, ist, ctl))
+    a = target
+    while a >= 0:
+        _refresh_b(a, fs, ist)
+        a = ist[a, PARENT]
     return True
 
 
 @numba.njit(cache=True)
-def _split(v: int, fs: np.ndarray, ist: np.ndarray, cert: np.ndarray, params: np.ndarray,
-           inst: np.ndarray, meta: np.ndarray, free: np.ndarray, child_ptr: np.ndarray,
-           child_ids: np.ndarray, leaf_lo: np.ndarray, leaf_hi: np.ndarray) -> None:
-    """Allocate the children block of explored leaf ``v`` (reusing a freed block if any)."""
+def _kid_node(v: int, ist: np.ndarray, arity: int, child_ptr: np.ndarray,
+              child_ids: np.ndarray, j: int) -> int:
+    if arity > 0:
+        return ist[v, NODE] * arity + j
+    return child_ids[child_ptr[ist[v, NODE]] + j]
+
+
+@numba.njit(cache=True)
+def split(v: int, fs: np.ndarray, ist: np.ndarray, ctl: np.ndarray, child_ptr: np.ndarray,
+          child_ids: np.ndarray, leaf_lo: np.ndarray,
+          leaf_hi: np.ndarray) -> int:
+    """Allocate the children block of explored leaf ``v`` (reusing a freed block if any, and
+    forgetting cells first under a memory cap), then finish the round as :func:`observe`.
+    ``arity > 0`` in ``ctl`` means a lazy tree (the tree arrays are then unused)."""
     n_kids = ist[v, NKIDS]
-    max_nodes = params[P_MAXNODES]
-    c = params[P_C]
-    while max_nodes > 0 and meta[M_STORED] + n_kids > max_nodes:
-        if not _prune_one(ist[v, PARENT], fs, ist, meta, free, c, inst):
-            return
-    if meta[M_NFREE] > 0:
-        meta[M_NFREE] -= 1
-        first = free[meta[M_NFREE]]
+    max_nodes = ctl[P_MAXNODES]
+    while max_nodes > 0 and ctl[M_STORED] + n_kids > max_nodes:
+        if not _prune_one(ist[v, PARENT], fs, ist, ctl):
+            return _finish(v, fs, ist, ctl)
+    if ctl[M_NFREE] > 0:
+        ctl[M_NFREE] -= 1.0
+        first = ist[int(ctl[M_NFREE]), FREE]
     else:
-        first = meta[M_USED]
-        meta[M_USED] += n_kids
-    meta[M_STORED] += n_kids
-    meta[M_PEAK] = max(meta[M_PEAK], meta[M_STORED])
-    rho = inst[ist[v, INST], 1]
+        first = int(ctl[M_USED])
+        ctl[M_USED] += n_kids
+    ctl[M_STORED] += n_kids
+    ctl[M_PEAK] = max(ctl[M_PEAK], ctl[M_STORED])
+    rho = ctl[INST0 + 3 * ist[v, INST] + 1]
     level = ist[v, LEVEL] + 1
-    meta[M_DEEPEST] = max(meta[M_DEEPEST], level)
-    arity = int(params[P_ARITY])
+    ctl[M_DEEPEST] = max(ctl[M_DEEPEST], level)
+    arity = int(ctl[P_ARITY])
     inherited = fs[v, SPREAD] / fs[v, SCALE]
+    mode = int(ctl[P_SPREAD])
+    inherits = mode == CERTIFIED or mode == ESTIMATED
     for j in range(n_kids):
         w = first + j
-        node = _kids_of(v, ist, params, child_ptr, child_ids, j)
+        node = _kid_node(v, ist, arity, child_ptr, child_ids, j)
         ist[w, NODE] = node
         ist[w, LEVEL] = level
         ist[w, PARENT] = v
         ist[w, FIRST] = -1
-        ist[w, NKIDS] = _n_kids(node, level, params, child_ptr)
         ist[w, INST] = ist[v, INST]
+        fs[w, :] = 0.0
         if arity > 0:
+            ist[w, NKIDS] = arity
             ist[w, ISLEAF] = 0
-            fs[w, LOGM] = max(params[P_DEPTHM] - level, 0.0) * math.log(arity)
+            fs[w, LOGM] = max(ctl[P_DEPTHM] - level, 0.0) * math.log(arity)
         else:
-            ist[w, ISLEAF] = 1 if child_ptr[node + 1] == child_ptr[node] else 0
+            ist[w, NKIDS] = child_ptr[node + 1] - child_ptr[node]
+            ist[w, ISLEAF] = 1 if ist[w, NKIDS] == 0 else 0
             fs[w, LOGM] = math.log(leaf_hi[node] - leaf_lo[node])
-        fs[w, MEAN] = 0.0
-        fs[w, COUNT] = 0.0
-        fs[w, SUBN] = 0.0
+        if level >= ctl[P_MAXDEPTH]:
+            ist[w, NKIDS] = 0
         fs[w, SCALE] = fs[v, SCALE] * rho
         fs[w, FLOOR] = fs[v, FLOOR] * rho
         fs[w, LHAT] = inherited
         fs[w, UPPER] = np.inf
         fs[w, BVAL] = np.inf
-        if cert.shape[1] > 0:
-            cert[w, :] = 0.0
-        mode = int(params[P_SPREAD])
-        fs[w, SPREAD] = min(1.0, inherited * fs[w, SCALE]) if mode == CERTIFIED else fs[w, FLOOR]
+        fs[w, SPREAD] = min(1.0, inherited * fs[w, SCALE]) if inherits else fs[w, FLOOR]
     ist[v, FIRST] = first
-
-
-@numba.njit(cache=True)
-def observe(v: int, x: float, fs: np.ndarray, ist: np.ndarray, cert: np.ndarray,
-            lambdas: np.ndarray, params: np.ndarray, inst: np.ndarray, meta: np.ndarray,
-            free: np.ndarray, child_ptr: np.ndarray, child_ids: np.ndarray,
-            leaf_lo: np.ndarray, leaf_hi: np.ndarray) -> tuple[int, int, int, int]:
-    """Fold observation ``x`` of row ``v`` into the explored tree and descend for the next
-    round. Returns ``(next_row, its node, its level, its full-tree-leaf flag)``."""
-    k = ist[v, INST]
-    inst[k, 2] += 1.0
-    meta[M_ROUNDS] += 1
-    log_t = math.log(inst[k, 2])
-    c = params[P_C]
-    path_stats = params[P_PATH] > 0
-    a = v
-    while a >= 0:
-        fs[a, SUBN] += 1.0
-        if a == v or path_stats:
-            fs[a, COUNT] += 1.0
-            fs[a, MEAN] += (x - fs[a, MEAN]) / fs[a, COUNT]
-        a = ist[a, PARENT]
-    if cert.shape[1] > 0:
-        welford_push(cert[v], x, lambdas, params[P_SIGMA], params[P_Z])
-    fs[v, SPREAD] = _spread(v, fs, cert, lambdas, params)
-    if _wants_split(v, fs, ist, params, log_t):
-        _split(v, fs, ist, cert, params, inst, meta, free, child_ptr, child_ids, leaf_lo,
-               leaf_hi)
-    a = v
-    while a >= 0:
-        fs[a, UPPER] = _upper(a, fs, c, log_t)
-        _refresh_b(a, fs, ist)
-        a = ist[a, PARENT]
-    root = meta[M_ROUNDS] % inst.shape[0]
-    w = descend(root, fs, ist)
-    return w, ist[w, NODE], ist[w, LEVEL], ist[w, ISLEAF]
+    return _finish(v, fs, ist, ctl)

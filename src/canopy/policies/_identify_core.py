@@ -155,10 +155,13 @@ class TreeStatsPolicy(Policy):
 
     def _retire(self, keep: np.ndarray) -> None:
         """One rejection event for every surviving leaf outside the leaf nodes ``keep``
-        (each keeps its current score)."""
+        (each keeps its current score); the leaves ``keep`` survive, also those an earlier
+        event had rejected (a flagged cell's leaves, re-admitted by leaf certification)."""
         alive = self._stage == ALIVE
-        alive[self.tree_.node_leaf[keep]] = False
+        kept = self.tree_.node_leaf[keep]
+        alive[kept] = False
         self._stage[alive] = self._events
+        self._stage[kept] = ALIVE
         self._events += 1
 
     def _set_scores(self, nodes: np.ndarray, scores: np.ndarray) -> None:

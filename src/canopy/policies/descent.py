@@ -38,7 +38,8 @@ from canopy.tree import LazyTree, Tree
 
 __all__ = ["MemoryBoundedDescent", "OptimisticDescent", "per_round_overhead_us"]
 
-_SPREADS = {"assumed": ex.ASSUMED, "certified": ex.CERTIFIED, "hybrid": ex.HYBRID}
+_SPREADS = {"assumed": ex.ASSUMED, "certified": ex.CERTIFIED, "hybrid": ex.HYBRID,
+            "estimated": ex.ESTIMATED}
 _EXPANDS = {"refine": ex.REFINE, "always": ex.ALWAYS, "fixed": ex.FIXED}
 _INITIAL_CAPACITY = 64
 _EMPTY = np.zeros(1, dtype=np.int64)
@@ -119,62 +120,58 @@ class ExploredTreePolicy(Policy):
             if tree.max_depth is not None:
                 depth_cap = min(depth_cap, float(tree.max_depth))
         rounds = max(spec_rounds(spec, self.ledger_.budget), 2.0)
-        params = np.zeros(ex.N_PARAMS)
-        params[ex.P_C] = c
-        params[ex.P_DELTA] = delta
-        params[ex.P_SIGMA] = spec.sigma
-        params[ex.P_Z] = z
-        params[ex.P_SPREAD] = _SPREADS[spread]
-        params[ex.P_EXPAND] = _EXPANDS[expand]
-        params[ex.P_MAXDEPTH] = depth_cap
-        params[ex.P_PATH] = 1.0 if path_stats else 0.0
-        params[ex.P_ARITY] = tree.arity if lazy else 0
-        params[ex.P_MAXNODES] = max_nodes
-        params[ex.P_DEPTHM] = (min(depth_cap, math.ceil(math.log(rounds, tree.arity)))
-                               if lazy else 0.0)
-        self._params = params
+        n_inst = len(schedules)
+        ctl = np.zeros(ex.INST0 + 3 * n_inst)
+        ctl[ex.P_C] = c
+        ctl[ex.P_DELTA] = delta
+        ctl[ex.P_SIGMA] = spec.sigma
+        ctl[ex.P_Z] = z
+        ctl[ex.P_SPREAD] = _SPREADS[spread]
+        ctl[ex.P_EXPAND] = _EXPANDS[expand]
+        ctl[ex.P_MAXDEPTH] = depth_cap
+        ctl[ex.P_PATH] = 1.0 if path_stats else 0.0
+        ctl[ex.P_ARITY] = tree.arity if lazy else 0
+        ctl[ex.P_MAXNODES] = max_nodes
+        ctl[ex.P_DEPTHM] = (min(depth_cap, math.ceil(math.log(rounds, tree.arity)))
+                            if lazy else 0.0)
+        for i, (lip, rho) in enumerate(schedules):
+            ctl[ex.INST0 + 3 * i:ex.INST0 + 3 * i + 2] = (lip, default_rho if rho is None else rho)
+        ctl[ex.M_USED] = ctl[ex.M_STORED] = ctl[ex.M_PEAK] = n_inst
+        self._ctl = ctl
         self._lazy = lazy
         self._max_kids = branching
-        certified = spread != "assumed"
+        certified = spread in ("certified", "hybrid")
         self._lambdas = default_lambdas(spec.sigma, z) if certified else np.ones(1)
-        width = 3 + 2 * self._lambdas.size if certified else 0
-        n_inst = len(schedules)
+        width = ex.N_FLOAT + (3 + 2 * self._lambdas.size if certified else 0)
         capacity = max(_INITIAL_CAPACITY, 2 * n_inst + branching)
-        self._fs = np.zeros((capacity, ex.N_FLOAT))
+        self._fs = np.zeros((capacity, width))
         self._ist = np.zeros((capacity, ex.N_INT), dtype=np.int64)
-        self._cert = np.zeros((capacity, width))
-        self._free = np.zeros(capacity, dtype=np.int64)
-        self._inst = np.array([[lip, default_rho if rho is None else rho, 0.0]
-                               for lip, rho in schedules], dtype=float)
         if lazy:
             self._tree_arrays = (_EMPTY, _EMPTY, _EMPTY, _EMPTY)
         else:
             self._tree_arrays = (tree.child_ptr, tree.child_ids, tree.leaf_lo, tree.leaf_hi)
         root_kids = 0 if depth_cap <= 0 else (tree.arity if lazy else int(tree.child_ptr[1]))
-        root_log_m = (params[ex.P_DEPTHM] * math.log(tree.arity) if lazy
+        root_log_m = (ctl[ex.P_DEPTHM] * math.log(tree.arity) if lazy
                       else math.log(tree.n_leaves))
-        for i in range(n_inst):
-            lip = self._inst[i, 0]
-            self._ist[i] = (0, 0, -1, -1, root_kids, i, 0 if lazy or root_kids else 1)
-            floor = lip
-            start_spread = 1.0 if spread == "certified" else floor
-            self._fs[i] = (0.0, 0.0, start_spread, np.inf, np.inf, 1.0, 1.0, floor, 0.0,
-                           root_log_m)
-        self._meta = np.zeros(ex.N_META, dtype=np.int64)
-        self._meta[ex.M_USED] = n_inst
-        self._meta[ex.M_STORED] = n_inst
-        self._meta[ex.M_PEAK] = n_inst
-        self._asked: dict[object, list[int]] = {}
-        self._next = (0, 0, 0, self._ist[0, ex.ISLEAF])
+        for i, (lip, _) in enumerate(schedules):
+            self._ist[i] = (0, 0, -1, -1, root_kids, i, 0 if lazy or root_kids else 1, 0)
+            start_spread = 1.0 if spread in ("certified", "estimated") else lip
+            self._fs[i, :ex.N_FLOAT] = (0.0, 0.0, start_spread, np.inf, np.inf, 1.0, 1.0, lip,
+                                        0.0, root_log_m, 0.0)
+        self._forest = n_inst > 1
+        self._asked: dict[object, list[int]] = {}  # forest: rows asked per node, by schedule
+        self._row_of: dict[object, int] = {}  # one tree: a node's row is unique
+        self._queries: dict[int, Query] = {}
+        self._next = 0
         self._sync_counts()
 
     def _sync_counts(self) -> None:
-        self.n_stored_ = int(self._meta[ex.M_STORED])
-        self.max_stored_ = int(self._meta[ex.M_PEAK])
+        self.n_stored_ = int(self._ctl[ex.M_STORED])
+        self.max_stored_ = int(self._ctl[ex.M_PEAK])
 
     def _grow(self) -> None:
         capacity = 2 * self._fs.shape[0]
-        for name in ("_fs", "_ist", "_cert", "_free"):
+        for name in ("_fs", "_ist"):
             old = getattr(self, name)
             new = np.zeros((capacity, *old.shape[1:]), dtype=old.dtype)
             new[:old.shape[0]] = old
@@ -182,24 +179,40 @@ class ExploredTreePolicy(Policy):
 
     # ------------------------------------------------------------------ ask / tell
     def _next_query(self) -> Query | None:
-        row, node, level, is_leaf = self._next
-        key = (level, node) if self._lazy else node
-        self._asked.setdefault(key, []).append(row)
-        return Query("leaf" if is_leaf else "probe", key)
+        row = self._next
+        query = self._queries.get(row)
+        if query is None:
+            query = self._queries[row] = self._query_of(row)
+            self._row_of[query.node] = row
+        if self._forest:
+            self._asked.setdefault(query.node, []).append(row)
+        return query
+
+    def _query_of(self, row: int) -> Query:
+        node, level, is_leaf = (int(x) for x in self._ist[row, (ex.NODE, ex.LEVEL, ex.ISLEAF)])
+        return Query("leaf" if is_leaf else "probe", (level, node) if self._lazy else node)
 
     def _observe(self, query: Query, value: float) -> None:
-        rows = self._asked[query.node]
-        row = rows.pop()
-        if not rows:
-            del self._asked[query.node]
+        if self._forest:
+            rows = self._asked[query.node]
+            row = rows.pop()
+            if not rows:
+                del self._asked[query.node]
+        else:
+            row = self._row_of[query.node]
         if self._lazy and not self._row_holds(row, query.node):
             return  # its cell was forgotten by the memory bound while the query was out
-        if self._meta[ex.M_USED] + self._max_kids > self._fs.shape[0]:
-            self._grow()
-        self._next = ex.observe(row, value, self._fs, self._ist, self._cert, self._lambdas,
-                                self._params, self._inst, self._meta, self._free,
-                                *self._tree_arrays)
-        self._sync_counts()
+        ctl = self._ctl
+        step = ex.observe(row, value, self._fs, self._ist, ctl, self._lambdas)
+        if step < 0:
+            if ctl[ex.M_USED] + self._max_kids > self._fs.shape[0]:
+                self._grow()
+            step = ex.split(row, self._fs, self._ist, ctl, *self._tree_arrays)
+            first = int(self._ist[row, ex.FIRST])
+            for kid in range(first, first + self._max_kids):
+                self._queries.pop(kid, None)  # rows of a reused block hold new cells
+            self._sync_counts()
+        self._next = step
 
     def _row_holds(self, row: int, node: tuple[int, int]) -> bool:
         return (int(self._ist[row, ex.LEVEL]) == node[0]
@@ -262,7 +275,7 @@ class ExploredTreePolicy(Policy):
     def _recommend_cells(self, row: int, k: int) -> np.ndarray:
         if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
             raise ValueError(f"k must be a positive int, got {k!r}")
-        used = int(self._meta[ex.M_USED])
+        used = int(self._ctl[ex.M_USED])
         ist, fs = self._ist[:used], self._fs[:used]
         alive = (ist[:, ex.LEVEL] >= 0) & (ist[:, ex.FIRST] < 0) & (fs[:, ex.COUNT] > 0)
         others = np.flatnonzero(alive & (np.arange(used) != row))
@@ -284,14 +297,33 @@ class OptimisticDescent(ExploredTreePolicy):
         spread: the bias bonus ``spread(v)`` of Eq. (4).
 
             - ``"assumed"``: the floor ``L rho^level`` of Eq. (3).
-            - ``"certified"``: estimated from data per subtree. The node's own certificate
-              (Algorithm 1 on its own probes, O(|grid|) running state) gives
-              ``own(v) = min(1, bound)``; each node carries a local Lipschitz estimate
-              ``L_hat(v) = min(L_hat(parent), own(v) / rho^level)`` (``L_hat(root) = 1``, the
-              trivial bias bound), and ``spread(v) = L_hat(v) rho^level``. So before a node's
-              own certificate is tighter than its ancestors' estimate, it uses the estimate of
-              its nearest certified ancestor scaled down the levels (Section 3.3), and after,
-              its own bound. ``lipschitz`` is unused.
+            - ``"estimated"``: Section 3.3's data-driven bonus ``sigma_w sqrt(2 log m)``
+              (the certificate's light-tail rate, Appendix A) with the plug-in
+              ``sigma_w = sqrt(max(var(own probes) - sigma^2, 0))``, the noise-deconvolved
+              within-cell sd from O(1) running moments of the node's own probes, and ``m``
+              the node's number of leaves; capped at 1. Once a node has
+              ``MIN_PROBES = 9`` own probes (the sample variance's relative standard error
+              ``sqrt(2/(n-1))`` is then at most 1/2) it holds the per-subtree estimate
+              ``L_hat(v) = bonus(v) / rho^level``; a node with fewer own probes uses
+              ``L_hat(parent) rho^level`` (the parent's estimate, frozen at the split, as the
+              parent is no longer played). The prior before any data is the trivial bound 1
+              at the root, which is played alone until it has its own estimate: under this
+              spread no node is split before ``MIN_PROBES`` own probes. A point estimate,
+              not a bound: it can under-state the bias of a cell with a narrow peak, and a
+              cell estimated flat (bonus 0) is never split (Eq. 6's threshold is infinite).
+              ``lipschitz`` is unused.
+            - ``"certified"``: the rigorous variant. The node's own certificate (Algorithm 1
+              on its own probes, O(|grid|) running state) gives ``own(v) = min(1, bound)``;
+              each node carries ``L_hat(v) = min(L_hat(parent), own(v) / rho^level)``
+              (``L_hat(root) = 1``, the trivial bias bound), and
+              ``spread(v) = L_hat(v) rho^level``. So before a node's own certificate is
+              tighter than its ancestors' estimate, it uses the estimate of its nearest
+              certified ancestor scaled down the levels, and after, its own bound.
+              Conservative: the bound holds with probability ``1 - delta`` on every instance,
+              and at the ``~ c^2 ln t / spread^2`` own probes Eq. (6) leaves a node before it
+              splits it is wider than ``rho^level``, so on benign instances it rarely binds
+              and the policy then plays as ``"assumed"`` with ``L = 1``.
+              ``lipschitz`` is unused.
             - ``"hybrid"``: the floor ``L rho^level`` unless the node is flagged (the lower
               confidence bound on its noise-deconvolved within-cell sd exceeds the floor, as
               :func:`canopy.certificate.is_violation`), then ``max(floor, min(1, bound))``.
@@ -350,10 +382,11 @@ class MemoryBoundedDescent(ExploredTreePolicy):
     arity and ``n = budget / probe_cost`` the horizon: room for a path down to the depth a cell
     is resolved by one probe, twice over.
 
-    ``spread`` is ``"assumed"`` or ``"certified"`` as in :class:`OptimisticDescent`; the
-    certificate treats a cell at ``level`` as ``b^(D - level)`` leaves, ``D = ceil(log_b n)``
-    (a modelling choice: the leaves of an infinite tree are a continuum). After a run:
-    ``depth_reached_`` (deepest level explored) and ``tree_nodes_``
+    ``spread`` is ``"assumed"``, ``"estimated"`` or ``"certified"`` as in
+    :class:`OptimisticDescent`; the estimate and the certificate treat a cell at ``level`` as
+    ``m = b^(D - level)`` leaves, ``D = ceil(log_b n)`` (a modelling choice: the leaves of an
+    infinite tree are a continuum; cells at level ``D`` and below get bonus 0 from data).
+    After a run: ``depth_reached_`` (deepest level explored) and ``tree_nodes_``
     (``LazyTree.n_nodes_to_level(depth_reached_)``, the tree that depth spans).
     """
 
@@ -369,8 +402,9 @@ class MemoryBoundedDescent(ExploredTreePolicy):
         self.lipschitz = check_positive(lipschitz, "lipschitz")
         self.rho = check_rho(rho)
         self.c = check_positive(c, "c")
-        if spread not in ("assumed", "certified"):
-            raise ValueError(f"spread must be 'assumed' or 'certified', got {spread!r}")
+        if spread not in ("assumed", "estimated", "certified"):
+            raise ValueError("spread must be 'assumed', 'estimated' or 'certified', "
+                             f"got {spread!r}")
         self.spread = spread
         self.max_nodes = _check_level(max_nodes, "max_nodes")
         self.delta = _check_unit(delta, "delta")
@@ -394,7 +428,7 @@ class MemoryBoundedDescent(ExploredTreePolicy):
 
     def _sync_counts(self) -> None:
         super()._sync_counts()
-        self.depth_reached_ = int(self._meta[ex.M_DEEPEST])
+        self.depth_reached_ = int(self._ctl[ex.M_DEEPEST])
         self.tree_nodes_ = self.spec_.tree.n_nodes_to_level(self.depth_reached_)
 
 
@@ -402,9 +436,12 @@ def per_round_overhead_us(policy_factory: Callable[[], Policy], tree: Tree | Laz
                           rounds: int, seed: int = 0) -> float:
     """Microseconds per round of ``ask`` + ``tell`` through the :class:`Policy` surface.
 
-    Observations are a tree-Lipschitz value of the played node (or the garland at the cell's
-    midpoint on a :class:`LazyTree`) plus N(0, 0.1^2) noise; the cost of producing them is
-    measured on the same node sequence and subtracted."""
+    Measured in CPU time of this process (:func:`time.process_time`), so other work on a busy
+    machine does not inflate it (cache contention still can). Observations are a
+    tree-Lipschitz value of the played node (or the garland at the cell's midpoint on a
+    :class:`LazyTree`) plus N(0, 0.1^2) noise; the cost of producing them is measured on the
+    same node sequence and subtracted. A 200-round warm-up on a separate
+    policy from ``policy_factory`` loads the compiled kernels first."""
     rng = np.random.default_rng(seed)
     noise = 0.1 * rng.standard_normal(rounds)
     if isinstance(tree, Tree):
@@ -423,19 +460,22 @@ def per_round_overhead_us(policy_factory: Callable[[], Policy], tree: Tree | Laz
             return float(garland(np.array([(index + 0.5) / tree.arity**level]))[0])
 
     spec = ProblemSpec(tree, 0.1, 1.0, 1.0)
+    warm = policy_factory().start(spec, budget=200.0, seed=seed)  # compile / load the kernels
+    while (query := warm.ask()) is not None:
+        warm.tell(query, value_of(query.node))
     policy = policy_factory()
     policy.start(spec, budget=float(rounds), seed=seed)
     nodes: list[object] = []
-    started = time.perf_counter()
+    started = time.process_time()
     for i in range(rounds):
         query = policy.ask()
         if query is None:
             break
         nodes.append(query.node)
         policy.tell(query, value_of(query.node) + noise[i])
-    total = time.perf_counter() - started
-    started = time.perf_counter()
+    total = time.process_time() - started
+    started = time.process_time()
     for i, node in enumerate(nodes):
         _ = value_of(node) + noise[i]
-    replay = time.perf_counter() - started
+    replay = time.process_time() - started
     return 1e6 * max(total - replay, 0.0) / max(len(nodes), 1)

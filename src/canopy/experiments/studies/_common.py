@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from canopy.experiments.study import Headline, Row
+from canopy.instances import tree_lipschitz
 from canopy.metrics import cumulative_regret, recall_at_k
 from canopy.policies.base import Policy
 from canopy.problem import LeafMeans, Problem
@@ -18,6 +19,7 @@ from canopy.run import RunResult, run
 __all__ = [
     "headline",
     "instance_seed",
+    "lipschitz_instance",
     "make_policy",
     "policy_cell",
     "recall",
@@ -41,6 +43,14 @@ def instance_seed(seed: int) -> np.random.SeedSequence:
     """The instance's seed stream for run seed ``seed``: shared by every method of a seed
     (common random numbers), independent of the run's own streams."""
     return np.random.SeedSequence([seed, 0x1A57])
+
+
+def lipschitz_instance(cell: Mapping[str, Any], seed: int, *, probe_cost: float = 1.0
+                       ) -> LeafMeans:
+    """The seed's :func:`~canopy.instances.tree_lipschitz` instance described by a cell's
+    ``branching``, ``depth``, ``lipschitz`` and ``sigma``."""
+    return tree_lipschitz(cell["branching"], cell["depth"], lipschitz=cell["lipschitz"],
+                          sigma=cell["sigma"], probe_cost=probe_cost, seed=instance_seed(seed))
 
 
 def recall(result: RunResult, problem: LeafMeans, k: int) -> float:

@@ -24,6 +24,8 @@ from canopy.experiments.study import (
     PaperValue,
     Row,
     Study,
+    check_nonnegative,
+    check_positive,
     check_positive_int,
 )
 from canopy.experiments.summary import lookup
@@ -58,8 +60,10 @@ class CompressionParams:
             raise ValueError("horizons must not be empty")
         for horizon in self.horizons:
             check_positive_int("horizons", horizon)
-        if not self.sigma >= 0 or not self.lipschitz or min(self.lipschitz) <= 0:
-            raise ValueError("sigma must be >= 0 and every lipschitz > 0")
+        check_nonnegative(sigma=self.sigma)
+        check_positive(lipschitz=self.lipschitz)
+        if not self.lipschitz:
+            raise ValueError("lipschitz must list at least one constant")
 
 
 PAPER = tuple(PaperValue(method(L), 15000.0, metric, value)

@@ -26,7 +26,7 @@ from typing import Any
 
 from canopy.experiments.studies._common import (
     headline,
-    instance_seed,
+    lipschitz_instance,
     make_policy,
     policy_cell,
     recall,
@@ -39,10 +39,11 @@ from canopy.experiments.study import (
     Row,
     Study,
     check_budget,
+    check_nonnegative,
+    check_positive,
     check_positive_int,
 )
 from canopy.experiments.summary import lookup
-from canopy.instances import tree_lipschitz
 from canopy.run import run
 
 __all__ = ["PAPER", "STUDY", "FidelityParams"]
@@ -80,8 +81,8 @@ class FidelityParams:
         check_positive_int("k", self.k)
         if self.k > self.branching ** self.depth:
             raise ValueError(f"k={self.k} exceeds the {self.branching ** self.depth} leaves")
-        if not self.sigma >= 0 or not self.lipschitz >= 0:
-            raise ValueError("sigma and lipschitz must be >= 0")
+        check_nonnegative(sigma=self.sigma)
+        check_positive(lipschitz=self.lipschitz)
         for ratio in (*self.ratios, self.cheap_ratio):
             if not 0 < ratio <= 1:
                 raise ValueError(f"probe/leaf cost ratios must be in (0, 1], got {ratio}")
@@ -113,9 +114,7 @@ def cells(params: FidelityParams) -> list[dict[str, Any]]:
 
 
 def run_cell(cell: dict[str, Any], seed: int) -> list[Measurement]:
-    problem = tree_lipschitz(cell["branching"], cell["depth"], lipschitz=cell["lipschitz"],
-                             sigma=cell["sigma"], probe_cost=cell["probe_cost"],
-                             seed=instance_seed(seed))
+    problem = lipschitz_instance(cell, seed, probe_cost=cell["probe_cost"])
     k = cell["kwargs"]["k"]
     result = run(make_policy(cell), problem, budget=cell["budget"], seed=seed, k=k)
     value = recall(result, problem, k)

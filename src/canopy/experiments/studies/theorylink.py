@@ -26,7 +26,7 @@ import numpy as np
 
 from canopy.experiments.studies._common import (
     headline,
-    instance_seed,
+    lipschitz_instance,
     make_policy,
     policy_cell,
     regret_curve,
@@ -38,10 +38,11 @@ from canopy.experiments.study import (
     PaperValue,
     Row,
     Study,
+    check_nonnegative,
+    check_positive,
     check_positive_int,
 )
 from canopy.experiments.summary import lookup
-from canopy.instances import tree_lipschitz
 from canopy.problem import LeafMeans
 
 __all__ = ["PAPER", "STUDY", "TheoryLinkParams", "near_optimality_dimension"]
@@ -73,8 +74,8 @@ class TheoryLinkParams:
             raise ValueError("checkpoints must be at least two increasing horizons")
         for n in self.checkpoints:
             check_positive_int("checkpoints", n)
-        if not self.sigma >= 0 or not self.lipschitz > 0:
-            raise ValueError("sigma must be >= 0 and lipschitz > 0")
+        check_nonnegative(sigma=self.sigma)
+        check_positive(lipschitz=self.lipschitz)
 
 
 def near_optimality_dimension(problem: LeafMeans, *, branching: int, lipschitz: float
@@ -102,8 +103,7 @@ def cells(params: TheoryLinkParams) -> list[dict[str, Any]]:
 
 
 def run_cell(cell: dict[str, Any], seed: int) -> list[Measurement]:
-    problem = tree_lipschitz(cell["branching"], cell["depth"], lipschitz=cell["lipschitz"],
-                             sigma=cell["sigma"], seed=instance_seed(seed))
+    problem = lipschitz_instance(cell, seed)
     checkpoints = np.asarray(cell["checkpoints"])
     regret = regret_curve(make_policy(cell), problem, horizon=int(checkpoints[-1]), seed=seed)
     at = regret[checkpoints - 1]
