@@ -1,11 +1,13 @@
-"""Choose the top ``k`` of a pool under a cost budget with one of five methods.
+"""Choose the top ``k`` of a pool under a cost budget with one of six methods.
 
-Two tree-aware methods (paper Section 5, "Top-k identification": the data-driven spread,
+Three tree-aware methods (paper Section 5, "Top-k identification": the data-driven spread,
 discontinuity targeting, and the certificate's pre-pass charged to the budget):
 
 - ``canopy``: :class:`~canopy.policies.TopKBeam` with ``spread="hybrid"`` (the assumed
   schedule ``L rho^l`` with ``L`` estimated by the charged pre-pass, relaxed to the certificate
   in cells the violation test flags), ``lipschitz=None``, ``prepass=True``, focused on ``k``;
+- ``canopy-certified``: the same beam with ``spread="certified"`` (Algorithm 1's bound in
+  every cell, no violation test);
 - ``canopy-edge``: :class:`~canopy.policies.EdgeTargeted` (violation detection, successive
   rejects over the smooth cells at probe cost, leaf evaluations targeted at flagged cells),
   pre-pass charged, focused on ``k``.
@@ -35,6 +37,12 @@ def _canopy(k: int) -> Policy:
     return TopKBeam(spread="hybrid", lipschitz=None, prepass=True, width=20, k=k)
 
 
+def _canopy_certified(k: int) -> Policy:
+    from canopy.policies import TopKBeam
+
+    return TopKBeam(spread="certified", lipschitz=None, prepass=True, width=20, k=k)
+
+
 def _canopy_edge(k: int) -> Policy:
     from canopy.policies import EdgeTargeted
 
@@ -62,6 +70,7 @@ def _sequential_halving(k: int) -> Policy:
 #: Method name -> factory of a fresh policy focused on the top ``k``.
 METHODS: dict[str, Callable[[int], Policy]] = {
     "canopy": _canopy,
+    "canopy-certified": _canopy_certified,
     "canopy-edge": _canopy_edge,
     "successive-elimination": _successive_elimination,
     "uniform": _uniform,

@@ -15,7 +15,8 @@ run seed, as the paper arranges its pool once):
   held-out instructions' per-source win rates, branching 4, depth 3.
 
 Methods (:mod:`canopy.apps.topk.select`): ``canopy`` (``TopKBeam``, hybrid spread, the
-pre-pass charged to its budget), ``canopy-edge`` (``EdgeTargeted``, pre-pass charged),
+pre-pass charged to its budget), ``canopy-certified`` (the same beam, certified spread),
+``canopy-edge`` (``EdgeTargeted``, pre-pass charged),
 successive elimination, uniform allocation, sequential halving. Probe cost 0.05 of a leaf
 evaluation; budgets 150 to 2,400 leaf evaluations; 20 seeds; recall@10 (ties at the 10th score
 counted, :func:`~canopy.apps.topk.select.tied_recall`) with 95% t-intervals. Each pool's share
@@ -171,7 +172,7 @@ def _headlines(rows: Sequence[Row]) -> list[Headline]:
         baseline = lookup(rows, "successive-elimination", metric, 600.0)
         out += headline(f"{pool}: successive elimination recall@10 at B=600", baseline,
                         paper=0.126 if paper else None)
-        for method in ("canopy", "canopy-edge"):
+        for method in ("canopy", "canopy-certified", "canopy-edge"):
             tree_row = lookup(rows, method, metric, 600.0)
             out += headline(f"{pool}: {method} recall@10 at B=600", tree_row,
                             paper=0.370 if paper else None)
