@@ -235,6 +235,9 @@ def test_cli_runs_lists_and_rejects(tmp_path, monkeypatch):
                           (["run", "toy", "--backend", "mpi"], "--backend must be")):
         failed = runner.invoke(app, [*args, "--out", str(tmp_path / "bad")])
         assert failed.exit_code == 2 and message in failed.output, failed.output
+    failed = runner.invoke(app, ["reproduce", "--study", "toy", "--workers", "0", "--out",
+                                 str(tmp_path / "bad")])
+    assert failed.exit_code == 2 and "--workers must be >= 1" in failed.output
     assert not (tmp_path / "bad").exists()
     report = runner.invoke(app, ["reproduce", "--quick", "--study", "toy", "--workers", "1",
                                  "--out", str(tmp_path)])

@@ -87,6 +87,13 @@ def _print_headlines(study: Study, result: StudyRun, headlines: list[Headline]) 
     console.print(table)
 
 
+def _check_backend(backend: str, workers: int | None) -> None:
+    if backend not in ("local", "ray"):
+        raise ValueError(f"--backend must be 'local' or 'ray', got {backend!r}")
+    if workers is not None and workers < 1:
+        raise ValueError(f"--workers must be >= 1, got {workers}")
+
+
 def _fail(error: Exception) -> typer.Exit:
     console.print(f"[red]error:[/red] {error}")
     return typer.Exit(code=2)
@@ -108,10 +115,7 @@ def run_command(
         chosen = get_study(study)
         overrides = _parse_sets(set_)
         plan(chosen, quick=quick, seeds=seeds, overrides=overrides)  # validate before work
-        if backend not in ("local", "ray"):
-            raise ValueError(f"--backend must be 'local' or 'ray', got {backend!r}")
-        if workers is not None and workers < 1:
-            raise ValueError(f"--workers must be >= 1, got {workers}")
+        _check_backend(backend, workers)
     except (ValueError, TypeError) as error:
         raise _fail(error) from None
     _run_one(chosen, quick=quick, seeds=seeds, overrides=overrides, backend=backend,
@@ -143,6 +147,7 @@ def reproduce_command(
         studies = [get_study(name) for name in (only or available())]
         for study in studies:
             plan(study, quick=quick)
+        _check_backend(backend, workers)
     except (ValueError, TypeError) as error:
         raise _fail(error) from None
     entries = []

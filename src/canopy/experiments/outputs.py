@@ -109,8 +109,11 @@ def _default_panels(rows: Sequence[Row]) -> tuple[Panel, ...]:
 
 
 def _figure(study: Study, rows: Sequence[Row], path: Path) -> None:
-    import matplotlib
-
+    try:
+        import matplotlib
+    except ImportError as error:  # pragma: no cover - depends on the installed extras
+        raise ImportError("figure.png needs matplotlib: pip install 'canopy-bandits[plots]' "
+                          "(the cells are stored; rerun to write the outputs)") from error
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
