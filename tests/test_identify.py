@@ -157,3 +157,19 @@ def test_bad_input():
         policy.tell(Query("leaf", 99), 0.3)
     with pytest.raises(IndexError):
         problem.spec.check_query(Query("leaf", 99))
+
+
+def test_edge_targeted_keeps_shallow_leaves_of_an_irregular_tree_as_candidates():
+    # root -> 4 internal cells of 16 leaves each (means ~0.3) and 4 leaves hanging from the
+    # root itself, one of them the best (0.9); detection cells sit below the shallow leaves.
+    parents = [-1] + [0] * 4 + [0] * 4
+    for cell in range(1, 5):
+        parents += [cell] * 16
+    tree = Tree.from_parents(parents)
+    means = np.full(tree.n_leaves, 0.3)
+    shallow = [int(tree.node_leaf[node]) for node in range(5, 9)]
+    means[shallow] = [0.9, 0.5, 0.45, 0.4]
+    problem = LeafMeans(tree, means, sigma=0.1, probe_cost=0.05)
+    hits = sum(run(EdgeTargeted(), problem, budget=60.0, seed=seed).recommendation[0]
+               == shallow[0] for seed in range(10))
+    assert hits >= 9

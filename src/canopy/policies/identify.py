@@ -509,7 +509,8 @@ class EdgeTargeted(_TreeIdentifier):
         yield from self._maybe_prepass()
         cells = yield from self._detect(self.delta)
         deepest = self._deepest_flagged()
-        cert_leaves = float(np.sum(tree.leaf_hi[deepest] - tree.leaf_lo[deepest]))
+        uncovered = self._leaves_outside(cells)
+        cert_leaves = float(np.sum(tree.leaf_hi[deepest] - tree.leaf_lo[deepest]) + uncovered.size)
         smooth = cells[~self._flag[cells]]
         levels_below = max(tree.depth - 1 - int(tree.level[cells].max(initial=0)), 0)
         probe_arms = smooth.size + self._mean_branching * levels_below
@@ -518,8 +519,19 @@ class EdgeTargeted(_TreeIdentifier):
         winners = yield from self._smooth_search(smooth, smooth_budget, levels_below + 1)
         leaves = [tree.leaf_node[lo:hi] for lo, hi in
                   zip(tree.leaf_lo[deepest].tolist(), tree.leaf_hi[deepest].tolist(), strict=True)]
-        candidates = np.unique(np.concatenate([winners, *leaves]))
+        candidates = np.unique(np.concatenate([winners, uncovered, *leaves]))
+        self._score[tree.node_leaf[uncovered]] = np.inf  # unprobed: optimism wins them entry
         yield from self._final_race(candidates)
+
+    def _leaves_outside(self, cells: np.ndarray) -> np.ndarray:
+        """Leaf nodes under none of ``cells``: on an irregular tree, leaves shallower than the
+        detection level. No probe can rank them against each other, so they go straight to the
+        leaf-certification race (a good model that is a shallow leaf must stay a candidate)."""
+        tree = self.tree_
+        covered = np.zeros(tree.n_leaves + 1, dtype=np.int64)
+        np.add.at(covered, tree.leaf_lo[cells], 1)
+        np.add.at(covered, tree.leaf_hi[cells], -1)
+        return tree.leaf_node[np.cumsum(covered)[:-1] == 0]
 
     def _smooth_search(self, arms: np.ndarray, budget: float, n_levels: int
                        ) -> Generator[Batch, None, np.ndarray]:
