@@ -9,6 +9,7 @@ import time
 import numpy as np
 import pytest
 
+from canopy.bench import policy_overhead_us
 from canopy.instances import tree_lipschitz_values
 from canopy.policies.identify import EdgeTargeted, TopKBeam
 from canopy.problem import LeafMeans
@@ -49,3 +50,14 @@ def test_per_round_overhead(benchmark, policy_name, depth, budget):
                                iterations=1)
     benchmark.extra_info.update(stats)
     assert stats["queries"] > 0
+
+
+@pytest.mark.parametrize("policy_name", ["canopy-beam", "canopy-edge"])
+def test_ask_tell_overhead(benchmark, policy_name):
+    """The policy's own ask+tell time per query (:func:`canopy.bench.policy_overhead_us`) on
+    complete(2, 10) over 10,000 rounds."""
+    make = {"canopy-beam": TopKBeam, "canopy-edge": EdgeTargeted}[policy_name]
+    us = benchmark.pedantic(policy_overhead_us, args=(make, Tree.complete(2, 10), 10_000),
+                            rounds=1, iterations=1)
+    benchmark.extra_info["us_per_query"] = us
+    assert us > 0

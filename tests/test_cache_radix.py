@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from canopy.apps.cache import POLICIES, RadixCache, from_paths, make_policy
+from canopy.apps.cache import POLICIES, Canopy, RadixCache, from_paths, make_policy
 
 # random traces: paths in a small tree (keys are chains, so prefixes share nodes)
 paths_strategy = st.lists(st.lists(st.integers(0, 2), min_size=0, max_size=5),
@@ -23,11 +23,8 @@ def _check_invariants(trace, cache) -> None:
         assert p < 0 or p in cached, "cache is not ancestor-closed"
 
 
-@settings(max_examples=60, deadline=None)
-@given(paths=paths_strategy, capacity=st.integers(1, 8), policy=st.sampled_from(sorted(POLICIES)))
-def test_ancestor_closed_within_capacity_and_prefix_reuse(paths, capacity, policy):
-    trace = from_paths(paths)
-    cache = RadixCache(trace, make_policy(policy), capacity)
+def _replay_checked(trace, policy, capacity) -> RadixCache:
+    cache = RadixCache(trace, policy, capacity)
     for i in range(trace.n_requests):
         before = set(cache.cached().tolist())
         path = trace.path(i).tolist()
@@ -36,6 +33,29 @@ def test_ancestor_closed_within_capacity_and_prefix_reuse(paths, capacity, polic
         _check_invariants(trace, cache)
         # blocks of the request are cached as far as the capacity allows
         assert set(path[:min(len(path), capacity)]) <= set(cache.cached().tolist())
+    return cache
+
+
+@settings(max_examples=60, deadline=None)
+@given(paths=paths_strategy, capacity=st.integers(1, 8), policy=st.sampled_from(sorted(POLICIES)))
+def test_ancestor_closed_within_capacity_and_prefix_reuse(paths, capacity, policy):
+    _replay_checked(from_paths(paths), make_policy(policy), capacity)
+
+
+@settings(max_examples=60, deadline=None)
+@given(paths=paths_strategy, capacity=st.integers(1, 8), seed=st.integers(0, 3))
+def test_canopy_switching_arms_keeps_the_invariants(paths, capacity, seed):
+    """Eager switching (no hysteresis, short memory, sampled shadows) re-orders the heap
+    often; the cache must stay ancestor-closed, within capacity and prefix-exact."""
+    policy = Canopy(z=0.0, min_evidence=0.0, window=2.0, shadow_blocks=3, seed=seed)
+    _replay_checked(from_paths(paths), policy, capacity)
+
+
+def test_canopy_switches_arms_on_random_traffic():
+    rng = np.random.default_rng(1)
+    paths = [rng.integers(0, 3, size=rng.integers(1, 7)).tolist() for _ in range(400)]
+    cache = _replay_checked(from_paths(paths), Canopy(z=0.0, min_evidence=0.0, window=4.0), 6)
+    assert cache.switches > 0
 
 
 def _reference_lru(trace, capacity):

@@ -124,6 +124,7 @@ class Ledger:
         if not (math.isfinite(budget) and budget > 0):
             raise ValueError(f"budget must be finite and > 0, got {budget}")
         self.budget = float(budget)
+        self._limit = self.budget * (1.0 + 1e-12)  # forgives float round-off in sums of costs
         self.spent = 0.0
         self.n_probes = 0
         self.n_leaves = 0
@@ -133,19 +134,27 @@ class Ledger:
         return self.budget - self.spent
 
     def can_afford(self, cost: float) -> bool:
-        return self.spent + cost <= self.budget * (1.0 + 1e-12)
+        return self.spent + cost <= self._limit
 
-    def charge(self, kind: QueryKind, cost: float) -> None:
-        if not self.can_afford(cost):
-            raise BudgetExceeded(
-                f"a {kind} query costs {cost:g} but only {self.remaining:g} of the budget "
-                f"{self.budget:g} remains"
-            )
-        self.spent += cost
+    def try_charge(self, kind: QueryKind, cost: float) -> bool:
+        """Charge ``cost`` if the budget allows it; ``False`` (and nothing charged) otherwise."""
+        spent = self.spent + cost
+        if spent > self._limit:
+            return False
+        self.spent = spent
         if kind == "probe":
             self.n_probes += 1
         else:
             self.n_leaves += 1
+        return True
+
+    def charge(self, kind: QueryKind, cost: float) -> None:
+        """Charge ``cost``; raise :class:`BudgetExceeded` if the budget cannot pay it."""
+        if not self.try_charge(kind, cost):
+            raise BudgetExceeded(
+                f"a {kind} query costs {cost:g} but only {self.remaining:g} of the budget "
+                f"{self.budget:g} remains"
+            )
 
 
 class LeafMeans:

@@ -29,7 +29,7 @@ from canopy.policies.base import Policy, check_k
 from canopy.problem import Query
 from canopy.tree import Tree
 
-__all__ = ["Batch", "PhasedPolicy", "TreeStatsPolicy", "sr_schedule"]
+__all__ = ["Batch", "PhasedPolicy", "TreeStatsPolicy", "halving_entrants", "sr_schedule"]
 
 Batch = tuple[str, np.ndarray]
 ALIVE = np.iinfo(np.int64).max
@@ -53,6 +53,21 @@ def sr_schedule(n_arms: int, n_pulls: int, keep: int = 1) -> np.ndarray:
     phase = np.arange(1, n_arms - keep + 1)
     counts = np.ceil((n_pulls - n_arms) / (logbar * (n_arms + 1 - phase)))
     return np.maximum(counts, 1 if n_pulls >= n_arms else 0).astype(np.int64)
+
+
+def halving_entrants(n_pulls: int, keep: int) -> int:
+    """The most arms ``A`` a race of ``n_pulls`` observations can take while every arm still
+    gets one observation in each of the ``ceil(log2(A / keep))`` rounds that halving ``A``
+    down to ``keep`` takes: the largest ``A >= keep`` with ``A ceil(log2(A / keep)) <=
+    n_pulls`` (``keep`` when even that fails). With fewer pulls than this, a race decides on
+    single observations, which at the noise of a leaf evaluation is a coin toss."""
+    keep = max(int(keep), 1)
+    if n_pulls <= keep:
+        return keep
+    arms = np.arange(keep + 1, n_pulls + 1)
+    rounds = np.ceil(np.log2(arms / keep))
+    fits = arms[arms * rounds <= n_pulls]
+    return int(fits.max()) if fits.size else keep
 
 
 class TreeStatsPolicy(Policy):
@@ -85,6 +100,17 @@ class TreeStatsPolicy(Policy):
             leaf = self.tree_.node_leaf[node]
             self._leaf_n[leaf] += 1.0
             self._leaf_sum[leaf] += value
+
+    def _fold(self, kind: str, nodes: np.ndarray, values: np.ndarray) -> None:
+        """Add a batch of observations of one kind (node ids, values) to the statistics."""
+        if kind == "probe":
+            np.add.at(self._node_n, nodes, 1.0)
+            np.add.at(self._node_sum, nodes, values)
+            np.add.at(self._node_sq, nodes, values * values)
+        else:
+            leaves = self.tree_.node_leaf[nodes]
+            np.add.at(self._leaf_n, leaves, 1.0)
+            np.add.at(self._leaf_sum, leaves, values)
 
     # ------------------------------------------------------------------ statistics
     def _probe_mean(self, nodes: np.ndarray) -> np.ndarray:
@@ -129,10 +155,13 @@ class TreeStatsPolicy(Policy):
 
     def _retire(self, keep: np.ndarray) -> None:
         """One rejection event for every surviving leaf outside the leaf nodes ``keep``
-        (each keeps its current score)."""
+        (each keeps its current score); the leaves ``keep`` survive, also those an earlier
+        event had rejected (a flagged cell's leaves, re-admitted by leaf certification)."""
         alive = self._stage == ALIVE
-        alive[self.tree_.node_leaf[keep]] = False
+        kept = self.tree_.node_leaf[keep]
+        alive[kept] = False
         self._stage[alive] = self._events
+        self._stage[kept] = ALIVE
         self._events += 1
 
     def _set_scores(self, nodes: np.ndarray, scores: np.ndarray) -> None:
@@ -154,32 +183,69 @@ class TreeStatsPolicy(Policy):
 
 
 class PhasedPolicy(TreeStatsPolicy):
-    """A phase-based algorithm driven through ask/tell by a generator of batches."""
+    """A phase-based algorithm driven through ask/tell by a generator of batches.
+
+    Per-query work is kept to list operations: a batch is turned into :class:`Query`
+    objects a chunk at a time, and observations are buffered and folded into the statistics
+    in one vectorised step (:meth:`_fold`) when the plan resumes or a recommendation is asked
+    (the plan reads statistics only at phase boundaries)."""
+
+    CHUNK = 4096
 
     def _start(self) -> None:
         super()._start()
         self._batch_kind = "leaf"
         self._batch_nodes = np.zeros(0, dtype=np.int64)
         self._batch_pos = 0
+        self._chunk: list[Query] = []
+        self._chunk_pos = 0
+        self._buffer: dict[str, tuple[list, list]] = {"probe": ([], []), "leaf": ([], [])}
         self._plan_iter = self._plan()
+
+    def _observe(self, query: Query, value: float) -> None:
+        nodes, values = self._buffer[query.kind]
+        nodes.append(query.node)
+        values.append(value)
+
+    def _flush(self) -> None:
+        """Fold the buffered observations into the statistics."""
+        for kind, (nodes, values) in self._buffer.items():
+            if nodes:
+                self._fold(kind, np.array(nodes, dtype=np.int64), np.array(values, dtype=float))
+                nodes.clear()
+                values.clear()
+
+    def recommend(self, k: int = 1) -> np.ndarray:
+        self._check_started()
+        self._flush()
+        return super().recommend(k)
 
     @abstractmethod
     def _plan(self) -> Generator[Batch, None, None]:
         """Yield ``(kind, node ids)`` batches; statistics are complete after each yield."""
 
     def _next_query(self) -> Query | None:
+        pos = self._chunk_pos
+        if pos < len(self._chunk):
+            self._chunk_pos = pos + 1
+            return self._chunk[pos]
         while self._batch_pos >= self._batch_nodes.size:
             if self._outstanding:
                 return None  # phase barrier: the next phase needs these observations
+            self._flush()
             batch = next(self._plan_iter, None)
             if batch is None:
                 return None
             self._batch_kind, nodes = batch
             self._batch_nodes = np.asarray(nodes, dtype=np.int64).ravel()
             self._batch_pos = 0
-        node = int(self._batch_nodes[self._batch_pos])
-        self._batch_pos += 1
-        return Query(self._batch_kind, node)
+        stop = self._batch_pos + self.CHUNK
+        kind = self._batch_kind
+        self._chunk = [Query(kind, node) for node in
+                       self._batch_nodes[self._batch_pos:stop].tolist()]
+        self._batch_pos = min(stop, self._batch_nodes.size)
+        self._chunk_pos = 1
+        return self._chunk[0]
 
     # ------------------------------------------------------------------ planning helpers
     def _cost(self, kind: str) -> float:
@@ -205,22 +271,23 @@ class PhasedPolicy(TreeStatsPolicy):
             order = np.arange(rounds)[:, None] < need[None, :]
             yield kind, np.broadcast_to(nodes, order.shape)[order]
 
-    def _race(self, kind: str, arms: np.ndarray, n_pulls: int, keep: int
-              ) -> Generator[Batch, None, np.ndarray]:
+    def _race(self, kind: str, arms: np.ndarray, n_pulls: int, keep: int, *,
+              focus: bool = False) -> Generator[Batch, None, np.ndarray]:
         """Successive rejects over ``arms`` (node ids) with ``n_pulls`` fresh observations,
         rejecting one arm per phase (:func:`sr_schedule`) until ``keep`` remain; returns the
         survivors, best first. Earlier observations of the arms count in their means. With
-        fewer pulls than arms, only the ``n_pulls`` arms of best current score race."""
+        fewer pulls than arms (``focus``: than :func:`halving_entrants` allows), only that
+        many arms of best current score race (the score of their cells, seeded order where
+        there is none)."""
         alive = np.asarray(arms, dtype=np.int64)
         keep = min(max(int(keep), 1), max(alive.size, 1))
-        if n_pulls < alive.size:
-            # Too few pulls to observe every arm once: race the n_pulls arms ranked best so
-            # far (by the score of their cells; seeded order where there is none).
+        entrants = max(halving_entrants(n_pulls, keep) if focus else n_pulls, keep)
+        if entrants < alive.size:
             prior = self._score[self.tree_.leaf_lo[alive]]
             order = self._arm_order(prior, alive)
-            cut = order[max(n_pulls, keep):]
+            cut = order[entrants:]
             self._reject(alive[cut], prior[cut])
-            alive = alive[np.sort(order[:max(n_pulls, keep)])]
+            alive = alive[np.sort(order[:entrants])]
         done = 0
         # Phases that add no pulls reject on unchanged means, so a run of them rejects its
         # arms at once (one event ranks them by mean, as separate events would).

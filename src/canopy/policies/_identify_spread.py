@@ -20,12 +20,14 @@ from __future__ import annotations
 
 import math
 
+import numba
 import numpy as np
 from scipy.stats import chi2
 
+from canopy.certificate import welford_push
 from canopy.stats import eb_radius
 
-__all__ = ["oscillation_estimate", "radius", "violation_test"]
+__all__ = ["oscillation_estimate", "push_probes", "radius", "violation_test"]
 
 # Range-to-deviation ratio of a uniform distribution: turns a within-cell standard deviation
 # into an oscillation (max - min) estimate for the Lipschitz pre-pass.
@@ -71,3 +73,12 @@ def radius(n: np.ndarray, m2: np.ndarray, sigma: float, floor: np.ndarray | None
     with np.errstate(invalid="ignore", divide="ignore"):
         variance = np.where(n >= 2, m2 / np.maximum(n - 1.0, 1.0), 0.0)
     return eb_radius(variance, n, delta, 1.0 + 2.0 * z * sigma)
+
+
+@numba.njit(cache=True)
+def push_probes(states: np.ndarray, rows: np.ndarray, values: np.ndarray,
+                lambdas: np.ndarray, sigma: float, z: float) -> None:
+    """Add probes to the packed certificate states ``states[rows[i]]`` in arrival order
+    (Welford's update is sequential, so this loop is compiled)."""
+    for i in range(rows.size):
+        welford_push(states[rows[i]], values[i], lambdas, sigma, z)

@@ -42,10 +42,14 @@ from collections.abc import Generator
 
 import numpy as np
 
-from canopy.certificate import default_lambdas, state_bound, welford_push
+from canopy.certificate import default_lambdas, state_bound
 from canopy.policies._identify_core import Batch, PhasedPolicy
-from canopy.policies._identify_spread import oscillation_estimate, radius, violation_test
-from canopy.problem import Query
+from canopy.policies._identify_spread import (
+    oscillation_estimate,
+    push_probes,
+    radius,
+    violation_test,
+)
 
 __all__ = ["EdgeTargeted", "TopKBeam", "TopKSound"]
 
@@ -74,6 +78,9 @@ class _TreeIdentifier(PhasedPolicy):
     """Shared configuration and per-cell statistics of the tree policies."""
 
     spread: str = "assumed"
+    detect_fraction: float | None = None
+    DETECT_PROBES = 6
+    DEFAULT_DETECT_FRACTION = 0.5
 
     def _configure(self, *, lipschitz: float | None, rho: float | None, delta: float,
                    z: float, k: int, spread: str, prepass: bool) -> None:
@@ -103,8 +110,9 @@ class _TreeIdentifier(PhasedPolicy):
         self.lipschitz_ = self.lipschitz
         self._mean_branching = mean_b
         self._flag = np.zeros(tree.n_nodes, dtype=bool)
-        self._cert_states: dict[int, np.ndarray] = {}
         self._lambdas = default_lambdas(self.spec_.sigma, self.z)
+        self._cert_row: dict[int, int] = {}
+        self._cert_states = np.zeros((64, 3 + 2 * self._lambdas.size))
         self._delta_cell = self.delta
 
     @property
@@ -127,14 +135,24 @@ class _TreeIdentifier(PhasedPolicy):
         has_flagged_child[parents[parents >= 0]] = True
         return flagged[~has_flagged_child[flagged]]
 
-    def _observe(self, query: Query, value: float) -> None:
-        super()._observe(query, value)
-        if query.kind == "probe" and self.spread != "assumed":
-            state = self._cert_states.get(query.node)
-            if state is None:
-                state = np.zeros(3 + 2 * self._lambdas.size)
-                self._cert_states[query.node] = state
-            welford_push(state, value, self._lambdas, self.spec_.sigma, self.z)
+    def _fold(self, kind: str, nodes: np.ndarray, values: np.ndarray) -> None:
+        super()._fold(kind, nodes, values)
+        if kind == "probe" and self.spread != "assumed":
+            rows = self._cert_rows(nodes)
+            push_probes(self._cert_states, rows, values, self._lambdas, self.spec_.sigma,
+                        self.z)
+
+    def _cert_rows(self, nodes: np.ndarray) -> np.ndarray:
+        """Rows of the certificate states of ``nodes`` (allocated on first sight)."""
+        row_of = self._cert_row
+        for node in np.unique(nodes).tolist():
+            if node not in row_of:
+                row_of[node] = len(row_of)
+        if len(row_of) > self._cert_states.shape[0]:
+            grown = np.zeros((2 * len(row_of), self._cert_states.shape[1]))
+            grown[:self._cert_states.shape[0]] = self._cert_states
+            self._cert_states = grown
+        return np.array([row_of[node] for node in nodes.tolist()], dtype=np.int64)
 
     # ------------------------------------------------------------------ cell quantities
     def _floor(self, nodes: np.ndarray) -> np.ndarray:
@@ -147,10 +165,10 @@ class _TreeIdentifier(PhasedPolicy):
         out = np.full(nodes.size, np.inf)
         log_m = np.log(tree.leaf_hi[nodes] - tree.leaf_lo[nodes])
         for i, node in enumerate(nodes.tolist()):
-            state = self._cert_states.get(node)
-            if state is not None:
-                out[i] = state_bound(state, self._lambdas, float(log_m[i]), self.spec_.sigma,
-                                     self._delta_cell, self.z)
+            row = self._cert_row.get(node)
+            if row is not None:
+                out[i] = state_bound(self._cert_states[row], self._lambdas, float(log_m[i]),
+                                     self.spec_.sigma, self._delta_cell, self.z)
         return np.minimum(out, 1.0 + self.z * self.spec_.sigma)
 
     def _test(self, nodes: np.ndarray) -> None:
@@ -227,10 +245,68 @@ class _TreeIdentifier(PhasedPolicy):
         level_scale = self.rho_ ** tree.level[cells].astype(float)
         self.lipschitz_ = max(float(np.max(osc / level_scale)), 1e-9)
 
+    def _detect(self, delta: float) -> Generator[Batch, None, np.ndarray]:
+        """Two-look detection at level ``delta`` over the detection level, then the children
+        of flagged cells; returns the cells of the detection level (:class:`EdgeTargeted`,
+        step 1)."""
+        tree = self.tree_
+        fraction = (self.DEFAULT_DETECT_FRACTION if self.detect_fraction is None
+                    else self.detect_fraction)
+        cp = self.spec_.probe_cost
+        stop = self.ledger_.spent + fraction * self.remaining
+        counts = self._internal_levels()
+        first_look = fraction * self.remaining / 2.0
+        affordable = np.flatnonzero(
+            (counts[1:] > 0) & (counts[1:] * self.DETECT_PROBES * cp <= first_look)) + 1
+        level = int(affordable.max()) if affordable.size else 1
+        cells = np.flatnonzero(self._internal & (tree.level == level))
+        if cells.size == 0:
+            return cells
+        # Half of delta to the detection level (two looks per cell), half to the children
+        # of flagged cells (one look each, at most as many cells again).
+        self._delta_cell = delta / (4.0 * cells.size)
+        n_first = max(int(first_look / (cells.size * cp)), self.DETECT_PROBES)
+        yield from self._top_up("probe", cells, n_first)
+        self._test(cells)
+        self._set_scores(cells, self._probe_mean(cells))
+        yield from self._second_look(cells, stop, deeper=level < tree.depth - 1)
+        self._delta_cell = delta / (2.0 * cells.size)
+        unit = n_first * cp
+        tested = self._children(cells[self._flag[cells]])
+        tested = tested[self._internal[tested]]
+        while tested.size and self.ledger_.spent + tested.size * unit <= stop:
+            yield from self._top_up("probe", tested, n_first)
+            self._test(tested)
+            self._set_scores(tested, self._probe_mean(tested))
+            kids = self._children(tested[self._flag[tested]])
+            tested = kids[self._internal[kids]]
+        return cells
+
+    def _second_look(self, cells: np.ndarray, stop: float, *, deeper: bool
+                     ) -> Generator[Batch, None, None]:
+        """Give the ``ceil(sqrt(cells))`` unflagged cells of largest probe spread the rest of
+        the detection budget (half of it when flagged cells' children will be tested too)
+        and test them again on all their probes."""
+        suspects = cells[~self._flag[cells]]
+        order = np.argsort(-self._probe_m2(suspects), kind="stable")
+        suspects = np.sort(suspects[order[:math.ceil(math.sqrt(cells.size))]])
+        money = (stop - self.ledger_.spent) / (2.0 if deeper else 1.0)
+        extra = int(money / (max(suspects.size, 1) * self.spec_.probe_cost))
+        if suspects.size and extra > 0:
+            yield from self._top_up("probe", suspects, int(self._node_n[suspects].max()) + extra)
+            self._test(suspects)
+            self._set_scores(suspects, self._probe_mean(suspects))
+
     def _final_race(self, candidates: np.ndarray) -> Generator[Batch, None, None]:
-        """Successive rejects with leaf evaluations over the candidate leaf nodes."""
+        """Successive rejects with leaf evaluations over the candidate leaf nodes (all other
+        leaves rank after them, :meth:`_retire`); when the
+        budget is short, the best-scored
+        :func:`~canopy.policies._identify_core.halving_entrants` of them race (the probes'
+        ranking chooses the entrants, the leaf evaluations decide)."""
+        self._retire(candidates)
         if candidates.size:
-            yield from self._race("leaf", candidates, self._affordable_count("leaf"), self.k)
+            yield from self._race("leaf", candidates, self._affordable_count("leaf"), self.k,
+                                  focus=True)
 
 
 class TopKBeam(_TreeIdentifier):
@@ -241,7 +317,10 @@ class TopKBeam(_TreeIdentifier):
     ``width b`` raced leaves), scored by ``mean + spread`` (the beam score), and the ``width``
     best stay (``max(width, k)``); their children form the next level. Leaves met on the way
     join the candidates, which a successive-rejects race of leaf evaluations ranks with all
-    the budget left.
+    the budget left. With ``spread="hybrid"`` (detect and relax) the beam is preceded by
+    :class:`EdgeTargeted`'s two-look detection at level ``delta / 2`` (half the budget); the
+    leaves of the deepest flagged cells join the candidates, scored with their cells'
+    certified spread, and the beam's own tests get the other ``delta / 2``.
 
     Args:
         width: beam width.
@@ -268,12 +347,21 @@ class TopKBeam(_TreeIdentifier):
         tree = self.tree_
         width = max(self.width, self.k)
         per_level = np.minimum(self._internal_levels()[1:], width * self._mean_branching)
-        self._delta_cell = self.delta / max(float(per_level.sum()), 1.0)
         yield from self._maybe_prepass()
+        candidates: list[np.ndarray] = []
+        beam_delta = self.delta
+        if self.spread == "hybrid":
+            # Detect and relax: EdgeTargeted's detection first (half of delta), then the
+            # flagged cells' leaves join the candidates.
+            beam_delta = self.delta / 2.0
+            yield from self._detect(beam_delta)
+            deepest = self._deepest_flagged()
+            candidates += [tree.leaf_node[lo:hi] for lo, hi in zip(
+                tree.leaf_lo[deepest].tolist(), tree.leaf_hi[deepest].tolist(), strict=True)]
+        self._delta_cell = beam_delta / max(float(per_level.sum()), 1.0)
         n_probe = self._probe_split(float(per_level.sum()),
                                     min(tree.n_leaves, width * self._mean_branching))
         frontier = tree.children(tree.root)
-        candidates: list[np.ndarray] = []
         while frontier.size:
             cells = frontier[self._internal[frontier]]
             candidates.append(frontier[~self._internal[frontier]])
@@ -288,7 +376,12 @@ class TopKBeam(_TreeIdentifier):
                 self._reject(cells[dropped], score[dropped])
                 cells = cells[np.sort(order[:width])]
             frontier = self._children(cells)
-        yield from self._final_race(np.concatenate(candidates))
+        if self.spread == "hybrid":
+            # Relax: flagged cells are scored with their certified spread, so their leaves
+            # enter the final race ahead of the smooth beam's.
+            deepest = self._deepest_flagged()
+            self._set_scores(deepest, self._probe_mean(deepest) + self._spread(deepest))
+        yield from self._final_race(np.unique(np.concatenate(candidates)))
 
 
 class TopKSound(_TreeIdentifier):
@@ -369,13 +462,19 @@ class TopKSound(_TreeIdentifier):
 class EdgeTargeted(_TreeIdentifier):
     """The edge-targeted fixed-budget algorithm (Section 3.4, Theorem 2, Appendix B).
 
-    1. Detection (budget ``detect_fraction B``, default 0.3): every internal cell at the
-       detection level gets ``n_det = 16`` probes and the violation test at floor ``L rho^l``
-       (level ``delta`` split over the cells the detection may test); the internal children
-       of flagged cells are tested in turn, down to the penultimate level or until the
-       detection budget ends. The detection level is the deepest level whose cells cost at
-       most half the detection budget. :attr:`flagged_cells_` and :attr:`n_violations_`
-       read the outcome.
+    1. Detection (budget ``detect_fraction B``, default 0.5), in two looks. The detection
+       level is the deepest level whose cells can each get ``DETECT_PROBES = 6`` probes from
+       half the detection budget (on a complete tree with budget enough, the penultimate
+       cells, as Appendix B asks). First look: every internal cell there gets an equal share
+       of that half and the violation test at floor ``L rho^l``. Second look: the
+       ``ceil(sqrt(cells))`` unflagged cells of largest probe spread get the rest of the
+       detection budget (half of it when the level is above the penultimate one) and are
+       tested again on all their probes. Each look's sample size is fixed in advance, so a
+       Bonferroni split ``delta / (4 cells)`` per look keeps the chance of flagging any
+       smooth cell below ``delta / 2`` although the second look picks its cells from data.
+       Then the internal children of flagged cells are tested in turn (``delta / (2 cells)``
+       each) while the detection budget lasts. :attr:`flagged_cells_` and
+       :attr:`n_violations_` read the outcome.
     2. Smooth search: successive rejects at probe cost over the unflagged cells of the
        detection level keep ``k``; their unflagged internal children race the same way, level
        by level, with the smooth budget split evenly over the levels. The winners' leaf
@@ -391,13 +490,11 @@ class EdgeTargeted(_TreeIdentifier):
         lipschitz, rho: the schedule ``L rho^l``; ``None`` estimates ``L`` by the pre-pass.
         delta: level of the violation test and the certificates.
         z: truncation level of the certificate.
-        detect_fraction: share of the budget the detection may spend (``None``: 0.3).
+        detect_fraction: share of the budget the detection may spend (``None``: 0.5).
         k: how many leaves the races keep.
     """
 
     name = "canopy-edge"
-    DETECT_PROBES = 16
-    DEFAULT_DETECT_FRACTION = 0.5
 
     def __init__(self, *, lipschitz: float | None = None, rho: float | None = None,
                  delta: float = 0.05, z: float = 3.0, detect_fraction: float | None = None,
@@ -410,7 +507,7 @@ class EdgeTargeted(_TreeIdentifier):
     def _plan(self) -> Generator[Batch, None, None]:
         tree = self.tree_
         yield from self._maybe_prepass()
-        cells = yield from self._detect()
+        cells = yield from self._detect(self.delta)
         deepest = self._deepest_flagged()
         cert_leaves = float(np.sum(tree.leaf_hi[deepest] - tree.leaf_lo[deepest]))
         smooth = cells[~self._flag[cells]]
@@ -422,37 +519,7 @@ class EdgeTargeted(_TreeIdentifier):
         leaves = [tree.leaf_node[lo:hi] for lo, hi in
                   zip(tree.leaf_lo[deepest].tolist(), tree.leaf_hi[deepest].tolist(), strict=True)]
         candidates = np.unique(np.concatenate([winners, *leaves]))
-        self._retire(candidates)
         yield from self._final_race(candidates)
-
-    def _detect(self) -> Generator[Batch, None, np.ndarray]:
-        """Test the detection level, then the children of flagged cells; returns the cells of
-        the detection level."""
-        tree = self.tree_
-        fraction = (self.DEFAULT_DETECT_FRACTION if self.detect_fraction is None
-                    else self.detect_fraction)
-        budget = fraction * self.remaining
-        unit = self.DETECT_PROBES * self.spec_.probe_cost
-        counts = self._internal_levels()
-        affordable = np.flatnonzero((counts[1:] > 0) & (counts[1:] * unit <= budget / 2.0)) + 1
-        level = int(affordable.max()) if affordable.size else 1
-        cells = np.flatnonzero(self._internal & (tree.level == level))
-        if cells.size == 0:
-            return cells
-        # Half of delta to the detection level, half to the flagged cells' children.
-        self._delta_cell = self.delta / (2.0 * cells.size)
-        n_det = max(int(budget / 2.0 / (cells.size * self.spec_.probe_cost)),
-                    self.DETECT_PROBES)
-        unit = n_det * self.spec_.probe_cost
-        stop = self.ledger_.spent + budget
-        tested = cells
-        while tested.size and self.ledger_.spent + tested.size * unit <= stop:
-            yield from self._top_up("probe", tested, n_det)
-            self._test(tested)
-            self._set_scores(tested, self._probe_mean(tested))
-            kids = self._children(tested[self._flag[tested]])
-            tested = kids[self._internal[kids]]
-        return cells
 
     def _smooth_search(self, arms: np.ndarray, budget: float, n_levels: int
                        ) -> Generator[Batch, None, np.ndarray]:

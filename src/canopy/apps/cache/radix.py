@@ -14,9 +14,13 @@ its victim choice (paper Section 4, "Serving systems": the prefix tree is the ca
   blocks are appended tail first; the victim is the queue front, always a leaf);
 * ``SIEVE`` keeps an insertion-ordered queue and a hand (Zhang et al., NSDI 2024) that skips
   blocks it may not evict (inner nodes, pinned blocks);
-* the priority policies (``LFU``, ``CANOPY``, ``OPTIMAL``) keep a binary min-heap of evictable
-  leaves with lazy deletion (per-node versions); a node is pushed when it becomes a leaf or a
-  leaf is used. A key changes only when its node is used, so the heap is exact.
+* the priority policies (``LFU``, ``CANOPY``, ``OPTIMAL``, and ``DECAYED``, one canopy arm)
+  keep a binary min-heap of evictable leaves with lazy deletion (per-node versions); a node
+  is pushed when it becomes a leaf or a leaf is used. A key changes only when its node is
+  used, so the heap is exact; ``CANOPY`` re-keys the whole heap when it switches arms.
+
+``CANOPY`` also replays a hashed sample of the requests in one metadata-only shadow cache per
+arm (the same kernel on a compact node space), see :class:`~canopy.apps.cache.policies.Canopy`.
 """
 
 from __future__ import annotations
@@ -24,18 +28,23 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
-__all__ = ["CANOPY", "LFU", "LRU", "OPTIMAL", "SIEVE", "RadixCache", "next_use"]
+__all__ = ["CANOPY", "DECAYED", "LFU", "LRU", "OPTIMAL", "SIEVE", "RadixCache", "next_use"]
 
-LRU, LFU, SIEVE, CANOPY, OPTIMAL = 0, 1, 2, 3, 4
+LRU, LFU, SIEVE, CANOPY, OPTIMAL, DECAYED = 0, 1, 2, 3, 4, 5
 
 # integer node fields (columns of ``ni``, one row a node for locality)
 _CACHED, _NCHILD, _PIN, _VER, _PREV, _NEXT, _HITS, _LAST, _VISITED, _NU, _CLAST = range(11)
 _NI = 11
-# float node fields (columns of ``nf``): heap key, canopy statistics
-_KEY, _S, _KIDS = range(3)
-_NF = 3
-# scalars (``sc``): blocks cached, list ends, SIEVE hand, heap length, blocks inserted so far
-_SIZE, _HEAD, _TAIL, _HAND, _HLEN, _CLOCK = range(6)
+# float node fields (columns of ``nf``): heap key, children seen, then one discounted use
+# count (as of the node's last use) per decayed arm
+_KEY, _KIDS, _S0 = range(3)
+# scalars (``sc``): blocks cached, list ends, SIEVE hand, heap length, blocks inserted so far,
+# the arm whose priority orders the heap (``CANOPY``: 0 recency, ``j >= 1`` decayed arm j)
+_SIZE, _HEAD, _TAIL, _HAND, _HLEN, _CLOCK, _ARM = range(7)
+_SC = 7
+# decayed-count configuration (``params``): prior weight, deepest depth, one decay rate
+# (per inserted block) per decayed arm
+_RHO, _DMAX, _LAM0 = range(3)
 
 
 @nb.njit(cache=True)
@@ -115,39 +124,42 @@ def _heap_pop(hkey, hnode, hver, sc):
         hkey[i], hnode[i], hver[i] = key, v, ver
 
 
+# ---------------------------------------------------------------- policy hooks
 @nb.njit(cache=True)
-def _heap_compact(hkey, hnode, hver, sc, ni):
-    """Drop dead entries when the heap array is full (rare: pushes are O(1) per request)."""
+def _key(kind, v, depth, ni, nf, params, sc):
+    if kind == LFU:
+        return ni[v, _HITS] * params[0] + ni[v, _LAST]
+    if kind == OPTIMAL:
+        return -(ni[v, _NU] * params[0] + depth[v])
+    a = sc[_ARM]  # DECAYED, CANOPY
+    if a == 0:  # recency, deepest first within a request (vLLM's tail-first order)
+        return ni[v, _LAST] * (params[_DMAX] + 1.0) + params[_DMAX] - depth[v]
+    return np.log(nf[v, _S0 + a - 1]) + params[_LAM0 + a - 1] * ni[v, _CLAST]
+
+
+@nb.njit(cache=True)
+def _heap_compact(kind, depth, ni, nf, params, sc, hkey, hnode, hver, rekey):
+    """Drop dead entries (when the heap array is full: rare, pushes are O(1) per request);
+    with ``rekey``, also recompute every key (when ``CANOPY`` switches arms)."""
     entries = sc[_HLEN]
     sc[_HLEN] = 0
     keys, nodes_, vers = hkey[:entries].copy(), hnode[:entries].copy(), hver[:entries].copy()
     for e in range(entries):
         v = nodes_[e]
         if ni[v, _CACHED] == 1 and ni[v, _NCHILD] == 0 and ni[v, _VER] == vers[e]:
-            _heap_push(hkey, hnode, hver, sc, keys[e], v, vers[e])
-
-
-# ---------------------------------------------------------------- policy hooks
-@nb.njit(cache=True, inline="always")
-def _logaddexp(a, b):
-    return max(a, b) + np.log1p(np.exp(-abs(a - b)))
-
-
-@nb.njit(cache=True)
-def _key(kind, v, parent, depth, ni, nf, params):
-    if kind == LFU:
-        return ni[v, _HITS] * params[0] + ni[v, _LAST]
-    if kind == OPTIMAL:
-        return -(ni[v, _NU] * params[0] + depth[v])
-    return nf[v, _S] + params[_LAM] * ni[v, _CLAST]  # CANOPY: log discounted count
+            key = keys[e]
+            if rekey:
+                key = _key(kind, v, depth, ni, nf, params, sc)
+                nf[v, _KEY] = key
+            _heap_push(hkey, hnode, hver, sc, key, v, vers[e])
 
 
 @nb.njit(cache=True)
 def _push_leaf(kind, v, parent, depth, ni, nf, params, hkey, hnode, hver, sc):
     if sc[_HLEN] == len(hkey):
-        _heap_compact(hkey, hnode, hver, sc, ni)
+        _heap_compact(kind, depth, ni, nf, params, sc, hkey, hnode, hver, False)
     ni[v, _VER] += 1
-    key = _key(kind, v, parent, depth, ni, nf, params)
+    key = _key(kind, v, depth, ni, nf, params, sc)
     nf[v, _KEY] = key
     _heap_push(hkey, hnode, hver, sc, key, v, ni[v, _VER])
 
@@ -188,41 +200,36 @@ def _touch(v, t, nu, ni):
     ni[v, _NU] = nu
 
 
-# canopy configuration (``params``): decay rate per inserted block, prior weight
-_LAM, _RHO = range(2)
-
-
-@nb.njit(cache=True, inline="always")
-def _discounted(v, clock, ni, nf, params):
-    """log of ``v``'s discounted use count now."""
-    return nf[v, _S] - params[_LAM] * (clock - ni[v, _CLAST])
-
-
 @nb.njit(cache=True)
-def _canopy_update(lo, k, end, nodes, parent, ni, nf, sc, params):
-    """Canopy's cell values after a request used ``nodes[lo:end]`` (``k``: first miss).
+def _decayed_update(lo, k, end, nodes, parent, ni, nf, sc, params):
+    """Decayed-count cell values after a request used ``nodes[lo:end]`` (``k``: first miss).
 
-    ``S(v)`` is the log of ``v``'s use count discounted by ``2^{-(c - c_i)/H}`` (``c``: blocks
-    inserted so far) at its last use ``c_last``; its heap key ``S + lam * c_last`` orders
-    blocks by their discounted count at any common later time. A block inserted now has no
-    evidence of its own and is seeded optimistically with its parent cell's share,
-    ``rho * count(parent) / children(parent)``.
+    For each decayed arm ``j``, ``S_j(v)`` is ``v``'s use count discounted by
+    ``2^{-(c - c_i)/H_j}`` (``c``: blocks inserted so far), as of its last use ``c_last``;
+    the heap key ``log S_j + lam_j * c_last`` orders blocks by their discounted count at any
+    common later time, so keys never need rescaling. A block inserted now has no evidence of
+    its own and is seeded optimistically with its parent cell's share,
+    ``rho * count_j(parent) / children(parent)``.
     """
     clock = sc[_CLOCK]
-    seed = -np.inf
-    if k > lo:
-        p = nodes[k - 1]
-        seed = np.log(params[_RHO]) + _discounted(p, clock, ni, nf, params) - np.log(
-            max(nf[p, _KIDS], 1.0))
+    for j in range(len(params) - _LAM0):
+        lam, col = params[_LAM0 + j], _S0 + j
+        seed = 0.0
+        if k > lo:
+            p = nodes[k - 1]
+            seed = (params[_RHO] * nf[p, col] * np.exp(-lam * (clock - ni[p, _CLAST]))
+                    / max(nf[p, _KIDS], 1.0))
+        for r in range(lo, end):
+            v = nodes[r]
+            if r < k:
+                nf[v, col] = nf[v, col] * np.exp(-lam * (clock - ni[v, _CLAST])) + 1.0
+            else:
+                nf[v, col] = seed + 1.0
+    for r in range(k, end):
+        if parent[nodes[r]] >= 0:
+            nf[parent[nodes[r]], _KIDS] += 1.0
     for r in range(lo, end):
-        v = nodes[r]
-        if r < k:
-            nf[v, _S] = _logaddexp(_discounted(v, clock, ni, nf, params), 0.0)
-        else:
-            nf[v, _S] = _logaddexp(seed, 0.0)
-            if parent[v] >= 0:
-                nf[parent[v], _KIDS] += 1.0
-        ni[v, _CLAST] = clock
+        ni[nodes[r], _CLAST] = clock
 
 
 # ---------------------------------------------------------------- one request
@@ -265,8 +272,8 @@ def _request(kind, t, lo, hi, nodes, nu, parent, depth, capacity, params, ni, nf
         if kind == SIEVE:
             _push_head(ni, sc, v)
         end = r + 1
-    if kind == CANOPY:
-        _canopy_update(lo, k, end, nodes, parent, ni, nf, sc, params)
+    if kind == CANOPY or kind == DECAYED:
+        _decayed_update(lo, k, end, nodes, parent, ni, nf, sc, params)
     for r in range(lo, end):
         _touch(nodes[r], t, nu[r], ni)
     if kind == LRU:
@@ -283,6 +290,127 @@ def _run(kind, t0, t1, offsets, nodes, nu, parent, depth, capacity, params, ni, 
     for t in range(t0, t1):
         reused[t] = _request(kind, t, offsets[t], offsets[t + 1], nodes, nu, parent, depth,
                              capacity, params, ni, nf, sc, hkey, hnode, hver)
+
+
+# ---------------------------------------------------------------- canopy: arms on shadows
+@nb.njit(cache=True, inline="always")
+def _unit_hash(v, salt):
+    """splitmix64 of a node id (salted by the sample seed), mapped to [0, 1): the spatial
+    hash that picks the sample."""
+    z = np.uint64(v) + np.uint64(salt) * np.uint64(0xD1B54A32D192ED03) + np.uint64(
+        0x9E3779B97F4A7C15)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    z = z ^ (z >> np.uint64(31))
+    return (z >> np.uint64(11)) * (1.0 / 9007199254740992.0)
+
+
+@nb.njit(cache=True)
+def _shadow_path(lo, hi, nodes, parent, depth, smap, sparent, sdepth, sm, sni, path):
+    """Map a sampled request's blocks into the shadows' compact node space (new nodes get
+    fresh rows); ``path[:hi - lo]`` receives the mapped path."""
+    for r in range(lo, hi):
+        v = nodes[r]
+        if smap[v] < 0:
+            c = sm[0]
+            sm[0] = c + 1
+            smap[v] = c
+            sparent[c] = smap[parent[v]] if parent[v] >= 0 else -1
+            sdepth[c] = depth[v]
+            for a in range(sni.shape[0]):
+                sni[a, c, _PIN] = -1
+                sni[a, c, _PREV] = -1
+                sni[a, c, _NEXT] = -1
+        path[r - lo] = smap[v]
+
+
+@nb.njit(cache=True)
+def _score(stats, pairs, got, gamma):
+    """Fold one sampled request's shadow reuse ``got[a]`` into the discounted statistics:
+    ``stats[a]`` sums reuse, ``stats[-1]`` the weights, ``pairs[0, a, b]`` and
+    ``pairs[1, a, b]`` the paired differences ``got[a] - got[b]`` and their squares."""
+    k = len(got)
+    stats[k] = gamma * stats[k] + 1.0
+    for a in range(k):
+        stats[a] = gamma * stats[a] + got[a]
+        for b in range(k):
+            d = got[a] - got[b]
+            pairs[0, a, b] = gamma * pairs[0, a, b] + d
+            pairs[1, a, b] = gamma * pairs[1, a, b] + d * d
+
+
+@nb.njit(cache=True)
+def _leads(stats, pairs, a, b, z, min_n):
+    """Whether arm ``a``'s discounted mean reuse exceeds arm ``b``'s by ``z`` standard errors
+    of the paired difference (the weight sum ``n`` understates the effective sample size, so
+    the test is conservative); never on less than ``min_n`` of weight, where the variance
+    estimate itself is unreliable."""
+    n = stats[len(stats) - 1]
+    if n < min_n:
+        return False
+    mean = pairs[0, a, b] / n
+    var = max(pairs[1, a, b] / n - mean * mean, 0.0)
+    return mean > 0.0 and mean > z * np.sqrt(var / n)
+
+
+@nb.njit(cache=True)
+def _run_canopy(t0, t1, offsets, nodes, parent, depth, capacity, params, ni, nf, sc, hkey,
+                hnode, hver, reused, ac, stats, pairs, got, smap, sparent, sdepth, sm, skinds,
+                sparams, scap, sni, snf, ssc, shkey, shnode, shver, path):
+    """Canopy's replay: evict by the current arm; on a hashed sample of requests, replay
+    every arm in its shadow cache, fold its reuse into discounted statistics and switch the
+    main cache to the best arm once it leads the current one significantly."""
+    rate, gamma, z, min_n = ac[0], ac[1], ac[2], ac[3]
+    for t in range(t0, t1):
+        lo, hi = offsets[t], offsets[t + 1]
+        reused[t] = _request(CANOPY, t, lo, hi, nodes, nodes, parent, depth, capacity, params,
+                             ni, nf, sc, hkey, hnode, hver)
+        if hi == lo or _unit_hash(nodes[min(lo + 1, hi - 1)], sm[2]) >= rate:
+            continue
+        _shadow_path(lo, hi, nodes, parent, depth, smap, sparent, sdepth, sm, sni, path)
+        for a in range(len(skinds)):
+            got[a] = _request(skinds[a], t, 0, hi - lo, path, path, sparent, sdepth, scap,
+                              sparams[a], sni[a], snf[a], ssc[a], shkey[a], shnode[a], shver[a])
+        _score(stats, pairs, got, gamma)
+        best = np.argmax(stats[:len(skinds)])
+        if best != sc[_ARM] and _leads(stats, pairs, best, sc[_ARM], z, min_n):
+            sc[_ARM] = best
+            sm[1] += 1
+            _heap_compact(CANOPY, depth, ni, nf, params, sc, hkey, hnode, hver, True)
+
+
+class _Shadows:
+    """Metadata-only shadow caches, one per arm, over the sampled requests (see
+    :class:`~canopy.apps.cache.policies.Canopy`)."""
+
+    def __init__(self, trace, policy, capacity: int) -> None:
+        arms = policy.arms(trace, capacity)
+        self.rate, self.capacity = arms.rate, arms.capacity
+        self.ac = np.array([arms.rate, arms.gamma, arms.z, arms.min_evidence])
+        self.kinds, self.params = arms.kinds, arms.params
+        n, k = trace.n_nodes, len(arms.kinds)
+        self.stats = np.zeros(k + 1)
+        self.pairs = np.zeros((2, k, k))
+        self.got = np.zeros(k)
+        self.smap = np.full(n, -1, dtype=np.int64)
+        self.sparent = np.zeros(n, dtype=np.int64)
+        self.sdepth = np.zeros(n, dtype=np.int64)
+        self.sm = np.array([0, 0, arms.seed], dtype=np.int64)  # nodes mapped, switches, salt
+        self.ni = np.zeros((k, n, _NI), dtype=np.int64)  # rows set up when first sampled
+        self.nf = np.zeros((k, n, _S0 + 1), dtype=np.float64)
+        self.sc = np.full((k, _SC), -1, dtype=np.int64)
+        self.sc[:, [_SIZE, _HLEN, _CLOCK]] = 0
+        self.sc[:, _ARM] = 1
+        heap = 8 * arms.capacity + 2 * int(np.diff(trace.offsets).max(initial=0)) + 16
+        self.hkey = np.zeros((k, heap), dtype=np.float64)
+        self.hnode = np.zeros((k, heap), dtype=np.int64)
+        self.hver = np.zeros((k, heap), dtype=np.int64)
+        self.path = np.zeros(max(int(np.diff(trace.offsets).max(initial=0)), 1), dtype=np.int64)
+
+    def args(self) -> tuple:
+        return (self.ac, self.stats, self.pairs, self.got, self.smap, self.sparent,
+                self.sdepth, self.sm, self.kinds, self.params, self.capacity, self.ni,
+                self.nf, self.sc, self.hkey, self.hnode, self.hver, self.path)
 
 
 class RadixCache:
@@ -307,9 +435,15 @@ class RadixCache:
                     else np.zeros(0, dtype=np.int64))
         self._ni = np.zeros((n, _NI), dtype=np.int64)
         self._ni[:, [_PIN, _PREV, _NEXT]] = -1
-        self._nf = np.zeros((n, _NF), dtype=np.float64)
-        self._sc = np.full(6, -1, dtype=np.int64)
+        decayed = len(self.params) - _LAM0 if self.kind in (CANOPY, DECAYED) else 1
+        self._nf = np.zeros((n, _S0 + decayed), dtype=np.float64)
+        self._sc = np.full(_SC, -1, dtype=np.int64)
         self._sc[[_SIZE, _HLEN, _CLOCK]] = 0
+        self._sc[_ARM] = 1
+        self._shadows = None
+        if self.kind == CANOPY:
+            self._shadows = _Shadows(trace, policy, self.capacity)
+            self._sc[_ARM] = policy.start_arm
         heap = 2 * (trace.n_refs + trace.n_requests) + 16
         self._hkey = np.zeros(heap, dtype=np.float64)
         self._hnode = np.zeros(heap, dtype=np.int64)
@@ -323,10 +457,16 @@ class RadixCache:
         if not self.next_request_ <= stop <= self.trace.n_requests:
             raise ValueError(f"stop must be in {self.next_request_}..{self.trace.n_requests}, "
                              f"got {stop}")
-        nu = self._nu if self.kind == OPTIMAL else self.trace.nodes  # unused unless optimal
-        _run(self.kind, self.next_request_, stop, self.trace.offsets, self.trace.nodes, nu,
-             self.trace.parent, self.trace.depth, self.capacity, self.params, self._ni,
-             self._nf, self._sc, self._hkey, self._hnode, self._hver, self.reused_)
+        if self._shadows is not None:
+            _run_canopy(self.next_request_, stop, self.trace.offsets, self.trace.nodes,
+                        self.trace.parent, self.trace.depth, self.capacity, self.params,
+                        self._ni, self._nf, self._sc, self._hkey, self._hnode, self._hver,
+                        self.reused_, *self._shadows.args())
+        else:
+            nu = self._nu if self.kind == OPTIMAL else self.trace.nodes  # unused unless optimal
+            _run(self.kind, self.next_request_, stop, self.trace.offsets, self.trace.nodes, nu,
+                 self.trace.parent, self.trace.depth, self.capacity, self.params, self._ni,
+                 self._nf, self._sc, self._hkey, self._hnode, self._hver, self.reused_)
         start, self.next_request_ = self.next_request_, stop
         return self.reused_[start:stop]
 
@@ -338,6 +478,16 @@ class RadixCache:
     def size(self) -> int:
         """Blocks cached now."""
         return int(self._sc[_SIZE])
+
+    @property
+    def arm(self) -> int:
+        """``canopy``: the arm whose priority evicts now (index into ``policy.arm_names``)."""
+        return int(self._sc[_ARM])
+
+    @property
+    def switches(self) -> int:
+        """``canopy``: how many times the evicting arm changed."""
+        return 0 if self._shadows is None else int(self._shadows.sm[1])
 
     def cached(self) -> np.ndarray:
         """Node ids cached now, ascending."""

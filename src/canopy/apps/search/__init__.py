@@ -1,0 +1,2 @@
+"""Test-time search: offline replay on logged answers and live value-guided search (paper
+Section 5, "Test-time search")."""

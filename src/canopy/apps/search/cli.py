@@ -1,0 +1,167 @@
+"""``canopy search replay`` (logged MATH answers) and ``canopy search run`` (live GSM8K search
+against an OpenAI-compatible endpoint)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from canopy.apps.search.budget import check_budgets
+from canopy.apps.search.report import (
+    BaseUrl,
+    CacheDir,
+    Json,
+    Model,
+    Plot,
+    Seed,
+    Timeout,
+    cli_error,
+    interval_cells,
+    plot_accuracy,
+    print_json,
+    print_table,
+    progress_bar,
+)
+
+__all__ = ["register", "search_app"]
+
+search_app = typer.Typer(no_args_is_help=True, add_completion=False,
+                         help="Test-time search: value-guided search against best-of-N.")
+
+_REPLAY_FILES = {"qwen25math_rm": "math_cot_100.jsonl"}
+_COLUMNS = ["method", "budget", "accuracy [95% CI]", "delta [95% CI]", "calls",
+            "reward_calls", "tokens"]
+
+
+def parse_budgets(text: str, *, whole: bool = False) -> list[float]:
+    """``"2,4,8"`` -> ``[2.0, 4.0, 8.0]``; each must be a number of calls >= 1."""
+    try:
+        budgets = [float(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise ValueError(f"--budgets must be comma-separated numbers, got {text!r}") from None
+    return check_budgets(budgets, whole=whole)
+
+
+@search_app.command("replay")
+def replay_command(
+    dataset: Annotated[str, typer.Option("--dataset", help="Logged data set.")] = "qwen25math_rm",
+    budgets: Annotated[str, typer.Option("--budgets", help="Comma-separated budgets, in "
+                                         "model calls per problem.")] = "1,2,4,8,16",
+    rm_cost: Annotated[float, typer.Option("--rm-cost", help="Calls charged for one "
+                                           "reward-model score.")] = 1.0,
+    orders: Annotated[int, typer.Option("--orders", help="Random generation orders per "
+                                        "problem.")] = 20,
+    seed: Seed = 0,
+    reference: Annotated[str, typer.Option("--reference", help="Method the paired gaps are "
+                                           "taken against.")] = "best_of_n",
+    as_json: Json = False,
+    plot: Plot = None,
+) -> None:
+    """Replay best-of-N, majority, reward-weighted vote and the multi-fidelity selector on
+    logged answers at matched budgets, with paired bootstrap intervals over problems."""
+    from canopy import data
+    from canopy.apps.search.replay import load_logged, replay
+
+    try:
+        if dataset not in _REPLAY_FILES:
+            raise ValueError(f"unknown --dataset {dataset!r}; known: {', '.join(_REPLAY_FILES)}")
+        problems = load_logged(data.path(dataset, _REPLAY_FILES[dataset]))
+        with progress_bar("replay", len(problems), enabled=not as_json) as update:
+            result = replay(problems, budgets=parse_budgets(budgets), rm_cost=rm_cost,
+                            n_orders=orders, seed=seed, progress=update)
+        rows = [row.as_dict() for row in result.rows(reference=reference, seed=seed)]
+    except (ValueError, FileNotFoundError) as error:
+        raise cli_error(error) from None
+    if plot is not None:
+        plot_accuracy(rows, plot, x="calls", title=f"{dataset}: accuracy vs calls",
+                      xlabel="model calls per problem (mean spent)")
+    if as_json:
+        print_json({"dataset": dataset, "rm_cost": rm_cost, "orders": orders, "rows": rows})
+    else:
+        print_table([interval_cells(row) for row in rows], _COLUMNS,
+                    title=f"{dataset}: {len(problems)} problems, reward call = {rm_cost:g} "
+                    f"calls, delta against {reference}")
+
+
+_LIVE_COLUMNS = ["method", "budget", "accuracy [95% CI]", "delta [95% CI]", "calls", "tokens"]
+
+
+def parse_names(text: str, known: tuple[str, ...], option: str) -> list[str]:
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    unknown = [name for name in names if name not in known]
+    if not names or unknown:
+        raise ValueError(f"{option} must list some of {', '.join(known)}; got {text!r}")
+    return names
+
+
+@search_app.command("run")
+def run_command(
+    base_url: BaseUrl = None,
+    model: Model = None,
+    n: Annotated[int, typer.Option("--n", help="GSM8K test questions.")] = 5,
+    offset: Annotated[int, typer.Option("--offset", help="First question.")] = 0,
+    budgets: Annotated[str, typer.Option("--budgets", help="Comma-separated budgets, in "
+                                         "generation calls per question.")] = "4,8",
+    methods: Annotated[str, typer.Option("--methods", help="Comma-separated methods.")] = (
+        "first,best_of_n,majority,weighted_vote,beam,value_guided"),
+    max_tokens: Annotated[int, typer.Option("--max-tokens", help="Tokens per rollout.")] = 192,
+    temperature: Annotated[float, typer.Option("--temperature")] = 0.8,
+    seed: Seed = 0,
+    cache_dir: CacheDir = None,
+    timeout: Timeout = 120.0,
+    reference: Annotated[str, typer.Option("--reference", help="Method the paired gaps are "
+                                           "taken against.")] = "best_of_n",
+    as_json: Json = False,
+    plot: Plot = None,
+) -> None:
+    """Value-guided search against best-of-N (first, highest likelihood, majority, weighted
+    vote) and beam search on GSM8K at matched generation calls, live."""
+    from canopy import data
+    from canopy.apps.search.gsm8k import load_gsm8k
+    from canopy.apps.search.live import LIVE_METHODS, SearchConfig, run_search
+    from canopy.llm.local import LocalServerError, open_endpoint
+
+    console = Console(stderr=True)
+    try:
+        chosen = parse_names(methods, LIVE_METHODS, "--methods")
+        budget_list = [int(b) for b in parse_budgets(budgets, whole=True)]
+        config = SearchConfig(max_tokens=max_tokens, temperature=temperature)
+        questions = load_gsm8k(data.path("gsm8k", "test.jsonl"), n=n, offset=offset)
+        with open_endpoint(base_url, model=model, cache_dir=cache_dir, timeout=timeout) as (
+                client, server):
+            with progress_bar("search", len(questions), enabled=not as_json) as update:
+                result = run_search(client, questions, budgets=budget_list, methods=chosen,
+                                    config=config, seed=seed, progress=update)
+            usage = client.usage
+            requests = server.request_count if server is not None else None
+    except (ValueError, FileNotFoundError, LocalServerError) as error:
+        raise cli_error(error) from None
+    rows = result.rows(reference=reference, seed=seed)
+    if result.error is not None:
+        console.print(f"[yellow]stopped early:[/yellow] {result.error}; "
+                      f"{result.completed} of {result.n_questions} questions kept")
+    if plot is not None and rows:
+        plot_accuracy(rows, plot, x="budget", title="GSM8K: accuracy vs budget",
+                      xlabel="generation calls per question")
+    meta = {"questions": result.completed, "requested": result.n_questions,
+            "error": result.error, "http_calls": usage.calls, "cache_hits": usage.cache_hits,
+            "prompt_tokens": usage.prompt_tokens,
+            "completion_tokens": usage.completion_tokens, "server_requests": requests}
+    if as_json:
+        print_json({**meta, "rows": rows})
+    else:
+        print_table([interval_cells(row) for row in rows], _LIVE_COLUMNS,
+                    title=f"GSM8K: {result.completed} questions, delta against {reference}")
+        Console().print(f"HTTP calls {usage.calls}, cache hits {usage.cache_hits}, "
+                        f"tokens {usage.prompt_tokens} prompt + {usage.completion_tokens} "
+                        f"completion" + (f", server requests {requests}" if requests is not None
+                                         else ""))
+    if result.error is not None:
+        raise typer.Exit(1)
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``search`` command group."""
+    app.add_typer(search_app, name="search")

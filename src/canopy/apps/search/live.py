@@ -1,0 +1,357 @@
+"""Live test-time search against an OpenAI-compatible endpoint (paper Section 5, "Test-time
+search"), at budgets matched in generation calls and reported in tokens.
+
+A node is a partial answer: the prompt plus a prefix of reasoning steps (lines). Every call is
+a completion from a prefix:
+
+- a *rollout* continues a prefix to a complete answer (a leaf); it is also the probe of the
+  prefix, since it lands on a random complete answer below it (Eq. 1: a probe of ``v`` observes
+  a uniform leaf under ``v``);
+- a *step* continues a prefix by one line (beam search's unit).
+
+Methods, all at the same budget of ``B`` calls per question:
+
+- ``first``, ``best_of_n`` (highest mean token log-probability), ``majority`` and
+  ``weighted_vote`` (votes weighted by the geometric-mean token probability) share ``B``
+  independent rollouts from the empty prefix (``first`` uses one);
+- ``beam``: beam search over steps scored by mean token log-probability, the remaining calls
+  spent on rollouts of the surviving beams;
+- ``value_guided``: optimistic descent over the prefix tree. A node's value is the
+  self-consistency of the answers reached below it (the share of all answers so far that agree
+  with each). Each call descends by the UCB index ``value + c sqrt(ln N / n)`` to a node with
+  room for another child (at most ``branching``), rolls out from it, and files the rollout's
+  first new line as a child. The answer is the plurality of all rollouts, so the calls are
+  concentrated under prefixes whose continuations agree.
+
+Ground truth grades answers only. A failing endpoint stops the run cleanly; the questions
+finished before it keep their results (:attr:`LiveResult.error` says what happened).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from canopy.apps.search.budget import check_budgets
+from canopy.apps.search.gsm8k import CHATML, SYSTEM, Question, extract_answer, render_prompt
+from canopy.apps.search.intervals import bootstrap_mean, paired_bootstrap
+from canopy.llm.client import LLMClient, LLMError
+from canopy.problem import Ledger
+
+__all__ = ["LIVE_METHODS", "LiveResult", "SearchConfig", "run_search"]
+
+LIVE_METHODS = ("first", "best_of_n", "majority", "weighted_vote", "beam", "value_guided")
+_STOP = ["<|im_end|>", "<|endoftext|>"]
+
+
+@dataclass(frozen=True)
+class SearchConfig:
+    """Sampling and search settings (keyword-only use)."""
+
+    temperature: float = 0.8
+    max_tokens: int = 192
+    step_tokens: int = 48
+    branching: int = 2
+    exploration: float = 0.5
+    max_depth: int = 8
+    beam_width: int = 2
+    beam_expand: int = 2
+    template: str = CHATML
+    system: str = SYSTEM
+
+    def __post_init__(self) -> None:
+        for name in ("max_tokens", "step_tokens", "branching", "max_depth", "beam_width",
+                     "beam_expand"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not (math.isfinite(self.exploration) and self.exploration >= 0):
+            raise ValueError(f"exploration must be >= 0, got {self.exploration}")
+
+
+@dataclass(frozen=True)
+class _Sample:
+    text: str
+    logprob: float  # mean token log-probability (0 when the server sends none)
+    answer: str | None
+    tokens: int  # prompt + completion tokens of the call
+
+
+class _Session:
+    """One question under one budget: every call goes through here and is charged to a
+    :class:`~canopy.problem.Ledger` (rollouts as leaf evaluations, steps as probes)."""
+
+    def __init__(self, client: LLMClient, config: SearchConfig, question: Question,
+                 budget: float, seed: int) -> None:
+        self.client, self.config, self.seed = client, config, seed
+        self.prompt = render_prompt(question.text, template=config.template,
+                                    system=config.system)
+        self.ledger = Ledger(budget)
+        self.prompt_tokens = 0
+        self.completion_tokens = 0
+
+    def _call(self, prefix: str, *, kind: str, seed: int, max_tokens: int,
+              stop: list[str]) -> _Sample:
+        self.ledger.charge("leaf" if kind == "rollout" else "probe", 1.0)
+        response = self.client.complete(self.prompt + prefix, max_tokens=max_tokens,
+                                        temperature=self.config.temperature,
+                                        seed=self.seed + seed, stop=stop, logprobs=1)
+        self.prompt_tokens += response.prompt_tokens
+        self.completion_tokens += response.completion_tokens
+        return _Sample(response.text, _mean_logprob(response.raw),
+                       extract_answer(prefix + response.text), response.total_tokens)
+
+    def rollout(self, prefix: str, seed: int) -> _Sample:
+        return self._call(prefix, kind="rollout", seed=seed,
+                          max_tokens=self.config.max_tokens, stop=_STOP)
+
+    def step(self, prefix: str, seed: int) -> _Sample:
+        return self._call(prefix, kind="step", seed=seed, max_tokens=self.config.step_tokens,
+                          stop=["\n", *_STOP])
+
+    @property
+    def calls(self) -> int:
+        return self.ledger.n_probes + self.ledger.n_leaves
+
+    def can_call(self, count: int = 1) -> bool:
+        return self.ledger.can_afford(float(count))
+
+
+def _mean_logprob(raw: dict) -> float:
+    try:
+        values = raw["choices"][0]["logprobs"]["token_logprobs"]
+        finite = [float(v) for v in values if v is not None and math.isfinite(float(v))]
+    except (KeyError, IndexError, TypeError, ValueError):
+        return 0.0
+    return float(np.mean(finite)) if finite else 0.0
+
+
+def _plurality(answers: Sequence[str | None],
+               weights: Sequence[float] | None = None) -> str | None:
+    """Most supported answer (``None`` votes ignored); ties go to the earliest."""
+    score: dict[str, float] = {}
+    for position, answer in enumerate(answers):
+        if answer is not None:
+            score[answer] = score.get(answer, 0.0) + (1.0 if weights is None else
+                                                      weights[position])
+    if not score:
+        return None
+    return max(score, key=lambda a: (score[a], -answers.index(a)))
+
+
+# ---------------------------------------------------------------------- best-of-N family
+def _best_of_n_family(session: _Session,
+                      budget: int) -> dict[str, tuple[str | None, int, int]]:
+    """Answer, calls and tokens of each best-of-N variant on one shared set of rollouts."""
+    samples = [session.rollout("", seed=i) for i in range(budget)]
+    best = max(range(len(samples)), key=lambda i: (samples[i].logprob, -i))
+    answers = [s.answer for s in samples]
+    tokens = sum(s.tokens for s in samples)
+    return {
+        "first": (samples[0].answer, 1, samples[0].tokens),
+        "best_of_n": (samples[best].answer, budget, tokens),
+        "majority": (_plurality(answers), budget, tokens),
+        "weighted_vote": (_plurality(answers, [math.exp(s.logprob) for s in samples]), budget,
+                          tokens),
+    }
+
+
+# ---------------------------------------------------------------------- beam search
+@dataclass(frozen=True)
+class _Beam:
+    prefix: str
+    score: float  # mean of the steps' mean token log-probabilities
+    steps: int
+    finished: bool
+
+
+def _beam(session: _Session) -> str | None:
+    width, expand = session.config.beam_width, session.config.beam_expand
+    beams = [_Beam("", 0.0, 0, False)]
+    call = 0
+    while (open_beams := [b for b in beams if not b.finished]) and session.can_call(
+            len(open_beams) * expand + min(width, len(open_beams))):
+        candidates = [b for b in beams if b.finished]
+        for beam in open_beams:
+            for _ in range(expand):
+                sample = session.step(beam.prefix, seed=call)
+                call += 1
+                line = sample.text.strip()
+                score = (beam.score * beam.steps + sample.logprob) / (beam.steps + 1)
+                candidates.append(_Beam(beam.prefix + sample.text + "\n", score,
+                                        beam.steps + 1,
+                                        not line or "answer is" in line.lower()))
+        beams = sorted(candidates, key=lambda b: -b.score)[:width]
+    answers: list[str | None] = []
+    weights: list[float] = []
+    open_beams = [b for b in beams if not b.finished]
+    while open_beams and session.can_call():  # spend the rest on rollouts, round robin
+        beam = open_beams[call % len(open_beams)]
+        sample = session.rollout(beam.prefix, seed=call)
+        call += 1
+        answers.append(sample.answer)
+        weights.append(math.exp(sample.logprob))
+    for beam in beams:
+        if beam.finished:
+            answers.append(extract_answer(beam.prefix))
+            weights.append(math.exp(beam.score))
+    return _plurality(answers, weights)
+
+
+# ---------------------------------------------------------------------- value-guided search
+@dataclass
+class _Node:
+    prefix: str
+    depth: int
+    parent: _Node | None = None
+    children: dict[str, _Node] = field(default_factory=dict)
+    answers: list[str | None] = field(default_factory=list)
+    terminal: bool = False
+
+
+def _value_guided(session: _Session) -> str | None:
+    config = session.config
+    root = _Node("", 0)
+    everything: list[str | None] = []
+    call = 0
+    while session.can_call():
+        counts = Counter(a for a in everything if a is not None)
+        total = max(len(everything), 1)
+
+        def value(node: _Node, counts: Counter = counts, total: int = total) -> float:
+            shares = [counts[a] / total if a is not None else 0.0 for a in node.answers]
+            return float(np.mean(shares)) if shares else 0.0
+
+        node = root
+        while node.depth < config.max_depth:
+            open_kids = [c for c in node.children.values() if not c.terminal]
+            if len(node.children) < config.branching or not open_kids:
+                break
+            visits = len(node.answers)
+            node = max(open_kids, key=lambda c, n=visits: value(c) + config.exploration
+                       * math.sqrt(math.log(max(n, 1)) / len(c.answers)))
+        sample = session.rollout(node.prefix, seed=call)
+        call += 1
+        everything.append(sample.answer)
+        lines = [line for line in sample.text.split("\n") if line.strip()]
+        chain = [node]
+        if lines:
+            child = node.children.get(lines[0])
+            if child is None:
+                child = _Node(node.prefix + lines[0] + "\n", node.depth + 1, node)
+                child.terminal = len(lines) == 1 or "answer is" in lines[0].lower()
+                node.children[lines[0]] = child
+            chain.append(child)
+        while chain[0].parent is not None:
+            chain.insert(0, chain[0].parent)
+        for member in chain:
+            member.answers.append(sample.answer)
+    return _plurality(everything)
+
+
+# ---------------------------------------------------------------------- runner
+@dataclass
+class LiveResult:
+    """Per-question outcomes of every method at every budget. Arrays are indexed
+    ``[budget, question]``; questions not reached (the run stopped early) are NaN."""
+
+    budgets: tuple[int, ...]
+    methods: tuple[str, ...]
+    n_questions: int
+    correct: dict[str, np.ndarray] = field(default_factory=dict)
+    calls: dict[str, np.ndarray] = field(default_factory=dict)
+    tokens: dict[str, np.ndarray] = field(default_factory=dict)
+    answers: dict[str, list[list[str | None]]] = field(default_factory=dict)
+    completed: int = 0
+    error: str | None = None
+
+    def rows(self, *, reference: str = "best_of_n", n_resamples: int = 2000,
+             seed: int = 0) -> list[dict[str, object]]:
+        """Accuracy with bootstrap intervals over the completed questions, the paired gap to
+        ``reference``, and the mean calls and tokens per question."""
+        if self.completed == 0:
+            return []
+        done = slice(0, self.completed)
+        out = []
+        for b, budget in enumerate(self.budgets):
+            for method in self.methods:
+                acc = self.correct[method][b, done]
+                interval = bootstrap_mean(acc, n_resamples=n_resamples, seed=seed)
+                row: dict[str, object] = {
+                    "method": method, "budget": budget, "accuracy": interval.estimate,
+                    "ci_low": interval.low, "ci_high": interval.high, "delta": None,
+                    "delta_ci_low": None, "delta_ci_high": None,
+                    "calls": float(self.calls[method][b, done].mean()),
+                    "tokens": float(self.tokens[method][b, done].mean()),
+                    "questions": self.completed,
+                }
+                if method != reference and reference in self.methods:
+                    gap = paired_bootstrap(acc, self.correct[reference][b, done],
+                                           n_resamples=n_resamples, seed=seed)
+                    row.update(delta=gap.estimate, delta_ci_low=gap.low, delta_ci_high=gap.high)
+                out.append(row)
+        return out
+
+
+def run_search(client: LLMClient, questions: Sequence[Question], *, budgets: Sequence[int],
+               methods: Sequence[str] = LIVE_METHODS, config: SearchConfig | None = None,
+               seed: int = 0,
+               progress: Callable[[int, int], None] | None = None) -> LiveResult:
+    """Every method at every budget on every question. Identical requests (the best-of-N
+    rollouts from the empty prefix, reused by other methods and budgets) are answered by the
+    client's cache when it has one, but each method is charged for all the calls it makes."""
+    config = config or SearchConfig()
+    if not questions:
+        raise ValueError("questions is empty")
+    checked = [int(b) for b in check_budgets(budgets, whole=True)]
+    unknown = [m for m in methods if m not in LIVE_METHODS]
+    if unknown:
+        raise ValueError(f"unknown methods {unknown}; known: {list(LIVE_METHODS)}")
+    shape = (len(checked), len(questions))
+    result = LiveResult(tuple(checked), tuple(methods), len(questions))
+    for method in methods:
+        result.correct[method] = np.full(shape, np.nan)
+        result.calls[method] = np.full(shape, np.nan)
+        result.tokens[method] = np.full(shape, np.nan)
+        result.answers[method] = [[None] * len(questions) for _ in checked]
+    family = [m for m in methods if m in ("first", "best_of_n", "majority", "weighted_vote")]
+    for q, question in enumerate(questions):
+        try:
+            outcomes = _one_question(client, question, checked, methods, family, config, seed)
+        except LLMError as error:
+            result.error = f"question {q}: {error}"
+            break
+        for (method, b), (answer, calls, tokens) in outcomes.items():
+            result.correct[method][b, q] = float(answer is not None and answer == question.gold)
+            result.calls[method][b, q] = calls
+            result.tokens[method][b, q] = tokens
+            result.answers[method][b][q] = answer
+        result.completed = q + 1
+        if progress is not None:
+            progress(q + 1, len(questions))
+    return result
+
+
+def _one_question(client: LLMClient, question: Question, budgets: Sequence[int],
+                  methods: Sequence[str], family: Sequence[str], config: SearchConfig,
+                  seed: int) -> dict[tuple[str, int], tuple[str | None, int, int]]:
+    outcomes: dict[tuple[str, int], tuple[str | None, int, int]] = {}
+    for b, budget in enumerate(budgets):
+        if family:
+            session = _Session(client, config, question, budget, seed)
+            picks = _best_of_n_family(session, budget)
+            for method in family:
+                outcomes[method, b] = picks[method]
+        for method, search in (("beam", _beam), ("value_guided", _value_guided)):
+            if method in methods:
+                session = _Session(client, config, question, budget, seed)
+                answer = search(session)
+                outcomes[method, b] = (answer, session.calls,
+                                       session.prompt_tokens + session.completion_tokens)
+    return outcomes

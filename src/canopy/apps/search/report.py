@@ -1,0 +1,125 @@
+"""Command-line helpers for the search and trim commands: shared options, rich tables, JSON
+rows, progress bars and plots of accuracy against budget (matplotlib, imported lazily). Library
+code returns rows; only these helpers, called from the CLI, write anything."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+__all__ = ["BaseUrl", "CacheDir", "Json", "Model", "Plot", "Seed", "Timeout", "cli_error",
+           "interval_cells", "plot_accuracy", "print_json", "print_table", "progress_bar"]
+
+BaseUrl = Annotated[str | None, typer.Option(
+    "--base-url", help="OpenAI-compatible API root (e.g. http://127.0.0.1:8000/v1); default: "
+    "start the local SmolLM2-135M llama-cpp server.")]
+Model = Annotated[str | None, typer.Option("--model", help="Model name (needed with "
+                                           "--base-url).")]
+CacheDir = Annotated[Path | None, typer.Option(
+    "--cache-dir", help="Response cache folder (a rerun costs no calls).")]
+Timeout = Annotated[float, typer.Option("--timeout", help="Seconds allowed per call.")]
+Seed = Annotated[int, typer.Option("--seed", help="Random seed.")]
+Json = Annotated[bool, typer.Option("--json", help="Print the rows as JSON.")]
+Plot = Annotated[Path | None, typer.Option("--plot", help="Save a plot of accuracy to this "
+                                           "image.")]
+
+Row = Mapping[str, object]
+
+
+def _cell(value: object) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    if isinstance(value, float):
+        return f"{value:.3f}" if abs(value) < 10 else f"{value:.1f}"
+    return str(value)
+
+
+def cli_error(error: Exception) -> typer.Exit:
+    """Print ``error`` on stderr and return the exit (status 2) for the CLI to raise."""
+    Console(stderr=True).print(f"[red]error:[/red] {error}")
+    return typer.Exit(2)
+
+
+def interval_cells(row: Row) -> dict[str, object]:
+    """``row`` with ``accuracy [ci_low, ci_high]`` and ``delta [low, high]`` joined into the
+    display columns ``accuracy [95% CI]`` and ``delta [95% CI]``."""
+    out = dict(row)
+    out["accuracy [95% CI]"] = (f"{row['accuracy']:.3f} [{row['ci_low']:.3f}, "
+                                f"{row['ci_high']:.3f}]")
+    if row.get("delta") is not None:
+        out["delta [95% CI]"] = (f"{row['delta']:+.3f} [{row['delta_ci_low']:+.3f}, "
+                                 f"{row['delta_ci_high']:+.3f}]")
+    return out
+
+
+def print_table(rows: Sequence[Row], columns: Sequence[str], *, title: str,
+                console: Console | None = None) -> None:
+    """One row per entry of ``rows``, the given ``columns`` in order."""
+    table = Table(title=title)
+    for column in columns:
+        table.add_column(column, justify="left" if column == "method" else "right")
+    for row in rows:
+        table.add_row(*(_cell(row.get(column)) for column in columns))
+    console = console or Console()
+    if not console.is_terminal and console.width < 140:
+        console = Console(width=140)
+    console.print(table)
+
+
+def print_json(payload: object) -> None:
+    typer.echo(json.dumps(payload, indent=2))
+
+
+@contextmanager
+def progress_bar(description: str, total: int, *,
+                 enabled: bool = True) -> Iterator[Callable[[int, int], None]]:
+    """A rich progress bar on stderr; yields ``update(done, total)``."""
+    if not enabled:
+        yield lambda done, total: None
+        return
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task(description, total=total)
+        yield lambda done, total: bar.update(task, completed=done, total=total)
+
+
+def plot_accuracy(rows: Sequence[Row], path: str | Path, *, x: str, title: str,
+                  xlabel: str) -> Path:
+    """Accuracy (with its interval band) against ``x`` for every method, saved to ``path``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(6, 4))
+    methods = list(dict.fromkeys(str(row["method"]) for row in rows))
+    for method in methods:
+        mine = sorted((row for row in rows if row["method"] == method),
+                      key=lambda row: float(row[x]))  # type: ignore[arg-type]
+        xs = [float(row[x]) for row in mine]  # type: ignore[arg-type]
+        ys = [float(row["accuracy"]) for row in mine]  # type: ignore[arg-type]
+        line = axes.plot(xs, ys, marker="o", label=method)[0]
+        if all("ci_low" in row for row in mine):
+            axes.fill_between(xs, [float(r["ci_low"]) for r in mine],  # type: ignore[arg-type]
+                              [float(r["ci_high"]) for r in mine],  # type: ignore[arg-type]
+                              color=line.get_color(), alpha=0.15)
+    axes.set_xlabel(xlabel)
+    axes.set_ylabel("accuracy")
+    axes.set_title(title)
+    axes.legend(fontsize=8)
+    figure.tight_layout()
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(target, dpi=120)
+    plt.close(figure)
+    return target

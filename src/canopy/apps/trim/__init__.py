@@ -1,0 +1,2 @@
+"""Prompt trimming: a bandit per task category over trim levels (paper Section 5,
+"Serving systems")."""

@@ -1,0 +1,110 @@
+"""``canopy trim run``: the trim-level bandit per BBH task against every fixed trim and the
+per-item oracle, live against an OpenAI-compatible endpoint."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from canopy.apps.search.report import (
+    BaseUrl,
+    CacheDir,
+    Json,
+    Model,
+    Plot,
+    Seed,
+    Timeout,
+    cli_error,
+    interval_cells,
+    plot_accuracy,
+    print_json,
+    print_table,
+    progress_bar,
+)
+
+__all__ = ["register", "trim_app"]
+
+trim_app = typer.Typer(no_args_is_help=True, add_completion=False,
+                       help="Prompt trimming: a bandit per task category over trim levels.")
+
+_COLUMNS = ["method", "accuracy [95% CI]", "tokens", "requested_tokens", "estimated_tokens",
+            "reward", "delta [95% CI]", "delta_against"]
+DEFAULT_TASKS = "boolean_expressions,navigate,sports_understanding,web_of_lies"
+
+
+@trim_app.command("run")
+def run_command(
+    base_url: BaseUrl = None,
+    model: Model = None,
+    tasks: Annotated[str, typer.Option("--tasks", help="Comma-separated BBH tasks (the "
+                                       "categories).")] = DEFAULT_TASKS,
+    n: Annotated[int, typer.Option("--n", help="Items per task.")] = 10,
+    offset: Annotated[int, typer.Option("--offset", help="First item of each task.")] = 0,
+    budget_tokens: Annotated[int, typer.Option(
+        "--budget-tokens", help="Requested prompt tokens of the truncation and BM25 "
+        "levels.")] = 320,
+    lam: Annotated[float, typer.Option("--lam", help="Reward = correct - lam * input "
+                                       "tokens.")] = 2e-4,
+    max_tokens: Annotated[int, typer.Option("--max-tokens", help="Tokens per answer.")] = 48,
+    orders: Annotated[int, typer.Option("--orders", help="Random item orders for the "
+                                        "bandit.")] = 20,
+    seed: Seed = 0,
+    cache_dir: CacheDir = None,
+    timeout: Timeout = 120.0,
+    as_json: Json = False,
+    plot: Plot = None,
+) -> None:
+    """Collect every trim level's answer on BBH items, then compare the per-task UCB bandit
+    with every fixed trim level (at matched tokens) and the per-item oracle."""
+    from canopy import data
+    from canopy.apps.trim.bbh import load_task
+    from canopy.apps.trim.run import collect, summarise
+    from canopy.apps.trim.trimmers import default_levels
+    from canopy.llm.local import LocalServerError, open_endpoint
+
+    console = Console(stderr=True)
+    try:
+        names = [t.strip() for t in tasks.split(",") if t.strip()]
+        if not names:
+            raise ValueError("--tasks is empty")
+        if n < 1:
+            raise ValueError(f"--n must be >= 1, got {n}")
+        folder = data.path("bbh")
+        loaded = {name: load_task(folder, name, n=n, offset=offset) for name in names}
+        levels = default_levels(budget_tokens=budget_tokens)
+        with open_endpoint(base_url, model=model, cache_dir=cache_dir, timeout=timeout) as (
+                client, server):
+            total = sum(len(items) for _, items in loaded.values())
+            with progress_bar("trim", total, enabled=not as_json) as update:
+                run = collect(client, loaded, levels, max_tokens=max_tokens, progress=update)
+            usage = client.usage
+            requests = server.request_count if server is not None else None
+        rows = summarise(run, lam=lam, n_orders=orders, seed=seed)
+    except (ValueError, FileNotFoundError, LocalServerError) as error:
+        raise cli_error(error) from None
+    if run.error is not None:
+        console.print(f"[yellow]stopped early:[/yellow] {run.error}; {run.completed} of "
+                      f"{len(run.items)} items kept")
+    if plot is not None and rows:
+        plot_accuracy(rows, plot, x="tokens", title="BBH trimming: accuracy vs input tokens",
+                      xlabel="mean input tokens per item")
+    meta = {"items": run.completed, "requested": len(run.items), "error": run.error,
+            "lam": lam, "http_calls": usage.calls, "cache_hits": usage.cache_hits,
+            "server_requests": requests}
+    if as_json:
+        print_json({**meta, "rows": rows})
+    else:
+        print_table([interval_cells(row) for row in rows], _COLUMNS,
+                    title=f"BBH trimming: {run.completed} items over {len(names)} tasks, "
+                    f"lambda = {lam:g} per token")
+        Console().print(f"HTTP calls {usage.calls}, cache hits {usage.cache_hits}"
+                        + (f", server requests {requests}" if requests is not None else ""))
+    if run.error is not None:
+        raise typer.Exit(1)
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``trim`` command group."""
+    app.add_typer(trim_app, name="trim")

@@ -1,0 +1,197 @@
+"""Trim levels (the arms of the trimming bandit): ways to shorten a few-shot prompt.
+
+- ``full``: instruction and every worked example (the verbose default);
+- ``shots<k>``: keep the first ``k`` examples (dropping few-shot examples; ``shots0`` is
+  zero-shot);
+- ``answers_only``: every example without its rationale;
+- ``keep_first<T>`` / ``keep_last<T>``: positional truncation of the context so the whole
+  prompt fits ``T`` tokens, keeping its beginning or its end;
+- ``bm25_<T>``: retrieval-scored chunk selection, the examples ranked by BM25 against the
+  question and kept best-first while the prompt fits ``T`` tokens;
+- :class:`LLMLinguaTrimmer`: an adapter to LLMLingua (optional extra ``lingua``).
+
+Token counts for trimming are estimates (:func:`approx_tokens`, characters / 4); the achieved
+count is what the server reports, and the trimming run reports both.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from canopy.apps.trim.bbh import FewShotPrompt
+
+__all__ = [
+    "LLMLinguaTrimmer",
+    "TrimLevel",
+    "approx_tokens",
+    "default_levels",
+    "keep_first",
+    "keep_last",
+    "render_query",
+    "select_chunks",
+]
+
+Counter = Callable[[str], int]
+
+
+def approx_tokens(text: str) -> int:
+    """A tokenizer-free estimate: one token per four characters."""
+    return math.ceil(len(text) / 4)
+
+
+def render_query(context: str, question: str) -> str:
+    """The prompt sent to the model: the (trimmed) context, then the question."""
+    head = f"{context}\n\n" if context else ""
+    return f"{head}Q: {question}\nA:"
+
+
+@dataclass(frozen=True)
+class TrimLevel:
+    """One arm: ``build(prompt, question)`` returns the trimmed context; ``requested_tokens``
+    is the whole-prompt budget it aims at (``None`` for structural trims)."""
+
+    name: str
+    build: Callable[[FewShotPrompt, str], str]
+    requested_tokens: int | None = None
+
+
+def _join(instruction: str, blocks: Sequence[str]) -> str:
+    return "\n\n".join(part for part in (instruction, *blocks) if part)
+
+
+def _fit(budget: int, question: str, count: Counter) -> int:
+    room = budget - count(render_query("", question))
+    return max(room, 0)
+
+
+def _longest_fit(text: str, tokens: int, count: Counter, *, from_end: bool) -> str:
+    """The longest run of whole words at the start (or end) of ``text`` within ``tokens``."""
+    if count(text) <= tokens:
+        return text
+    words = re.split(r"(\s+)", text)
+
+    def part(n: int) -> str:
+        return "".join(words[len(words) - n:] if from_end else words[:n])
+
+    low, high = 0, len(words)
+    while low < high:  # binary search on the number of pieces kept
+        middle = (low + high + 1) // 2
+        if count(part(middle)) <= tokens:
+            low = middle
+        else:
+            high = middle - 1
+    return part(low).strip()
+
+
+def keep_first(text: str, tokens: int, count: Counter = approx_tokens) -> str:
+    """The longest prefix of ``text`` (cut at a word boundary) within ``tokens``."""
+    return _longest_fit(text, tokens, count, from_end=False)
+
+
+def keep_last(text: str, tokens: int, count: Counter = approx_tokens) -> str:
+    """The longest suffix of ``text`` (cut at a word boundary) within ``tokens``."""
+    return _longest_fit(text, tokens, count, from_end=True)
+
+
+def select_chunks(chunks: Sequence[str], query: str, tokens: int,
+                  count: Counter = approx_tokens) -> list[int]:
+    """Indices of the chunks to keep: ranked by BM25 (Okapi) against ``query``, taken
+    best-first while their total fits ``tokens``, returned in document order."""
+    from rank_bm25 import BM25Okapi
+
+    if not chunks:
+        return []
+    tokenise = lambda text: re.findall(r"\w+", text.lower())  # noqa: E731
+    scores = BM25Okapi([tokenise(chunk) or ["_"] for chunk in chunks]).get_scores(
+        tokenise(query))
+    kept, used = [], 0
+    for index in sorted(range(len(chunks)), key=lambda i: (-scores[i], i)):
+        size = count(chunks[index]) + 1
+        if used + size <= tokens:
+            kept.append(index)
+            used += size
+    return sorted(kept)
+
+
+def _shots(k: int) -> Callable[[FewShotPrompt, str], str]:
+    return lambda prompt, question: _join(prompt.instruction,
+                                          [s.render() for s in prompt.shots[:k]])
+
+
+def _full(prompt: FewShotPrompt, question: str) -> str:
+    return _join(prompt.instruction, [s.render() for s in prompt.shots])
+
+
+def _answers_only(prompt: FewShotPrompt, question: str) -> str:
+    return _join(prompt.instruction, [s.render(rationale=False) for s in prompt.shots])
+
+
+def _truncate(budget: int, *, first: bool,
+              count: Counter) -> Callable[[FewShotPrompt, str], str]:
+    cut = keep_first if first else keep_last
+
+    def build(prompt: FewShotPrompt, question: str) -> str:
+        return cut(_full(prompt, question), _fit(budget, question, count), count)
+
+    return build
+
+
+def _bm25(budget: int, count: Counter) -> Callable[[FewShotPrompt, str], str]:
+    def build(prompt: FewShotPrompt, question: str) -> str:
+        room = _fit(budget, question, count) - count(prompt.instruction)
+        blocks = [s.render() for s in prompt.shots]
+        return _join(prompt.instruction,
+                     [blocks[i] for i in select_chunks(blocks, question, room, count)])
+
+    return build
+
+
+def default_levels(*, budget_tokens: int = 320, count: Counter = approx_tokens,
+                   ) -> list[TrimLevel]:
+    """The arms of the trimming runs: full, fewer shots, answers only, positional truncation
+    (both ends) and BM25 chunk selection at ``budget_tokens``."""
+    if budget_tokens < 1:
+        raise ValueError(f"budget_tokens must be >= 1, got {budget_tokens}")
+    return [
+        TrimLevel("full", _full),
+        TrimLevel("shots2", _shots(2)),
+        TrimLevel("shots1", _shots(1)),
+        TrimLevel("shots0", _shots(0)),
+        TrimLevel("answers_only", _answers_only),
+        TrimLevel(f"keep_first{budget_tokens}", _truncate(budget_tokens, first=True,
+                                                          count=count), budget_tokens),
+        TrimLevel(f"keep_last{budget_tokens}", _truncate(budget_tokens, first=False,
+                                                         count=count), budget_tokens),
+        TrimLevel(f"bm25_{budget_tokens}", _bm25(budget_tokens, count), budget_tokens),
+    ]
+
+
+class LLMLinguaTrimmer:
+    """Adapter to LLMLingua's ``PromptCompressor`` (``pip install 'canopy-bandits[lingua]'``);
+    the package and its compressor model load on first use. ``level(rate)`` is a
+    :class:`TrimLevel` that compresses the full context to about ``rate`` of its tokens."""
+
+    def __init__(self, *, model_name: str | None = None, device_map: str = "cpu") -> None:
+        try:
+            from llmlingua import PromptCompressor
+        except ImportError as error:
+            raise ImportError("LLMLinguaTrimmer needs the optional package llmlingua: "
+                              "pip install 'canopy-bandits[lingua]'") from error
+        kwargs = {"device_map": device_map}
+        if model_name is not None:
+            kwargs["model_name"] = model_name
+        self._compressor = PromptCompressor(**kwargs)
+
+    def level(self, rate: float) -> TrimLevel:
+        if not 0 < rate <= 1:
+            raise ValueError(f"rate must be in (0, 1], got {rate}")
+
+        def build(prompt: FewShotPrompt, question: str) -> str:
+            result = self._compressor.compress_prompt(_full(prompt, question), rate=rate,
+                                                      question=question)
+            return str(result["compressed_prompt"])
+
+        return TrimLevel(f"llmlingua{rate:g}", build)

