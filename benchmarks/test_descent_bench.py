@@ -16,6 +16,7 @@ POLICIES = {
     "descent-assumed": lambda: OptimisticDescent(),
     "descent-certified": lambda: OptimisticDescent(spread="certified"),
     "descent-hybrid": lambda: OptimisticDescent(spread="hybrid"),
+    "descent-estimated": lambda: OptimisticDescent(spread="estimated"),
     "hoo": lambda: HOO(),
 }
 _TREE_CACHE: dict[str, Tree] = {}

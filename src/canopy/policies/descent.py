@@ -159,6 +159,9 @@ class ExploredTreePolicy(Policy):
             self._fs[i, :ex.N_FLOAT] = (0.0, 0.0, start_spread, np.inf, np.inf, 1.0, 1.0, lip,
                                         0.0, root_log_m, 0.0)
         self._forest = n_inst > 1
+        self._plain = not (self._forest or lazy)
+        self._kernel_args = (self._fs, self._ist, ctl, self._lambdas)
+        self._observe_kernel = ex.entry_point(ex.observe, 0, 0.0, *self._kernel_args)
         self._asked: dict[object, list[int]] = {}  # forest: rows asked per node, by schedule
         self._row_of: dict[object, int] = {}  # one tree: a node's row is unique
         self._queries: dict[int, Query] = {}
@@ -176,23 +179,35 @@ class ExploredTreePolicy(Policy):
             new = np.zeros((capacity, *old.shape[1:]), dtype=old.dtype)
             new[:old.shape[0]] = old
             setattr(self, name, new)
+        self._kernel_args = (self._fs, self._ist, self._ctl, self._lambdas)
 
     # ------------------------------------------------------------------ ask / tell
+    # The per-round path is kept short: one tree without a memory bound (the common case)
+    # maps a told node straight to its row, and the kernel's arrays travel as one tuple.
     def _next_query(self) -> Query | None:
         row = self._next
-        query = self._queries.get(row)
-        if query is None:
-            query = self._queries[row] = self._query_of(row)
-            self._row_of[query.node] = row
+        query = self._queries.get(row) or self._new_query(row)
         if self._forest:
             self._asked.setdefault(query.node, []).append(row)
         return query
 
-    def _query_of(self, row: int) -> Query:
+    def _new_query(self, row: int) -> Query:
         node, level, is_leaf = (int(x) for x in self._ist[row, (ex.NODE, ex.LEVEL, ex.ISLEAF)])
-        return Query("leaf" if is_leaf else "probe", (level, node) if self._lazy else node)
+        query = Query("leaf" if is_leaf else "probe", (level, node) if self._lazy else node)
+        self._queries[row] = query
+        self._row_of[query.node] = row
+        return query
 
     def _observe(self, query: Query, value: float) -> None:
+        row = self._row_of[query.node] if self._plain else self._told_row(query)
+        if row < 0:
+            return  # its cell was forgotten by the memory bound while the query was out
+        step = self._observe_kernel(row, value, *self._kernel_args)
+        self._next = step if step >= 0 else self._split(row)
+
+    def _told_row(self, query: Query) -> int:
+        """The row a told query was asked for in a forest (POO) or on a lazy tree, or -1 if
+        the memory bound forgot that cell meanwhile."""
         if self._forest:
             rows = self._asked[query.node]
             row = rows.pop()
@@ -201,18 +216,18 @@ class ExploredTreePolicy(Policy):
         else:
             row = self._row_of[query.node]
         if self._lazy and not self._row_holds(row, query.node):
-            return  # its cell was forgotten by the memory bound while the query was out
-        ctl = self._ctl
-        step = ex.observe(row, value, self._fs, self._ist, ctl, self._lambdas)
-        if step < 0:
-            if ctl[ex.M_USED] + self._max_kids > self._fs.shape[0]:
-                self._grow()
-            step = ex.split(row, self._fs, self._ist, ctl, *self._tree_arrays)
-            first = int(self._ist[row, ex.FIRST])
-            for kid in range(first, first + self._max_kids):
-                self._queries.pop(kid, None)  # rows of a reused block hold new cells
-            self._sync_counts()
-        self._next = step
+            return -1
+        return row
+
+    def _split(self, row: int) -> int:
+        if self._ctl[ex.M_USED] + self._max_kids > self._fs.shape[0]:
+            self._grow()
+        step = ex.split(row, *self._kernel_args[:3], *self._tree_arrays)
+        first = int(self._ist[row, ex.FIRST])
+        for kid in range(first, first + self._max_kids):
+            self._queries.pop(kid, None)  # rows of a reused block hold new cells
+        self._sync_counts()
+        return step
 
     def _row_holds(self, row: int, node: tuple[int, int]) -> bool:
         return (int(self._ist[row, ex.LEVEL]) == node[0]
