@@ -160,3 +160,11 @@ def test_metrics():
     regret = cumulative_regret(result, problem.value, problem.mu_star)
     assert regret.shape == (len(result.history),)
     assert np.all(np.diff(regret) >= -1e-12)
+
+
+def test_a_leaf_cannot_be_probed_at_probe_cost():
+    problem = tree_lipschitz(2, 3, probe_cost=0.1, seed=0)
+    leaf_node = int(problem.tree.leaf_node[0])
+    with pytest.raises(ValueError, match="is a leaf"):
+        problem.spec.check_query(Query("probe", leaf_node))
+    problem.spec.check_query(Query("leaf", leaf_node))

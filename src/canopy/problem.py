@@ -82,17 +82,21 @@ class ProblemSpec:
         return index
 
     def check_query(self, query: Query) -> None:
-        """Raise if ``query`` does not fit the tree (an unknown kind, a probe of a leaf on a
-        finite tree is allowed and costs a probe; a leaf query of an internal node is not)."""
+        """Raise if ``query`` does not fit the tree: an unknown kind, a node outside it, a leaf
+        query of an internal node, or a probe of a leaf (Section 3.1: internal nodes are
+        probed, leaves evaluated; a probe of a leaf would be an evaluation at probe cost)."""
         if query.kind not in ("probe", "leaf"):
             raise ValueError(f"query kind must be 'probe' or 'leaf', got {query.kind!r}")
-        if isinstance(self.tree, Tree):
+        tree = self.tree
+        if isinstance(tree, Tree):
             if query.kind == "leaf":
                 self.leaf_of(query.node)  # raises for internal nodes
-            else:
-                self.tree.check_node(query.node)
+            elif tree.node_leaf[tree.check_node(query.node)] >= 0:
+                raise ValueError(f"node {query.node} is a leaf: evaluate it with a leaf query")
+        elif query.kind == "probe" and tree.is_leaf(query.node):
+            raise ValueError(f"node {query.node} is a leaf: evaluate it with a leaf query")
         else:
-            self.tree.check_node(query.node)
+            tree.check_node(query.node)
 
 
 @runtime_checkable

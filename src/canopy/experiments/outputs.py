@@ -135,7 +135,8 @@ def _figure(study: Study, rows: Sequence[Row], path: Path) -> None:
             low, high = ax.get_xlim()
             ax.plot([low, high], [low, high], color="grey", linestyle=":", label="y = x")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        if ax.get_legend_handles_labels()[0]:  # a panel with no rows of this run stays bare
+            ax.legend(fontsize=8)
     width = fig.get_size_inches()[0]
     fig.suptitle(textwrap.fill(f"{study.name}: {study.title}", int(width * 13)), fontsize=10)
     fig.tight_layout()
