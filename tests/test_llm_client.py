@@ -17,9 +17,6 @@ from canopy.llm import (
 )
 from canopy.llm.local import free_port
 
-# The fixtures live in tests/llm_server.py (until the root conftest lists it in pytest_plugins).
-pytest_plugins = ["llm_server"]
-
 CHAT = "/v1/chat/completions"
 ASK = [{"role": "user", "content": "What is 2 + 3? Answer with a number."}]
 

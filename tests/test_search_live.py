@@ -10,8 +10,6 @@ from canopy.apps.search.gsm8k import Question, extract_answer, load_gsm8k
 from canopy.apps.search.live import LIVE_METHODS, SearchConfig, run_search
 from canopy.llm import LLMClient
 
-pytest_plugins = ["llm_server"]
-
 SMALL = SearchConfig(max_tokens=32, step_tokens=16, temperature=0.8)
 
 

@@ -13,8 +13,6 @@ from canopy.apps.trim.run import collect, summarise
 from canopy.apps.trim.trimmers import default_levels
 from canopy.llm import LLMClient
 
-pytest_plugins = ["llm_server"]
-
 
 @pytest.mark.live
 def test_live_trimming_tokens_follow_levels_and_rerun_is_cached(llm_server, data_file,

@@ -64,14 +64,16 @@ class Planted:
 
 
 def piecewise_lipschitz(branching: int, depth: int, n_discontinuities: int, *,
-                        lipschitz: float = 0.5, base: float = 0.45, jump: float = 0.4,
+                        lipschitz: float = 0.5, base: float = 0.4, jump: float = 0.3,
                         sigma: float = 0.1, probe_cost: float = 1.0, leaf_cost: float = 1.0,
                         seed: int | np.random.Generator = 0) -> Planted:
-    """Tree-Lipschitz backbone (centred at ``base``) with ``K`` planted discontinuities: ``K``
-    distinct penultimate-level cells each get one leaf raised by a jump of about ``jump``
-    (heights spread over ``[0.75, 1] * jump`` so the spikes have distinct values). Each spike
-    breaks smoothness in its cell and in every ancestor, ``K * depth`` cells at most, and for
-    ``K >= 1`` the best leaf is a spike whose cell average hides it."""
+    """Tree-Lipschitz backbone (centred at ``base``, constant ``lipschitz``) with ``K`` planted
+    discontinuities: ``K`` distinct penultimate-level cells each get one leaf lifted *above
+    the backbone's maximum*, the ``k``-th (``k = 0..K-1``) to ``max(backbone) + jump * (1 -
+    k / (2K))`` (clipped to 1). Each spike breaks smoothness in its cell and every ancestor
+    (``K * depth`` cells at most); the best leaf is spike 0, hidden by an innocuous cell
+    average, and spikes get closer in value as ``K`` grows, so identification degrades toward
+    the structure-blind regime (Appendix D, "Graceful degradation")."""
     rng = np.random.default_rng(seed)
     tree = Tree.complete(branching, depth)
     means = tree_lipschitz_values(tree, lipschitz, rng, branching=branching, center=base)
@@ -79,12 +81,12 @@ def piecewise_lipschitz(branching: int, depth: int, n_discontinuities: int, *,
     if not 0 <= n_discontinuities <= cells.size:
         raise ValueError(f"n_discontinuities must be in 0..{cells.size}, got {n_discontinuities}")
     chosen = rng.choice(cells, size=n_discontinuities, replace=False)
-    heights = jump * np.linspace(1.0, 0.75, max(n_discontinuities, 1))[:n_discontinuities]
+    top = means.max()
     spikes = np.empty(n_discontinuities, dtype=np.int64)
-    for i, cell in enumerate(chosen):
+    for k, cell in enumerate(chosen):
         leaf = int(rng.integers(tree.leaf_lo[cell], tree.leaf_hi[cell]))
-        means[leaf] = min(means[leaf] + heights[i], 1.0)
-        spikes[i] = leaf
+        means[leaf] = min(top + jump * (1.0 - k / (2.0 * n_discontinuities)), 1.0)
+        spikes[k] = leaf
     problem = LeafMeans(tree, means, sigma=sigma, probe_cost=probe_cost, leaf_cost=leaf_cost)
     return Planted(problem, spikes, np.sort(chosen))
 

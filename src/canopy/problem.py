@@ -82,17 +82,21 @@ class ProblemSpec:
         return index
 
     def check_query(self, query: Query) -> None:
-        """Raise if ``query`` does not fit the tree (an unknown kind, a probe of a leaf on a
-        finite tree is allowed and costs a probe; a leaf query of an internal node is not)."""
+        """Raise if ``query`` does not fit the tree: an unknown kind, a node outside it, a leaf
+        query of an internal node, or a probe of a leaf (Section 3.1: internal nodes are
+        probed, leaves evaluated; a probe of a leaf would be an evaluation at probe cost)."""
         if query.kind not in ("probe", "leaf"):
             raise ValueError(f"query kind must be 'probe' or 'leaf', got {query.kind!r}")
-        if isinstance(self.tree, Tree):
+        tree = self.tree
+        if isinstance(tree, Tree):
             if query.kind == "leaf":
                 self.leaf_of(query.node)  # raises for internal nodes
-            else:
-                self.tree.check_node(query.node)
+            elif tree.node_leaf[tree.check_node(query.node)] >= 0:
+                raise ValueError(f"node {query.node} is a leaf: evaluate it with a leaf query")
+        elif query.kind == "probe" and tree.is_leaf(query.node):
+            raise ValueError(f"node {query.node} is a leaf: evaluate it with a leaf query")
         else:
-            self.tree.check_node(query.node)
+            tree.check_node(query.node)
 
 
 @runtime_checkable
@@ -124,6 +128,7 @@ class Ledger:
         if not (math.isfinite(budget) and budget > 0):
             raise ValueError(f"budget must be finite and > 0, got {budget}")
         self.budget = float(budget)
+        self._limit = self.budget * (1.0 + 1e-12)  # forgives float round-off in sums of costs
         self.spent = 0.0
         self.n_probes = 0
         self.n_leaves = 0
@@ -133,19 +138,27 @@ class Ledger:
         return self.budget - self.spent
 
     def can_afford(self, cost: float) -> bool:
-        return self.spent + cost <= self.budget * (1.0 + 1e-12)
+        return self.spent + cost <= self._limit
 
-    def charge(self, kind: QueryKind, cost: float) -> None:
-        if not self.can_afford(cost):
-            raise BudgetExceeded(
-                f"a {kind} query costs {cost:g} but only {self.remaining:g} of the budget "
-                f"{self.budget:g} remains"
-            )
-        self.spent += cost
+    def try_charge(self, kind: QueryKind, cost: float) -> bool:
+        """Charge ``cost`` if the budget allows it; ``False`` (and nothing charged) otherwise."""
+        spent = self.spent + cost
+        if spent > self._limit:
+            return False
+        self.spent = spent
         if kind == "probe":
             self.n_probes += 1
         else:
             self.n_leaves += 1
+        return True
+
+    def charge(self, kind: QueryKind, cost: float) -> None:
+        """Charge ``cost``; raise :class:`BudgetExceeded` if the budget cannot pay it."""
+        if not self.try_charge(kind, cost):
+            raise BudgetExceeded(
+                f"a {kind} query costs {cost:g} but only {self.remaining:g} of the budget "
+                f"{self.budget:g} remains"
+            )
 
 
 class LeafMeans:

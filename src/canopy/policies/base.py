@@ -66,36 +66,49 @@ class Policy(ABC):
                 f"budget {budget:g} is smaller than one query ({cheapest:g}) of {self.name}"
             )
         self.rng_ = np.random.default_rng(seed)
+        self._probe_cost, self._leaf_cost = spec.probe_cost, spec.leaf_cost
+        self._low, self._high = spec.value_range
         self._outstanding: dict[Query, int] = {}
         self._start()
         return self
 
     def ask(self) -> Query | None:
         """The next query, already paid for, or ``None`` when the policy is done."""
-        self._check_started()
+        try:
+            ledger = self.ledger_
+        except AttributeError:
+            self._check_started()
         query = self._next_query()
         if query is None:
             return None
-        cost = self.spec_.probe_cost if query.kind == "probe" else self.spec_.leaf_cost
-        ledger = self.ledger_
-        if not ledger.can_afford(cost):
+        kind = query[0]
+        if not ledger.try_charge(kind, self._probe_cost if kind == "probe" else self._leaf_cost):
             return None
-        ledger.charge(query.kind, cost)
-        self._outstanding[query] = self._outstanding.get(query, 0) + 1
+        outstanding = self._outstanding
+        outstanding[query] = outstanding.get(query, 0) + 1
         return query
 
     def tell(self, query: Query, value: float) -> None:
         """Report the observation of a query this policy asked (queries compare by value, so an
         equal ``Query`` rebuilt elsewhere is accepted)."""
-        self._check_started()
-        pending = self._outstanding.get(query, 0)
+        try:
+            outstanding = self._outstanding
+        except AttributeError:
+            self._check_started()
+        pending = outstanding.get(query, 0)
         if pending == 0:
             raise ValueError(f"{query!r} was not asked by this policy, or was already told")
-        observation = check_observation(value, *self.spec_.value_range)
+        try:
+            observation = float(value)
+        except (TypeError, ValueError):
+            observation = check_observation(value)
+        # NaN and +-inf give a non-zero difference; the fast path avoids a call per round.
+        if observation - observation != 0.0 or not self._low <= observation <= self._high:
+            check_observation(observation, self._low, self._high)
         if pending == 1:
-            del self._outstanding[query]
+            del outstanding[query]
         else:
-            self._outstanding[query] = pending - 1
+            outstanding[query] = pending - 1
         self._observe(query, observation)
 
     @abstractmethod

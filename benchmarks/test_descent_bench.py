@@ -1,0 +1,40 @@
+"""Per-round overhead of regret play (ask + tell through the Policy surface), at 10k and 100k
+rounds, on a binary tree of depth 10 and on a 1,048,576-leaf tree (target: at most 5 us and
+flat in the horizon). Run with ``pytest benchmarks/test_descent_bench.py --benchmark-enable``;
+``extra_info["us_per_round"]`` holds the CPU-time figure of :func:`per_round_overhead_us`."""
+
+from __future__ import annotations
+
+import pytest
+
+from canopy.policies.descent import OptimisticDescent, per_round_overhead_us
+from canopy.policies.hoo import HOO
+from canopy.tree import Tree
+
+TREES = {"binary-depth10": (2, 10), "binary-depth20": (2, 20)}
+POLICIES = {
+    "descent-assumed": lambda: OptimisticDescent(),
+    "descent-certified": lambda: OptimisticDescent(spread="certified"),
+    "descent-hybrid": lambda: OptimisticDescent(spread="hybrid"),
+    "descent-estimated": lambda: OptimisticDescent(spread="estimated"),
+    "hoo": lambda: HOO(),
+}
+_TREE_CACHE: dict[str, Tree] = {}
+
+
+def _tree(name: str) -> Tree:
+    if name not in _TREE_CACHE:
+        _TREE_CACHE[name] = Tree.complete(*TREES[name])
+    return _TREE_CACHE[name]
+
+
+@pytest.mark.parametrize("rounds", [10_000, 100_000])
+@pytest.mark.parametrize("tree_name", sorted(TREES))
+@pytest.mark.parametrize("policy_name", sorted(POLICIES))
+def test_per_round_overhead(benchmark, policy_name, tree_name, rounds):
+    tree = _tree(tree_name)
+    factory = POLICIES[policy_name]
+    per_round = benchmark.pedantic(per_round_overhead_us, args=(factory, tree, rounds, 0),
+                                   rounds=1, iterations=1)
+    benchmark.extra_info["us_per_round"] = per_round
+    assert per_round > 0

@@ -1,0 +1,202 @@
+"""Eviction policies: small strategy objects swapped by name (cf. SGLang ``evict_policy.py``).
+
+Each policy is immutable configuration; :meth:`kernel` returns the kernel code and parameter
+vector that :class:`~canopy.apps.cache.radix.RadixCache` runs. All of them evict leaves only.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from canopy.apps.cache import radix
+
+__all__ = ["LFU", "LRU", "POLICIES", "SIEVE", "Arms", "Canopy", "EvictionPolicy", "Optimal",
+           "make_policy"]
+
+
+class EvictionPolicy:
+    """Base: a name, whether the policy reads the future, and its kernel configuration."""
+
+    name: str = "policy"
+    offline: bool = False
+
+    def kernel(self, trace, capacity: int) -> tuple[int, np.ndarray]:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class LRU(EvictionPolicy):
+    """Least recently used, in vLLM's order: when a request finishes its blocks join the
+    free queue tail first, and the queue front is evicted. Because a block's ancestors are
+    always freed with it and after it, the front is always a leaf, and the order equals
+    SGLang's (evict the least recently used leaf of the radix tree); the tests check both."""
+
+    name: str = "lru"
+
+    def kernel(self, trace, capacity: int) -> tuple[int, np.ndarray]:
+        return radix.LRU, np.zeros(1)
+
+
+@dataclass(frozen=True)
+class LFU(EvictionPolicy):
+    """Least frequently used leaf, ties by least recent use (SGLang's LFU strategy: priority
+    ``(hit_count, last_access_time)``). The count restarts when a block is re-inserted."""
+
+    name: str = "lfu"
+
+    def kernel(self, trace, capacity: int) -> tuple[int, np.ndarray]:
+        return radix.LFU, np.array([float(trace.n_requests + 1)])
+
+
+@dataclass(frozen=True)
+class SIEVE(EvictionPolicy):
+    """SIEVE (Zhang et al., NSDI 2024) adapted to leaf-only eviction: a FIFO in insertion
+    order, a visited bit set on reuse, and a hand moving from old to new that clears visited
+    bits and evicts the first unvisited block it may evict (an unpinned leaf)."""
+
+    name: str = "sieve"
+
+    def kernel(self, trace, capacity: int) -> tuple[int, np.ndarray]:
+        return radix.SIEVE, np.zeros(1)
+
+
+@dataclass(frozen=True)
+class Optimal(EvictionPolicy):
+    """Offline reference (Belady): evict the leaf whose next use is furthest in the future,
+    deepest first on ties. Next use is monotone along a path (a request using a block uses
+    its ancestors), so this victim is also the furthest-used unpinned block overall."""
+
+    name: str = "optimal"
+    offline: bool = True
+
+    def kernel(self, trace, capacity: int) -> tuple[int, np.ndarray]:
+        return radix.OPTIMAL, np.array([float(trace.depth.max(initial=0) + 1)])
+
+
+@dataclass(frozen=True)
+class Arms:
+    """Shadow configuration of :class:`Canopy` at one capacity: the sampling rate and the
+    shadows' scaled capacity, the sample's hash seed, the per-sample discount, the switching
+    threshold in standard errors, and per arm the
+    kernel code and parameter row."""
+
+    rate: float
+    capacity: int
+    seed: int
+    gamma: float
+    z: float
+    min_evidence: float
+    kinds: np.ndarray
+    params: np.ndarray
+
+
+@dataclass(frozen=True)
+class Canopy(EvictionPolicy):
+    """Canopy's adaptive eviction (paper Section 4, "Serving systems"): a bandit over cells
+    with forgetting that also learns *how much to remember*.
+
+    * **cells and cheap aggregate statistics.** Every node of the prefix tree is a cell valued
+      by its discounted use count ``sum_i 2^{-(c - c_i) / (H * capacity)}`` (``c``: blocks
+      inserted so far; the half-life ``H`` is in cache turnovers). A block with no use of its
+      own yet starts from its parent cell's share, ``prior * count(parent) /
+      children(parent)`` (optimism where evidence is thin: the parent aggregates every request
+      through its subtree).
+    * **arms: how much to remember.** Each half-life in ``half_lives`` is an arm, and so is
+      pure recency (the ``H -> 0`` limit, LRU's order); long half-lives approach LFU. Which
+      one predicts reuse best depends on the workload and the capacity, so it is learnt online:
+      on a spatially hashed sample of the prefix tree (a request is sampled when the hash of
+      its first two blocks' node is below ``rate = min(1, shadow_blocks / capacity)``; the
+      sample keeps whole subtrees, as SHARDS / miniature simulation do, Waldspurger et al.
+      2015, 2017; ``seed`` salts the hash) every arm runs in a metadata-only shadow cache of
+      ``rate * capacity`` blocks.
+    * **forgetting.** Each arm's score is its shadow reuse discounted by ``1 - 1/window`` per
+      sampled request, so the choice re-adapts after a shift (a cell's counts decay too).
+    * **hysteresis.** The main cache evicts the lowest-priority unpinned leaf under the current
+      arm and switches (re-ordering its heap once) to the arm with the best score only when
+      its discounted paired lead over the current arm exceeds ``z`` standard errors, and never
+      before ``min_evidence`` sampled requests (discounted) back the estimate. All arms
+      are replayed on the same sampled requests, so they have equal evidence; the optimism of
+      the paper applies to cells (the parental prior), not to arms.
+
+    Nothing reads the future: the sample is a hash of block identity, every statistic is of
+    past requests.
+    """
+
+    name: str = "canopy"
+    half_lives: tuple[float, ...] = (2.0, 8.0, 32.0)
+    prior: float = 1.0
+    shadow_blocks: int = 256
+    window: float = 1000.0
+    z: float = 2.0
+    min_evidence: float = 100.0
+    start_half_life: float = 2.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.half_lives or not all(
+                _positive(h) for h in self.half_lives) or len(set(self.half_lives)) != len(
+                self.half_lives):
+            raise ValueError(f"half_lives must be distinct finite numbers > 0, "
+                             f"got {self.half_lives!r}")
+        for field in ("prior", "shadow_blocks", "window"):
+            if not _positive(getattr(self, field)):
+                raise ValueError(f"{field} must be a finite number > 0, "
+                                 f"got {getattr(self, field)!r}")
+        for field in ("z", "min_evidence"):
+            value = getattr(self, field)
+            if not (_positive(value) or (value == 0 and not isinstance(value, bool))):
+                raise ValueError(f"{field} must be a finite number >= 0, got {value!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise ValueError(f"seed must be an int >= 0, got {self.seed!r}")
+        if self.start_half_life not in self.half_lives:
+            raise ValueError(f"start_half_life must be one of half_lives, "
+                             f"got {self.start_half_life!r}")
+
+    @property
+    def arm_names(self) -> tuple[str, ...]:
+        """Arm 0 is recency; arm ``j >= 1`` the decayed count with ``half_lives[j - 1]``."""
+        return ("recency", *(f"half-life {h:g}" for h in self.half_lives))
+
+    @property
+    def start_arm(self) -> int:
+        return 1 + self.half_lives.index(self.start_half_life)
+
+    def _params(self, trace, capacity: int, half_lives) -> np.ndarray:
+        return np.array([float(self.prior), float(trace.depth.max(initial=0)),
+                         *(math.log(2.0) / (h * capacity) for h in half_lives)])
+
+    def kernel(self, trace, capacity: int) -> tuple[int, np.ndarray]:
+        return radix.CANOPY, self._params(trace, capacity, self.half_lives)
+
+    def arms(self, trace, capacity: int) -> Arms:
+        """The shadows at ``capacity``: one recency arm and one decayed arm per half-life."""
+        rate = min(1.0, self.shadow_blocks / capacity)
+        scaled = max(1, round(rate * capacity))
+        rows = [self._params(trace, scaled, (self.half_lives[0],))]
+        rows += [self._params(trace, scaled, (h,)) for h in self.half_lives]
+        return Arms(rate=rate, capacity=scaled, seed=self.seed, gamma=1.0 - 1.0 / self.window,
+                    z=float(self.z), min_evidence=float(self.min_evidence),
+                    kinds=np.array([radix.LRU] + [radix.DECAYED] * len(self.half_lives)),
+                    params=np.array(rows))
+
+
+def _positive(value: object) -> bool:
+    return (not isinstance(value, bool) and isinstance(value, (int, float))
+            and math.isfinite(value) and value > 0)
+
+
+POLICIES: dict[str, type[EvictionPolicy]] = {
+    "lru": LRU, "lfu": LFU, "sieve": SIEVE, "canopy": Canopy, "optimal": Optimal}
+"""Policy classes by name."""
+
+
+def make_policy(name: str, **config: float) -> EvictionPolicy:
+    """A policy by name (``lru``, ``lfu``, ``sieve``, ``canopy``, ``optimal``)."""
+    try:
+        cls = POLICIES[name]
+    except KeyError:
+        raise ValueError(f"unknown policy {name!r}; known: {', '.join(POLICIES)}") from None
+    return cls(**config)

@@ -1,0 +1,494 @@
+"""Radix block cache: an ancestor-closed set of prefix-tree nodes under a block budget.
+
+A request (a root-first path of blocks, :class:`~canopy.apps.cache.traces.Trace`) reuses its
+longest cached prefix (reuse stops at the first miss), then inserts its remaining blocks. While
+a request runs its blocks are pinned, as engines pin blocks with a positive reference count;
+when the cache is full a victim is chosen among unpinned *leaves* only, so the cache stays
+ancestor-closed (a node is cached only if its parent is). When every cached block is pinned
+(a request longer than the cache), the rest of that request is not cached.
+
+The per-request step is one numba kernel shared by every policy; a policy contributes only
+its victim choice (paper Section 4, "Serving systems": the prefix tree is the cache itself):
+
+* ``LRU`` keeps an intrusive doubly linked free queue in vLLM's order (a finished request's
+  blocks are appended tail first; the victim is the queue front, always a leaf);
+* ``SIEVE`` keeps an insertion-ordered queue and a hand (Zhang et al., NSDI 2024) that skips
+  blocks it may not evict (inner nodes, pinned blocks);
+* the priority policies (``LFU``, ``CANOPY``, ``OPTIMAL``, and ``DECAYED``, one canopy arm)
+  keep a binary min-heap of evictable leaves with lazy deletion (per-node versions); a node
+  is pushed when it becomes a leaf or a leaf is used. A key changes only when its node is
+  used, so the heap is exact; ``CANOPY`` re-keys the whole heap when it switches arms.
+
+``CANOPY`` also replays a hashed sample of the requests in one metadata-only shadow cache per
+arm (the same kernel on a compact node space), see :class:`~canopy.apps.cache.policies.Canopy`.
+"""
+
+from __future__ import annotations
+
+import numba as nb
+import numpy as np
+
+__all__ = ["CANOPY", "DECAYED", "LFU", "LRU", "OPTIMAL", "SIEVE", "RadixCache", "next_use"]
+
+LRU, LFU, SIEVE, CANOPY, OPTIMAL, DECAYED = 0, 1, 2, 3, 4, 5
+
+# integer node fields (columns of ``ni``, one row a node for locality)
+_CACHED, _NCHILD, _PIN, _VER, _PREV, _NEXT, _HITS, _LAST, _VISITED, _NU, _CLAST = range(11)
+_NI = 11
+# float node fields (columns of ``nf``): heap key, children seen, then one discounted use
+# count (as of the node's last use) per decayed arm
+_KEY, _KIDS, _S0 = range(3)
+# scalars (``sc``): blocks cached, list ends, SIEVE hand, heap length, blocks inserted so far,
+# the arm whose priority orders the heap (``CANOPY``: 0 recency, ``j >= 1`` decayed arm j)
+_SIZE, _HEAD, _TAIL, _HAND, _HLEN, _CLOCK, _ARM = range(7)
+_SC = 7
+# decayed-count configuration (``params``): prior weight, deepest depth, one decay rate
+# (per inserted block) per decayed arm
+_RHO, _DMAX, _LAM0 = range(3)
+
+
+@nb.njit(cache=True)
+def next_use(offsets: np.ndarray, nodes: np.ndarray, n_nodes: int) -> np.ndarray:
+    """For each block reference, the index of the next request using that block (or the
+    number of requests when none does): what the offline optimum knows."""
+    n_req = len(offsets) - 1
+    seen = np.full(n_nodes, n_req, dtype=np.int64)
+    out = np.empty(len(nodes), dtype=np.int64)
+    for t in range(n_req - 1, -1, -1):
+        for r in range(offsets[t], offsets[t + 1]):
+            v = nodes[r]
+            out[r] = seen[v]
+            seen[v] = t
+    return out
+
+
+# ---------------------------------------------------------------- intrusive linked list
+@nb.njit(cache=True, inline="always")
+def _unlink(ni, sc, v):
+    p, n = ni[v, _PREV], ni[v, _NEXT]
+    if p >= 0:
+        ni[p, _NEXT] = n
+    else:
+        sc[_TAIL] = n
+    if n >= 0:
+        ni[n, _PREV] = p
+    else:
+        sc[_HEAD] = p
+    ni[v, _PREV] = -1
+    ni[v, _NEXT] = -1
+
+
+@nb.njit(cache=True, inline="always")
+def _push_head(ni, sc, v):
+    h = sc[_HEAD]
+    ni[v, _PREV] = h
+    ni[v, _NEXT] = -1
+    if h >= 0:
+        ni[h, _NEXT] = v
+    else:
+        sc[_TAIL] = v
+    sc[_HEAD] = v
+
+
+# ---------------------------------------------------------------- heap with lazy deletion
+@nb.njit(cache=True)
+def _heap_push(hkey, hnode, hver, sc, key, v, ver):
+    i = sc[_HLEN]
+    sc[_HLEN] = i + 1
+    while i > 0:
+        up = (i - 1) >> 1
+        if hkey[up] <= key:
+            break
+        hkey[i], hnode[i], hver[i] = hkey[up], hnode[up], hver[up]
+        i = up
+    hkey[i], hnode[i], hver[i] = key, v, ver
+
+
+@nb.njit(cache=True)
+def _heap_pop(hkey, hnode, hver, sc):
+    n = sc[_HLEN] - 1
+    sc[_HLEN] = n
+    key, v, ver = hkey[n], hnode[n], hver[n]
+    i = 0
+    while True:
+        c = 2 * i + 1
+        if c >= n:
+            break
+        if c + 1 < n and hkey[c + 1] < hkey[c]:
+            c += 1
+        if hkey[c] >= key:
+            break
+        hkey[i], hnode[i], hver[i] = hkey[c], hnode[c], hver[c]
+        i = c
+    if n > 0:
+        hkey[i], hnode[i], hver[i] = key, v, ver
+
+
+# ---------------------------------------------------------------- policy hooks
+@nb.njit(cache=True)
+def _key(kind, v, depth, ni, nf, params, sc):
+    if kind == LFU:
+        return ni[v, _HITS] * params[0] + ni[v, _LAST]
+    if kind == OPTIMAL:
+        return -(ni[v, _NU] * params[0] + depth[v])
+    a = sc[_ARM]  # DECAYED, CANOPY
+    if a == 0:  # recency, deepest first within a request (vLLM's tail-first order)
+        return ni[v, _LAST] * (params[_DMAX] + 1.0) + params[_DMAX] - depth[v]
+    return np.log(nf[v, _S0 + a - 1]) + params[_LAM0 + a - 1] * ni[v, _CLAST]
+
+
+@nb.njit(cache=True)
+def _heap_compact(kind, depth, ni, nf, params, sc, hkey, hnode, hver, rekey):
+    """Drop dead entries (when the heap array is full: rare, pushes are O(1) per request);
+    with ``rekey``, also recompute every key (when ``CANOPY`` switches arms)."""
+    entries = sc[_HLEN]
+    sc[_HLEN] = 0
+    keys, nodes_, vers = hkey[:entries].copy(), hnode[:entries].copy(), hver[:entries].copy()
+    for e in range(entries):
+        v = nodes_[e]
+        if ni[v, _CACHED] == 1 and ni[v, _NCHILD] == 0 and ni[v, _VER] == vers[e]:
+            key = keys[e]
+            if rekey:
+                key = _key(kind, v, depth, ni, nf, params, sc)
+                nf[v, _KEY] = key
+            _heap_push(hkey, hnode, hver, sc, key, v, vers[e])
+
+
+@nb.njit(cache=True)
+def _push_leaf(kind, v, parent, depth, ni, nf, params, hkey, hnode, hver, sc):
+    if sc[_HLEN] == len(hkey):
+        _heap_compact(kind, depth, ni, nf, params, sc, hkey, hnode, hver, False)
+    ni[v, _VER] += 1
+    key = _key(kind, v, depth, ni, nf, params, sc)
+    nf[v, _KEY] = key
+    _heap_push(hkey, hnode, hver, sc, key, v, ni[v, _VER])
+
+
+@nb.njit(cache=True)
+def _victim(kind, t, parent, depth, ni, nf, params, hkey, hnode, hver, sc):
+    """An unpinned leaf to evict, or -1 when every cached block is pinned."""
+    if kind == LRU:
+        v = sc[_TAIL]
+        return v if v >= 0 else -1
+    if kind == SIEVE:
+        v = sc[_HAND] if sc[_HAND] >= 0 else sc[_TAIL]
+        for _ in range(2 * sc[_SIZE] + 2):
+            if v < 0:
+                v = sc[_TAIL]
+            if ni[v, _NCHILD] == 0 and ni[v, _PIN] != t and ni[v, _VISITED] == 0:
+                sc[_HAND] = ni[v, _NEXT]
+                return v
+            ni[v, _VISITED] = 0
+            v = ni[v, _NEXT]
+        return -1
+    while sc[_HLEN] > 0:
+        v, ver = hnode[0], hver[0]
+        _heap_pop(hkey, hnode, hver, sc)
+        if ni[v, _CACHED] == 0 or ni[v, _NCHILD] != 0 or ni[v, _VER] != ver:
+            continue  # dead entry
+        if ni[v, _PIN] == t:
+            continue  # in use; pushed again when the request ends
+        return v
+    return -1
+
+
+@nb.njit(cache=True, inline="always")
+def _touch(v, t, nu, ni):
+    """Account one use of cached block ``v`` by request ``t``."""
+    ni[v, _HITS] += 1
+    ni[v, _LAST] = t
+    ni[v, _NU] = nu
+
+
+@nb.njit(cache=True)
+def _decayed_update(lo, k, end, nodes, parent, ni, nf, sc, params):
+    """Decayed-count cell values after a request used ``nodes[lo:end]`` (``k``: first miss).
+
+    For each decayed arm ``j``, ``S_j(v)`` is ``v``'s use count discounted by
+    ``2^{-(c - c_i)/H_j}`` (``c``: blocks inserted so far), as of its last use ``c_last``;
+    the heap key ``log S_j + lam_j * c_last`` orders blocks by their discounted count at any
+    common later time, so keys never need rescaling. A block inserted now has no evidence of
+    its own and is seeded optimistically with its parent cell's share,
+    ``rho * count_j(parent) / children(parent)``.
+    """
+    clock = sc[_CLOCK]
+    for j in range(len(params) - _LAM0):
+        lam, col = params[_LAM0 + j], _S0 + j
+        seed = 0.0
+        if k > lo:
+            p = nodes[k - 1]
+            seed = (params[_RHO] * nf[p, col] * np.exp(-lam * (clock - ni[p, _CLAST]))
+                    / max(nf[p, _KIDS], 1.0))
+        for r in range(lo, end):
+            v = nodes[r]
+            if r < k:
+                nf[v, col] = nf[v, col] * np.exp(-lam * (clock - ni[v, _CLAST])) + 1.0
+            else:
+                nf[v, col] = seed + 1.0
+    for r in range(k, end):
+        if parent[nodes[r]] >= 0:
+            nf[parent[nodes[r]], _KIDS] += 1.0
+    for r in range(lo, end):
+        ni[nodes[r], _CLAST] = clock
+
+
+# ---------------------------------------------------------------- one request
+@nb.njit(cache=True)
+def _request(kind, t, lo, hi, nodes, nu, parent, depth, capacity, params, ni, nf, sc,
+             hkey, hnode, hver):
+    k = lo
+    while k < hi and ni[nodes[k], _CACHED] == 1:
+        v = nodes[k]
+        ni[v, _PIN] = t
+        if kind == LRU:
+            _unlink(ni, sc, v)
+        elif kind == SIEVE:
+            ni[v, _VISITED] = 1
+        k += 1
+    end = k
+    for r in range(k, hi):
+        if sc[_SIZE] >= capacity:
+            u = _victim(kind, t, parent, depth, ni, nf, params, hkey, hnode, hver, sc)
+            if u < 0:
+                break
+            if kind == LRU or kind == SIEVE:
+                _unlink(ni, sc, u)
+            ni[u, _CACHED] = 0
+            sc[_SIZE] -= 1
+            p = parent[u]
+            if p >= 0:
+                ni[p, _NCHILD] -= 1
+                if ni[p, _NCHILD] == 0 and ni[p, _PIN] != t and kind != LRU and kind != SIEVE:
+                    _push_leaf(kind, p, parent, depth, ni, nf, params, hkey, hnode, hver, sc)
+        v = nodes[r]
+        ni[v, _CACHED] = 1
+        ni[v, _PIN] = t
+        ni[v, _HITS] = 0
+        ni[v, _VISITED] = 0
+        sc[_SIZE] += 1
+        sc[_CLOCK] += 1
+        if parent[v] >= 0:
+            ni[parent[v], _NCHILD] += 1
+        if kind == SIEVE:
+            _push_head(ni, sc, v)
+        end = r + 1
+    if kind == CANOPY or kind == DECAYED:
+        _decayed_update(lo, k, end, nodes, parent, ni, nf, sc, params)
+    for r in range(lo, end):
+        _touch(nodes[r], t, nu[r], ni)
+    if kind == LRU:
+        for r in range(end - 1, lo - 1, -1):  # freed tail first, as vLLM does
+            _push_head(ni, sc, nodes[r])
+    elif kind != SIEVE and end > lo:
+        _push_leaf(kind, nodes[end - 1], parent, depth, ni, nf, params, hkey, hnode, hver, sc)
+    return k - lo
+
+
+@nb.njit(cache=True)
+def _run(kind, t0, t1, offsets, nodes, nu, parent, depth, capacity, params, ni, nf, sc,
+         hkey, hnode, hver, reused):
+    for t in range(t0, t1):
+        reused[t] = _request(kind, t, offsets[t], offsets[t + 1], nodes, nu, parent, depth,
+                             capacity, params, ni, nf, sc, hkey, hnode, hver)
+
+
+# ---------------------------------------------------------------- canopy: arms on shadows
+@nb.njit(cache=True, inline="always")
+def _unit_hash(v, salt):
+    """splitmix64 of a node id (salted by the sample seed), mapped to [0, 1): the spatial
+    hash that picks the sample."""
+    z = np.uint64(v) + np.uint64(salt) * np.uint64(0xD1B54A32D192ED03) + np.uint64(
+        0x9E3779B97F4A7C15)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    z = z ^ (z >> np.uint64(31))
+    return (z >> np.uint64(11)) * (1.0 / 9007199254740992.0)
+
+
+@nb.njit(cache=True)
+def _shadow_path(lo, hi, nodes, parent, depth, smap, sparent, sdepth, sm, sni, path):
+    """Map a sampled request's blocks into the shadows' compact node space (new nodes get
+    fresh rows); ``path[:hi - lo]`` receives the mapped path."""
+    for r in range(lo, hi):
+        v = nodes[r]
+        if smap[v] < 0:
+            c = sm[0]
+            sm[0] = c + 1
+            smap[v] = c
+            sparent[c] = smap[parent[v]] if parent[v] >= 0 else -1
+            sdepth[c] = depth[v]
+            for a in range(sni.shape[0]):
+                sni[a, c, _PIN] = -1
+                sni[a, c, _PREV] = -1
+                sni[a, c, _NEXT] = -1
+        path[r - lo] = smap[v]
+
+
+@nb.njit(cache=True)
+def _score(stats, pairs, got, gamma):
+    """Fold one sampled request's shadow reuse ``got[a]`` into the discounted statistics:
+    ``stats[a]`` sums reuse, ``stats[-1]`` the weights, ``pairs[0, a, b]`` and
+    ``pairs[1, a, b]`` the paired differences ``got[a] - got[b]`` and their squares."""
+    k = len(got)
+    stats[k] = gamma * stats[k] + 1.0
+    for a in range(k):
+        stats[a] = gamma * stats[a] + got[a]
+        for b in range(k):
+            d = got[a] - got[b]
+            pairs[0, a, b] = gamma * pairs[0, a, b] + d
+            pairs[1, a, b] = gamma * pairs[1, a, b] + d * d
+
+
+@nb.njit(cache=True)
+def _leads(stats, pairs, a, b, z, min_n):
+    """Whether arm ``a``'s discounted mean reuse exceeds arm ``b``'s by ``z`` standard errors
+    of the paired difference (the weight sum ``n`` understates the effective sample size, so
+    the test is conservative); never on less than ``min_n`` of weight, where the variance
+    estimate itself is unreliable."""
+    n = stats[len(stats) - 1]
+    if n < min_n:
+        return False
+    mean = pairs[0, a, b] / n
+    var = max(pairs[1, a, b] / n - mean * mean, 0.0)
+    return mean > 0.0 and mean > z * np.sqrt(var / n)
+
+
+@nb.njit(cache=True)
+def _run_canopy(t0, t1, offsets, nodes, parent, depth, capacity, params, ni, nf, sc, hkey,
+                hnode, hver, reused, ac, stats, pairs, got, smap, sparent, sdepth, sm, skinds,
+                sparams, scap, sni, snf, ssc, shkey, shnode, shver, path):
+    """Canopy's replay: evict by the current arm; on a hashed sample of requests, replay
+    every arm in its shadow cache, fold its reuse into discounted statistics and switch the
+    main cache to the best arm once it leads the current one significantly."""
+    rate, gamma, z, min_n = ac[0], ac[1], ac[2], ac[3]
+    for t in range(t0, t1):
+        lo, hi = offsets[t], offsets[t + 1]
+        reused[t] = _request(CANOPY, t, lo, hi, nodes, nodes, parent, depth, capacity, params,
+                             ni, nf, sc, hkey, hnode, hver)
+        if hi == lo or _unit_hash(nodes[min(lo + 1, hi - 1)], sm[2]) >= rate:
+            continue
+        _shadow_path(lo, hi, nodes, parent, depth, smap, sparent, sdepth, sm, sni, path)
+        for a in range(len(skinds)):
+            got[a] = _request(skinds[a], t, 0, hi - lo, path, path, sparent, sdepth, scap,
+                              sparams[a], sni[a], snf[a], ssc[a], shkey[a], shnode[a], shver[a])
+        _score(stats, pairs, got, gamma)
+        best = np.argmax(stats[:len(skinds)])
+        if best != sc[_ARM] and _leads(stats, pairs, best, sc[_ARM], z, min_n):
+            sc[_ARM] = best
+            sm[1] += 1
+            _heap_compact(CANOPY, depth, ni, nf, params, sc, hkey, hnode, hver, True)
+
+
+class _Shadows:
+    """Metadata-only shadow caches, one per arm, over the sampled requests (see
+    :class:`~canopy.apps.cache.policies.Canopy`)."""
+
+    def __init__(self, trace, policy, capacity: int) -> None:
+        arms = policy.arms(trace, capacity)
+        self.rate, self.capacity = arms.rate, arms.capacity
+        self.ac = np.array([arms.rate, arms.gamma, arms.z, arms.min_evidence])
+        self.kinds, self.params = arms.kinds, arms.params
+        n, k = trace.n_nodes, len(arms.kinds)
+        self.stats = np.zeros(k + 1)
+        self.pairs = np.zeros((2, k, k))
+        self.got = np.zeros(k)
+        self.smap = np.full(n, -1, dtype=np.int64)
+        self.sparent = np.zeros(n, dtype=np.int64)
+        self.sdepth = np.zeros(n, dtype=np.int64)
+        self.sm = np.array([0, 0, arms.seed], dtype=np.int64)  # nodes mapped, switches, salt
+        self.ni = np.zeros((k, n, _NI), dtype=np.int64)  # rows set up when first sampled
+        self.nf = np.zeros((k, n, _S0 + 1), dtype=np.float64)
+        self.sc = np.full((k, _SC), -1, dtype=np.int64)
+        self.sc[:, [_SIZE, _HLEN, _CLOCK]] = 0
+        self.sc[:, _ARM] = 1
+        heap = 8 * arms.capacity + 2 * int(np.diff(trace.offsets).max(initial=0)) + 16
+        self.hkey = np.zeros((k, heap), dtype=np.float64)
+        self.hnode = np.zeros((k, heap), dtype=np.int64)
+        self.hver = np.zeros((k, heap), dtype=np.int64)
+        self.path = np.zeros(max(int(np.diff(trace.offsets).max(initial=0)), 1), dtype=np.int64)
+
+    def args(self) -> tuple:
+        return (self.ac, self.stats, self.pairs, self.got, self.smap, self.sparent,
+                self.sdepth, self.sm, self.kinds, self.params, self.capacity, self.ni,
+                self.nf, self.sc, self.hkey, self.hnode, self.hver, self.path)
+
+
+class RadixCache:
+    """The cache for one trace's block universe, one policy and a capacity in blocks.
+
+    ``policy`` is an eviction policy object from :mod:`canopy.apps.cache.policies`. Requests
+    are processed in trace order with :meth:`run` (or :meth:`step`); ``reused_[i]`` holds the
+    prefix-constrained number of blocks request ``i`` found cached.
+    """
+
+    def __init__(self, trace, policy, capacity: int) -> None:
+        if isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer)):
+            raise TypeError(f"capacity must be an int, got {type(capacity).__name__}")
+        if capacity < 1:
+            raise ValueError(f"capacity must be at least 1 block, got {capacity}")
+        self.trace = trace
+        self.policy = policy
+        self.capacity = int(capacity)
+        self.kind, self.params = policy.kernel(trace, self.capacity)
+        n = trace.n_nodes
+        self._nu = (next_use(trace.offsets, trace.nodes, n) if self.kind == OPTIMAL
+                    else np.zeros(0, dtype=np.int64))
+        self._ni = np.zeros((n, _NI), dtype=np.int64)
+        self._ni[:, [_PIN, _PREV, _NEXT]] = -1
+        decayed = len(self.params) - _LAM0 if self.kind in (CANOPY, DECAYED) else 1
+        self._nf = np.zeros((n, _S0 + decayed), dtype=np.float64)
+        self._sc = np.full(_SC, -1, dtype=np.int64)
+        self._sc[[_SIZE, _HLEN, _CLOCK]] = 0
+        self._sc[_ARM] = 1
+        self._shadows = None
+        if self.kind == CANOPY:
+            self._shadows = _Shadows(trace, policy, self.capacity)
+            self._sc[_ARM] = policy.start_arm
+        heap = 2 * (trace.n_refs + trace.n_requests) + 16
+        self._hkey = np.zeros(heap, dtype=np.float64)
+        self._hnode = np.zeros(heap, dtype=np.int64)
+        self._hver = np.zeros(heap, dtype=np.int64)
+        self.reused_ = np.zeros(trace.n_requests, dtype=np.int64)
+        self.next_request_ = 0
+
+    def run(self, stop: int | None = None) -> np.ndarray:
+        """Process requests up to ``stop`` (default: all); returns their reused blocks."""
+        stop = self.trace.n_requests if stop is None else stop
+        if not self.next_request_ <= stop <= self.trace.n_requests:
+            raise ValueError(f"stop must be in {self.next_request_}..{self.trace.n_requests}, "
+                             f"got {stop}")
+        if self._shadows is not None:
+            _run_canopy(self.next_request_, stop, self.trace.offsets, self.trace.nodes,
+                        self.trace.parent, self.trace.depth, self.capacity, self.params,
+                        self._ni, self._nf, self._sc, self._hkey, self._hnode, self._hver,
+                        self.reused_, *self._shadows.args())
+        else:
+            nu = self._nu if self.kind == OPTIMAL else self.trace.nodes  # unused unless optimal
+            _run(self.kind, self.next_request_, stop, self.trace.offsets, self.trace.nodes, nu,
+                 self.trace.parent, self.trace.depth, self.capacity, self.params, self._ni,
+                 self._nf, self._sc, self._hkey, self._hnode, self._hver, self.reused_)
+        start, self.next_request_ = self.next_request_, stop
+        return self.reused_[start:stop]
+
+    def step(self) -> int:
+        """Process the next request; returns the blocks it reused."""
+        return int(self.run(self.next_request_ + 1)[0])
+
+    @property
+    def size(self) -> int:
+        """Blocks cached now."""
+        return int(self._sc[_SIZE])
+
+    @property
+    def arm(self) -> int:
+        """``canopy``: the arm whose priority evicts now (index into ``policy.arm_names``)."""
+        return int(self._sc[_ARM])
+
+    @property
+    def switches(self) -> int:
+        """``canopy``: how many times the evicting arm changed."""
+        return 0 if self._shadows is None else int(self._shadows.sm[1])
+
+    def cached(self) -> np.ndarray:
+        """Node ids cached now, ascending."""
+        return np.flatnonzero(self._ni[:, _CACHED])

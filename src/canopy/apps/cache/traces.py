@@ -1,0 +1,294 @@
+"""Request traces as paths in one prefix tree of KV blocks (paper Section 4, "Serving systems").
+
+A trace is a sequence of requests; each request is the chain of its prompt's KV blocks, root
+first. Every distinct chain prefix is one node of a global prefix tree, so a request is a
+root-to-node path and a cache is an ancestor-closed set of nodes. Two readers build it:
+
+* :func:`load_mooncake` reads the Mooncake JSONL format (``timestamp``, ``input_length``,
+  ``output_length``, ``hash_ids``; one object a line). Block identity is the chain of hashes
+  up to it, so a hash reused under a different parent is a different node.
+* :func:`load_prompt_log` reads plain prompt logs (one request a line: a JSON list of token
+  ids, or an object with ``tokens``/``token_ids`` and optional ``timestamp``) and chains the
+  tokens into blocks of ``block_size`` tokens; only full blocks are cacheable, as in vLLM.
+
+:func:`resolve` turns ``conversation``, ``synthetic``, ``toolagent`` or a file path into a
+trace, and :func:`shifted` builds the popularity-shift scenario (two workloads with disjoint
+block spaces).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from canopy import data
+
+__all__ = [
+    "MOONCAKE_BLOCK_TOKENS",
+    "TRACE_FILES",
+    "Trace",
+    "from_paths",
+    "load_mooncake",
+    "load_prompt_log",
+    "resolve",
+    "shifted",
+]
+
+MOONCAKE_BLOCK_TOKENS = 512
+"""Tokens per KV block in the Mooncake traces (their ``hash_ids`` hash 512-token blocks)."""
+
+TRACE_FILES = {
+    "conversation": "conversation_trace.jsonl",
+    "synthetic": "synthetic_trace.jsonl",
+    "toolagent": "toolagent_trace.jsonl",
+}
+"""Named Mooncake FAST'25 traces -> file inside the ``mooncake`` data set."""
+
+
+@dataclass(frozen=True)
+class Trace:
+    """Requests as root-to-node paths in one prefix tree of blocks.
+
+    ``parent[v]`` is the parent block of node ``v`` (``-1`` under the virtual root) and
+    ``depth[v]`` its 1-based position in every chain through it. Request ``i`` is
+    ``nodes[offsets[i]:offsets[i + 1]]``, root first; ``timestamps`` are in milliseconds,
+    ``input_tokens`` the prompt length (for the time-to-first-token model).
+    """
+
+    name: str
+    parent: np.ndarray
+    depth: np.ndarray
+    offsets: np.ndarray
+    nodes: np.ndarray
+    timestamps: np.ndarray
+    input_tokens: np.ndarray
+    block_size: int
+
+    @property
+    def n_requests(self) -> int:
+        return len(self.offsets) - 1
+
+    @property
+    def n_nodes(self) -> int:
+        return len(self.parent)
+
+    @property
+    def n_refs(self) -> int:
+        """Block references: the total length of all request paths."""
+        return len(self.nodes)
+
+    def path(self, i: int) -> np.ndarray:
+        """Blocks of request ``i``, root first."""
+        return self.nodes[self.offsets[i]:self.offsets[i + 1]]
+
+    def head(self, n: int) -> Trace:
+        """The first ``n`` requests (nodes renumbered to the ones they use)."""
+        if not 0 <= n <= self.n_requests:
+            raise ValueError(f"n must be in 0..{self.n_requests}, got {n}")
+        paths = (self.path(i) for i in range(n))
+        return from_paths(paths, name=f"{self.name}[:{n}]", block_size=self.block_size,
+                          timestamps=self.timestamps[:n], input_tokens=self.input_tokens[:n])
+
+
+class _Trie:
+    """Builder: chains of keys -> node ids of one prefix tree."""
+
+    def __init__(self) -> None:
+        self.index: dict[tuple[int, object], int] = {}
+        self.parent: list[int] = []
+        self.depth: list[int] = []
+
+    def chain(self, keys: Iterable[object]) -> list[int]:
+        out: list[int] = []
+        node = -1
+        for key in keys:
+            child = self.index.get((node, key))
+            if child is None:
+                child = len(self.parent)
+                self.index[(node, key)] = child
+                self.parent.append(node)
+                self.depth.append(len(out) + 1)
+            out.append(child)
+            node = child
+        return out
+
+
+def _build(name: str, trie: _Trie, paths: list[list[int]], timestamps: Sequence[float],
+           input_tokens: Sequence[int], block_size: int) -> Trace:
+    offsets = np.zeros(len(paths) + 1, dtype=np.int64)
+    np.cumsum([len(p) for p in paths], out=offsets[1:])
+    nodes = np.fromiter((v for p in paths for v in p), dtype=np.int64, count=int(offsets[-1]))
+    return Trace(name=name, parent=np.asarray(trie.parent, dtype=np.int64),
+                 depth=np.asarray(trie.depth, dtype=np.int64), offsets=offsets, nodes=nodes,
+                 timestamps=np.asarray(timestamps, dtype=np.float64),
+                 input_tokens=np.asarray(input_tokens, dtype=np.int64), block_size=block_size)
+
+
+def from_paths(paths: Iterable[Sequence[object]], *, name: str = "trace",
+               block_size: int = MOONCAKE_BLOCK_TOKENS,
+               timestamps: Sequence[float] | None = None,
+               input_tokens: Sequence[int] | None = None) -> Trace:
+    """A trace from chains of block keys (any hashable; a key means its whole prefix)."""
+    trie = _Trie()
+    chained = [trie.chain(p) for p in paths]
+    n = len(chained)
+    ts = np.arange(n, dtype=np.float64) if timestamps is None else timestamps
+    tokens = [len(p) * block_size for p in chained] if input_tokens is None else input_tokens
+    if len(ts) != n or len(tokens) != n:
+        raise ValueError(f"timestamps and input_tokens need one entry per request ({n})")
+    return _build(name, trie, chained, ts, tokens, block_size)
+
+
+def _bad_line(file: Path, lineno: int, why: str) -> ValueError:
+    return ValueError(f"{file}:{lineno}: {why}")
+
+
+def _json_line(file: Path, lineno: int, line: str) -> object:
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError as error:
+        raise _bad_line(file, lineno, f"not valid JSON ({error.msg})") from None
+
+
+def _rows(file: Path) -> Iterator[tuple[int, object]]:
+    """``(line number, parsed JSON)`` for each non-blank line of ``file``."""
+    with file.open(encoding="utf-8") as lines:
+        for lineno, line in enumerate(lines, start=1):
+            if line.strip():
+                yield lineno, _json_line(file, lineno, line)
+
+
+def _int_list(file: Path, lineno: int, value: object, field: str) -> list[int]:
+    if not isinstance(value, list) or not all(
+            isinstance(x, int) and not isinstance(x, bool) for x in value):
+        raise _bad_line(file, lineno, f"{field} must be a list of integers")
+    return value
+
+
+def _number(file: Path, lineno: int, row: dict, field: str) -> float:
+    value = row.get(field)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        raise _bad_line(file, lineno, f"{field} must be a non-negative number, got {value!r}")
+    return value
+
+
+def load_mooncake(file: str | Path, *, name: str | None = None) -> Trace:
+    """Read a Mooncake JSONL trace (conversation, synthetic or tool-agent; 512-token blocks).
+
+    Raises :class:`ValueError` naming the file and line of the first malformed request.
+    """
+    file = Path(file)
+    trie = _Trie()
+    paths: list[list[int]] = []
+    timestamps: list[float] = []
+    tokens: list[int] = []
+    for lineno, row in _rows(file):
+        if not isinstance(row, dict):
+            raise _bad_line(file, lineno, "expected a JSON object")
+        missing = [k for k in ("timestamp", "input_length", "hash_ids") if k not in row]
+        if missing:
+            raise _bad_line(file, lineno, f"missing field(s) {', '.join(missing)}")
+        hashes = _int_list(file, lineno, row["hash_ids"], "hash_ids")
+        timestamps.append(_number(file, lineno, row, "timestamp"))
+        tokens.append(int(_number(file, lineno, row, "input_length")))
+        if "output_length" in row:
+            _number(file, lineno, row, "output_length")
+        paths.append(trie.chain(hashes))
+    if not paths:
+        raise ValueError(f"{file}: no requests")
+    return _build(name or file.stem, trie, paths, timestamps, tokens, MOONCAKE_BLOCK_TOKENS)
+
+
+def load_prompt_log(file: str | Path, *, block_size: int = 16, name: str | None = None) -> Trace:
+    """Read a prompt log: one request a line, a JSON list of token ids or an object with
+    ``tokens`` (or ``token_ids``) and an optional ``timestamp`` (ms). Tokens are chained into
+    blocks of ``block_size``; the trailing partial block is not cacheable (as in vLLM)."""
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+        raise ValueError(f"block_size must be a positive int, got {block_size!r}")
+    file = Path(file)
+    trie = _Trie()
+    paths: list[list[int]] = []
+    timestamps: list[float] = []
+    tokens: list[int] = []
+    for lineno, row in _rows(file):
+        stamp: float = float(len(paths))
+        if isinstance(row, dict):
+            ids = row.get("tokens", row.get("token_ids"))
+            if ids is None:
+                raise _bad_line(file, lineno, "object needs a tokens (or token_ids) list")
+            if "timestamp" in row:
+                stamp = _number(file, lineno, row, "timestamp")
+        else:
+            ids = row
+        ids = _int_list(file, lineno, ids, "tokens")
+        full = len(ids) // block_size
+        blocks = (tuple(ids[b * block_size:(b + 1) * block_size]) for b in range(full))
+        paths.append(trie.chain(blocks))
+        timestamps.append(stamp)
+        tokens.append(len(ids))
+    if not paths:
+        raise ValueError(f"{file}: no requests")
+    return _build(name or file.stem, trie, paths, timestamps, tokens, block_size)
+
+
+def resolve(name_or_path: str | Path, *, block_size: int | None = None) -> Trace:
+    """``conversation``/``synthetic``/``toolagent`` (via :func:`canopy.data.path`) or a file.
+
+    A ``.jsonl`` file whose first request has ``hash_ids`` is read as Mooncake, anything else
+    as a prompt log with ``block_size`` tokens a block (default 16).
+    """
+    key = str(name_or_path)
+    if key in TRACE_FILES:
+        try:
+            file = data.path("mooncake", TRACE_FILES[key])
+        except data.DataNotFound as missing:
+            if key != "toolagent":
+                raise
+            raise data.DataNotFound(
+                f"{missing}. The tool-agent trace is not mirrored: download "
+                "FAST25-release/traces/toolagent_trace.jsonl from github.com/kvcache-ai/Mooncake "
+                "into $CANOPY_DATA_DIR/mooncake/ (or pass download=True to canopy.data.path), "
+                "or pass its file path as the trace") from None
+        return load_mooncake(file, name=key)
+    file = Path(key)
+    if not file.is_file():
+        raise ValueError(f"trace must be one of {', '.join(TRACE_FILES)} or an existing "
+                         f"file, got {key!r}")
+    if _looks_mooncake(file):
+        return load_mooncake(file)
+    return load_prompt_log(file, block_size=16 if block_size is None else block_size)
+
+
+def _looks_mooncake(file: Path) -> bool:
+    with file.open(encoding="utf-8") as lines:
+        for line in lines:
+            if line.strip():
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError:
+                    return False
+                return isinstance(row, dict) and "hash_ids" in row
+    return False
+
+
+def shifted(before: Trace, after: Trace) -> tuple[Trace, int]:
+    """The popularity-shift scenario: ``before``'s requests, then ``after``'s in a disjoint
+    block space. Returns the joined trace and the index of the first post-shift request."""
+    if before.block_size != after.block_size:
+        raise ValueError(f"block sizes differ: {before.block_size} and {after.block_size}")
+    shift = before.n_nodes
+    parent = np.concatenate([before.parent, np.where(after.parent < 0, -1, after.parent + shift)])
+    last = before.timestamps[-1] if before.n_requests else 0.0
+    joined = Trace(
+        name=f"{before.name}->{after.name}", parent=parent,
+        depth=np.concatenate([before.depth, after.depth]),
+        offsets=np.concatenate([before.offsets, after.offsets[1:] + before.offsets[-1]]),
+        nodes=np.concatenate([before.nodes, after.nodes + shift]),
+        timestamps=np.concatenate([before.timestamps, after.timestamps + last]),
+        input_tokens=np.concatenate([before.input_tokens, after.input_tokens]),
+        block_size=after.block_size)
+    return joined, before.n_requests

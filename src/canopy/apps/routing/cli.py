@@ -1,0 +1,92 @@
+"""``canopy route ...`` (offline replay) and ``canopy serve router`` (the routing proxy)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+__all__ = ["register"]
+
+route_app = typer.Typer(no_args_is_help=True, help="Model routing: offline bandit replay.")
+serve_app = typer.Typer(no_args_is_help=True, help="HTTP services.")
+
+
+def _floats(text: str | None) -> list[float] | None:
+    if text is None or text == "auto":
+        return None
+    try:
+        return [float(x) for x in text.replace(",", " ").split()]
+    except ValueError:
+        raise typer.BadParameter(f"--lambdas must be numbers or 'auto', got {text!r}") from None
+
+
+@route_app.command("replay")
+def replay_command(
+    dataset: str = typer.Option(..., "--dataset", help="registered name or a .csv/.jsonl/"
+                                ".pkl file"),
+    lambdas: str = typer.Option("auto", "--lambdas", help="cost weights, e.g. '0 10 100'"),
+    seeds: int = typer.Option(10, "--seeds", min=1),
+    routers: str | None = typer.Option(None, "--routers", help="comma-separated names"),
+    region_depth: int | None = typer.Option(None, "--region-depth",
+                                            help="routellm-mmlu: 1, 2 or 3 levels"),
+    as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
+    plot: Annotated[Path | None, typer.Option("--plot", help="write the figure here")] = None,
+) -> None:
+    """Replay routers on logged outcomes over a sweep of lambda."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from canopy.apps.routing.datasets import load
+    from canopy.apps.routing.replay import replay
+
+    options = {} if region_depth is None else {"depth": region_depth}
+    outcomes = load(dataset, **options)
+    names = None if routers is None else [r.strip() for r in routers.split(",") if r.strip()]
+    result = replay(outcomes, lambdas=_floats(lambdas), seeds=seeds, routers=names)
+    if plot is not None:
+        from canopy.apps.routing.plots import plot_replay
+
+        plot_replay(result, plot)
+    summary = result.to_dict()
+    if as_json:
+        typer.echo(json.dumps(summary))
+        return
+    console = Console()
+    table = Table(title=f"{outcomes.name}: {outcomes.n_queries} queries, "
+                        f"{outcomes.n_models} models, {len(result.seeds)} seeds")
+    for column in ("router", "AIQ", "lambda", "quality", "cost ($)", "regret"):
+        table.add_column(column)
+    for name, entry in summary["routers"].items():
+        for i, point in enumerate(entry["points"]):
+            table.add_row(name if i == 0 else "",
+                          f"{entry['aiq']:.4f} ± {entry['aiq_ci95']:.4f}" if i == 0 else "",
+                          f"{point['lambda']:.4g}",
+                          f"{point['quality']:.4f} ± {point['quality_ci95']:.4f}",
+                          f"{point['cost']:.3g}", f"{point['regret']:.1f}")
+    console.print(table)
+    if "fixed_hull" in summary:
+        console.print(f"AIQ of the fixed models' hull: {summary['fixed_hull']['aiq']:.4f}")
+
+
+@serve_app.command("router")
+def serve_router(config: Annotated[Path, typer.Option("--config", exists=True,
+                                                     dir_okay=False)],
+                 host: str = typer.Option("127.0.0.1", "--host"),
+                 port: int = typer.Option(8080, "--port")) -> None:
+    """Run the OpenAI-compatible routing proxy (needs the ``serve`` extra)."""
+    import uvicorn
+
+    from canopy.apps.routing.proxy.app import create_app
+    from canopy.apps.routing.proxy.config import ProxyConfig
+
+    uvicorn.run(create_app(ProxyConfig.from_file(config)), host=host, port=port,
+                log_level="warning")
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``route`` and ``serve`` groups to the ``canopy`` app."""
+    app.add_typer(route_app, name="route")
+    app.add_typer(serve_app, name="serve")

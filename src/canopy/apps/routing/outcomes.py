@@ -1,0 +1,100 @@
+"""Logged per-query outcomes: every model's quality and cost on every query, with the
+query's region. The common form all routing data loaders return."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from canopy.apps.routing.regions import RegionTree, normalize_region
+
+__all__ = ["Outcomes"]
+
+
+@dataclass(frozen=True)
+class Outcomes:
+    """``quality[i, m]`` in [0, 1] and ``cost[i, m]`` (dollars) of model ``m`` on query ``i``.
+
+    ``regions[i]`` is the query's region path (``"stem/physics"``). Optional token counts
+    ``input_tokens``/``output_tokens`` have the same shape as ``cost``. Validated on
+    construction: no NaN, quality in [0, 1], cost finite and >= 0.
+    """
+
+    name: str
+    query_ids: tuple[str, ...]
+    regions: tuple[str, ...]
+    models: tuple[str, ...]
+    quality: np.ndarray
+    cost: np.ndarray
+    input_tokens: np.ndarray | None = None
+    output_tokens: np.ndarray | None = None
+    notes: tuple[str, ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        n, k = len(self.query_ids), len(self.models)
+        if n == 0 or k == 0:
+            raise ValueError(f"{self.name}: outcomes need at least one query and one model")
+        if len(set(self.models)) != k:
+            raise ValueError(f"{self.name}: repeated model names")
+        if len(set(self.query_ids)) != n:
+            raise ValueError(f"{self.name}: repeated query ids")
+        if len(self.regions) != n:
+            raise ValueError(f"{self.name}: {len(self.regions)} regions for {n} queries")
+        object.__setattr__(self, "regions", tuple(normalize_region(r) for r in self.regions))
+        for attr in ("quality", "cost", "input_tokens", "output_tokens"):
+            value = getattr(self, attr)
+            if value is None:
+                continue
+            array = np.ascontiguousarray(value, dtype=float)
+            if array.shape != (n, k):
+                raise ValueError(f"{self.name}: {attr} has shape {array.shape}, want {(n, k)}")
+            if not np.all(np.isfinite(array)):
+                raise ValueError(f"{self.name}: {attr} holds NaN or infinite values")
+            array.setflags(write=False)
+            object.__setattr__(self, attr, array)
+        if self.quality.min() < 0 or self.quality.max() > 1:
+            raise ValueError(f"{self.name}: quality must lie in [0, 1]")
+        if self.cost.min() < 0:
+            raise ValueError(f"{self.name}: cost must be >= 0")
+
+    @property
+    def n_queries(self) -> int:
+        return len(self.query_ids)
+
+    @property
+    def n_models(self) -> int:
+        return len(self.models)
+
+    def region_tree(self) -> tuple[RegionTree, np.ndarray]:
+        """The tree of this data's regions and each query's node in it."""
+        tree = RegionTree()
+        nodes = np.fromiter((tree.add(r) for r in self.regions), dtype=np.int64,
+                            count=self.n_queries)
+        return tree, nodes
+
+    def reward(self, lam: float) -> np.ndarray:
+        """``quality - lam * cost`` per query and model (the routing reward, Section 5)."""
+        return self.quality - lam * self.cost
+
+    def select_models(self, models: tuple[str, ...] | list[str]) -> Outcomes:
+        """The same queries restricted to ``models`` (unknown names raise ``KeyError``)."""
+        columns = []
+        for model in models:
+            if model not in self.models:
+                raise KeyError(f"{self.name}: unknown model {model!r}")
+            columns.append(self.models.index(model))
+
+        def pick(array: np.ndarray | None) -> np.ndarray | None:
+            return None if array is None else array[:, columns]
+
+        return Outcomes(self.name, self.query_ids, self.regions, tuple(models),
+                        pick(self.quality), pick(self.cost), pick(self.input_tokens),
+                        pick(self.output_tokens), self.notes)
+
+    def summary(self) -> dict[str, object]:
+        """Sizes and per-model mean quality and cost."""
+        return {"name": self.name, "queries": self.n_queries, "models": list(self.models),
+                "regions": len(set(self.regions)),
+                "mean_quality": dict(zip(self.models, self.quality.mean(0).tolist(), strict=True)),
+                "mean_cost": dict(zip(self.models, self.cost.mean(0).tolist(), strict=True))}

@@ -1,0 +1,111 @@
+"""Region tree for routing: task categories as a tree of ``/``-separated paths.
+
+A region path such as ``"stem/physics"`` names a node; every prefix (``"stem"``) is its
+parent region and the empty path is the root (the whole pool). Queries may sit at any node.
+The learners back their per-region statistics off along this tree (paper Section 5,
+"Routing": the depth-one or shallow case of the tree bandit).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+
+__all__ = ["RegionTree", "normalize_region"]
+
+
+def normalize_region(region: str) -> str:
+    """``" STEM//physics/ "`` -> ``"STEM/physics"``; refuses a non-string."""
+    if not isinstance(region, str):
+        raise TypeError(f"region must be a string path such as 'stem/physics', got {region!r}")
+    return "/".join(part.strip() for part in region.split("/") if part.strip())
+
+
+class RegionTree:
+    """A growable prefix tree of region paths. Node 0 is the root ``""``.
+
+    ``ancestors`` is a padded array: row ``v`` lists the nodes from the root down to ``v``
+    (``-1`` after the end), the layout the numba learners walk.
+    """
+
+    def __init__(self, regions: Iterable[str] = ()) -> None:
+        self._index: dict[str, int] = {"": 0}
+        self._paths: list[str] = [""]
+        self._parent: list[int] = [-1]
+        self._depth: list[int] = [0]
+        for region in regions:
+            self.add(region)
+
+    def add(self, region: str) -> int:
+        """Node of ``region``, creating it and its missing prefixes."""
+        path = normalize_region(region)
+        node = self._index.get(path)
+        if node is not None:
+            return node
+        parts = path.split("/")
+        node = 0
+        for end in range(1, len(parts) + 1):
+            prefix = "/".join(parts[:end])
+            child = self._index.get(prefix)
+            if child is None:
+                child = len(self._paths)
+                self._index[prefix] = child
+                self._paths.append(prefix)
+                self._parent.append(node)
+                self._depth.append(end)
+            node = child
+        return node
+
+    def node(self, region: str) -> int:
+        """Node of a known region; ``KeyError`` naming it when unknown."""
+        path = normalize_region(region)
+        try:
+            return self._index[path]
+        except KeyError:
+            raise KeyError(f"unknown region {region!r}") from None
+
+    def nearest(self, region: str) -> int:
+        """Node of ``region`` or of its deepest known prefix (the root at worst)."""
+        parts = normalize_region(region).split("/")
+        for end in range(len(parts), 0, -1):
+            node = self._index.get("/".join(parts[:end]))
+            if node is not None:
+                return node
+        return 0
+
+    def path(self, node: int) -> str:
+        return self._paths[node]
+
+    def parent(self, node: int) -> int:
+        return self._parent[node]
+
+    @property
+    def n_nodes(self) -> int:
+        return len(self._paths)
+
+    @property
+    def paths(self) -> tuple[str, ...]:
+        return tuple(self._paths)
+
+    @property
+    def max_depth(self) -> int:
+        return max(self._depth)
+
+    def ancestors(self) -> np.ndarray:
+        """``(n_nodes, max_depth + 1)`` int64: root-to-node chains padded with ``-1``."""
+        table = np.full((self.n_nodes, self.max_depth + 1), -1, dtype=np.int64)
+        for node in range(self.n_nodes):
+            chain = []
+            walk = node
+            while walk >= 0:
+                chain.append(walk)
+                walk = self._parent[walk]
+            table[node, :len(chain)] = chain[::-1]
+        return table
+
+    def __contains__(self, region: object) -> bool:
+        return isinstance(region, str) and normalize_region(region) in self._index
+
+    def __repr__(self) -> str:
+        return f"RegionTree(n_nodes={self.n_nodes}, max_depth={self.max_depth})"

@@ -1,0 +1,185 @@
+"""Offline bandit replay on logged per-query outcomes (paper Section 5, "Routing").
+
+Queries arrive in a seeded random order; a learning router sees only the outcome of the
+model it chose. Sweeping ``lam`` in the reward ``quality - lam * cost`` traces each router's
+cost-quality frontier. Per router, lam and seed: mean quality, mean cost, and cumulative
+(pseudo-)regret against the per-category oracle, ``sum_t mu_region(t)(best) -
+mu_region(t)(chosen)`` with ``mu`` the region's true mean reward. Per router: AIQ
+(:func:`canopy.apps.routing.frontier.aiq`) over the fixed models' cost range.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from canopy.apps.routing import learners
+from canopy.apps.routing.frontier import aiq, mean_ci
+from canopy.apps.routing.outcomes import Outcomes
+from canopy.apps.routing.routers import category_choices, query_choices
+
+__all__ = ["LEARNERS", "ReplayResult", "default_lambdas", "default_routers", "replay"]
+
+LEARNERS = {"regional": (learners.UCB, False), "flat": (learners.UCB, True),
+            "thompson": (learners.THOMPSON, False), "flat-thompson": (learners.THOMPSON, True)}
+REFERENCES = ("random", "category-oracle", "query-oracle")
+
+
+def default_routers(models: Sequence[str]) -> tuple[str, ...]:
+    """Learners, references, and ``fixed:<model>`` for every model."""
+    return (*LEARNERS, *REFERENCES, *(f"fixed:{m}" for m in models))
+
+
+def default_lambdas(outcomes: Outcomes, size: int = 12) -> np.ndarray:
+    """``0`` and a geometric grid with ``lam * spread`` from 0.01 to 3, where ``spread`` is the
+    gap between the most and least expensive model's mean cost (so the grid crosses every
+    quality gap of at most 1 between models)."""
+    mean_cost = outcomes.cost.mean(0)
+    spread = float(mean_cost.max() - mean_cost.min())
+    if spread <= 0:
+        return np.zeros(1)
+    return np.concatenate([[0.0], np.geomspace(0.01, 3.0, size - 1) / spread])
+
+
+@dataclass(frozen=True)
+class ReplayResult:
+    """Arrays indexed ``[router, lam, seed]`` (curves ``[router, lam, checkpoint]``, seed
+    means)."""
+
+    dataset: str
+    routers: tuple[str, ...]
+    models: tuple[str, ...]
+    lambdas: np.ndarray
+    seeds: tuple[int, ...]
+    quality: np.ndarray
+    cost: np.ndarray
+    regret: np.ndarray
+    steps: np.ndarray
+    regret_curve: np.ndarray
+    cost_range: tuple[float, float]
+
+    def index(self, router: str) -> int:
+        try:
+            return self.routers.index(router)
+        except ValueError:
+            raise KeyError(f"no router {router!r} in this replay") from None
+
+    def aiq(self, router: str) -> tuple[float, float]:
+        """AIQ of the router's frontier per seed: mean and 95% half-width. ``fixed-hull`` is
+        the hull of every fixed model together."""
+        if router == "fixed-hull":
+            rows = [i for i, r in enumerate(self.routers) if r.startswith("fixed:")]
+            if not rows:
+                raise KeyError("no fixed routers in this replay")
+            q = self.quality[rows, 0, :]
+            c = self.cost[rows, 0, :]
+        else:
+            r = self.index(router)
+            q, c = self.quality[r], self.cost[r]
+        per_seed = np.array([aiq(c[:, s], q[:, s], *self.cost_range)
+                             for s in range(len(self.seeds))])
+        mean, half = mean_ci(per_seed)
+        return float(mean), float(half)
+
+    def near_oracle(self, router: str = "regional", share: float = 0.95) -> list[float]:
+        """The lams at which ``router`` reaches ``share`` of the per-category oracle's mean
+        quality at no more than its mean cost."""
+        r, o = self.index(router), self.index("category-oracle")
+        q, c = self.quality.mean(2), self.cost.mean(2)
+        ok = (q[r] >= share * q[o]) & (c[r] <= c[o])
+        return [float(x) for x in self.lambdas[ok]]
+
+    def to_dict(self) -> dict[str, object]:
+        """Per router: per lam mean quality, mean cost (95% half-widths), final regret; AIQ."""
+        q, qh = mean_ci(self.quality)
+        c, ch = mean_ci(self.cost)
+        g, gh = mean_ci(self.regret)
+        out: dict[str, object] = {"dataset": self.dataset, "models": list(self.models),
+                                  "seeds": len(self.seeds), "cost_range": list(self.cost_range),
+                                  "lambdas": self.lambdas.tolist(), "routers": {}}
+        for r, name in enumerate(self.routers):
+            mean, half = self.aiq(name)
+            out["routers"][name] = {
+                "aiq": mean, "aiq_ci95": half,
+                "points": [{"lambda": float(lam), "quality": float(q[r, i]),
+                            "quality_ci95": float(qh[r, i]), "cost": float(c[r, i]),
+                            "cost_ci95": float(ch[r, i]), "regret": float(g[r, i]),
+                            "regret_ci95": float(gh[r, i])}
+                           for i, lam in enumerate(self.lambdas)]}
+        if any(r.startswith("fixed:") for r in self.routers):
+            mean, half = self.aiq("fixed-hull")
+            out["fixed_hull"] = {"aiq": mean, "aiq_ci95": half}
+        return out
+
+
+def _choices(router: str, outcomes: Outcomes, lam: float, order: np.ndarray,
+             chains: np.ndarray, seed: int, kappa: float, explore: float) -> np.ndarray:
+    n, k = outcomes.n_queries, outcomes.n_models
+    if router in LEARNERS:
+        kind, flat = LEARNERS[router]
+        n_nodes = 1 if flat else int(chains.max()) + 1
+        z = (np.random.default_rng([seed, 1]).standard_normal((n, k))
+             if kind == learners.THOMPSON else np.zeros((1, k)))
+        use = np.zeros((n, 1), dtype=np.int64) if flat else chains[order]
+        z = z if kind == learners.THOMPSON else np.zeros((n, k))
+        return learners.replay_learner(np.zeros((n_nodes, k, 3)), use,
+                                       outcomes.quality[order], outcomes.cost[order], lam,
+                                       kind, kappa, explore, z)
+    if router == "random":
+        return np.random.default_rng([seed, 2]).integers(k, size=n)
+    if router == "category-oracle":
+        return category_choices(outcomes, lam)[0][order]
+    if router == "query-oracle":
+        return query_choices(outcomes, lam)[order]
+    if router.startswith("fixed:"):
+        model = router.removeprefix("fixed:")
+        if model not in outcomes.models:
+            raise KeyError(f"fixed router for unknown model {model!r}")
+        return np.full(n, outcomes.models.index(model))
+    raise KeyError(f"unknown router {router!r}; known: learners {sorted(LEARNERS)}, "
+                   f"{', '.join(REFERENCES)}, fixed:<model>")
+
+
+def replay(outcomes: Outcomes, *, lambdas: Sequence[float] | np.ndarray | None = None,
+           seeds: int | Sequence[int] = 10, routers: Sequence[str] | None = None,
+           kappa: float = 5.0, explore: float = 1.0, checkpoints: int = 100) -> ReplayResult:
+    """Replay every router at every lam over every seed's query order."""
+    lambdas = default_lambdas(outcomes) if lambdas is None else np.asarray(lambdas, float)
+    if lambdas.ndim != 1 or lambdas.size == 0 or not np.all(np.isfinite(lambdas)) or \
+            np.any(lambdas < 0):
+        raise ValueError(f"lambdas must be a non-empty list of finite values >= 0, got "
+                         f"{lambdas!r}")
+    seeds = tuple(range(seeds)) if isinstance(seeds, int) else tuple(int(s) for s in seeds)
+    if not seeds:
+        raise ValueError("seeds must be a positive count or a non-empty list")
+    routers = default_routers(outcomes.models) if routers is None else tuple(routers)
+    for name in routers:  # fail before computing anything
+        if name not in LEARNERS and name not in REFERENCES and not (
+                name.startswith("fixed:") and name.removeprefix("fixed:") in outcomes.models):
+            raise KeyError(f"unknown router {name!r}")
+    tree, nodes = outcomes.region_tree()
+    chains = tree.ancestors()[nodes]
+    n = outcomes.n_queries
+    steps = np.unique(np.linspace(1, n, min(checkpoints, n)).astype(np.int64))
+    shape = (len(routers), lambdas.size, len(seeds))
+    quality, cost, regret = np.zeros(shape), np.zeros(shape), np.zeros(shape)
+    curve = np.zeros((len(routers), lambdas.size, steps.size))
+    rows = np.arange(n)
+    for li, lam in enumerate(lambdas):
+        best, region_means = category_choices(outcomes, float(lam))
+        for si, seed in enumerate(seeds):
+            order = np.random.default_rng([seed, 0]).permutation(n)
+            top = region_means[order, best[order]]
+            for ri, name in enumerate(routers):
+                chosen = _choices(name, outcomes, float(lam), order, chains, seed, kappa,
+                                  explore)
+                quality[ri, li, si] = outcomes.quality[order, chosen].mean()
+                cost[ri, li, si] = outcomes.cost[order, chosen].mean()
+                gaps = np.cumsum(top - region_means[order[rows], chosen])
+                regret[ri, li, si] = gaps[-1]
+                curve[ri, li] += gaps[steps - 1] / len(seeds)
+    fixed = outcomes.cost.mean(0)
+    return ReplayResult(outcomes.name, routers, outcomes.models, lambdas, seeds, quality, cost,
+                        regret, steps, curve, (float(fixed.min()), float(fixed.max())))

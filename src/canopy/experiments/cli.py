@@ -1,0 +1,166 @@
+"""``canopy run STUDY``, ``canopy list`` and ``canopy reproduce``: parse, call the runner, render
+with rich."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    ProgressColumn,
+    Task,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+from rich.table import Table
+from rich.text import Text
+
+from canopy.experiments.outputs import StudyOutputs, write_report, write_study
+from canopy.experiments.runner import StudyRun, plan, run_study
+from canopy.experiments.studies import available, get_study
+from canopy.experiments.study import Headline, Study
+
+__all__ = ["register"]
+
+console = Console(stderr=True)
+
+Quick = Annotated[bool, typer.Option("--quick", help="Smaller grid and fewer seeds.")]
+Backend = Annotated[str, typer.Option(help="Where cells run: local processes or a Ray cluster.")]
+Workers = Annotated[int | None, typer.Option(help="Worker processes (default: all cores).")]
+Address = Annotated[str | None, typer.Option(help="Address of an existing Ray cluster.")]
+Out = Annotated[Path, typer.Option(help="Output directory (one folder per study).")]
+
+
+class _RateColumn(ProgressColumn):
+    def render(self, task: Task) -> Text:
+        speed = task.finished_speed or task.speed
+        return Text("– cells/s" if speed is None else f"{speed:.2f} cells/s", style="cyan")
+
+
+def _parse_sets(values: list[str] | None) -> dict[str, str]:
+    overrides = {}
+    for item in values or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"--set expects KEY=VALUE, got {item!r}")
+        overrides[key.strip()] = value.strip()
+    return overrides
+
+
+def _run_one(study: Study, *, quick: bool, seeds: int | None, overrides: dict[str, str],
+             backend: str, workers: int | None, address: str | None, out: Path
+             ) -> tuple[StudyRun, list[Headline]]:
+    with Progress(TextColumn(f"[bold]{study.name}"), BarColumn(), MofNCompleteColumn(),
+                  _RateColumn(), TimeElapsedColumn(), TextColumn("left"), TimeRemainingColumn(),
+                  console=console, transient=False) as bar:
+        task = bar.add_task(study.name, total=None)
+
+        def progress(done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total)
+
+        result = run_study(study, store=StudyOutputs(out, study.name).cells, quick=quick,
+                           seeds=seeds, overrides=overrides, backend=backend,  # type: ignore[arg-type]
+                           workers=workers, address=address, progress=progress)
+    paths = write_study(study, result, out)
+    headlines = study.headlines(result.rows)
+    _print_headlines(study, result, headlines)
+    console.print(f"wrote {paths.directory}/ (results.json, table.md, table.tex, figure.png)")
+    return result, headlines
+
+
+def _print_headlines(study: Study, result: StudyRun, headlines: list[Headline]) -> None:
+    table = Table(title=f"{study.name}: {result.computed} cells computed, "
+                        f"{result.reused} resumed, {result.seconds:.0f} s")
+    for column in ("headline", "ours", "95% CI", "paper", "ratio", "target", "met"):
+        table.add_column(column)
+    for h in headlines:
+        ci = "–" if h.ci_low is None else f"[{h.ci_low:.4g}, {h.ci_high:.4g}]"
+        table.add_row(h.label, f"{h.ours:.4g}", ci, "–" if h.paper is None else f"{h.paper:g}",
+                      "–" if h.ratio is None else f"{h.ratio:.3g}", h.target or "–",
+                      {True: "[green]yes", False: "[red]no", None: "–"}[h.passed])
+    console.print(table)
+
+
+def _check_backend(backend: str, workers: int | None) -> None:
+    if backend not in ("local", "ray"):
+        raise ValueError(f"--backend must be 'local' or 'ray', got {backend!r}")
+    if workers is not None and workers < 1:
+        raise ValueError(f"--workers must be >= 1, got {workers}")
+
+
+def _fail(error: Exception) -> typer.Exit:
+    console.print(f"[red]error:[/red] {error}")
+    return typer.Exit(code=2)
+
+
+def run_command(
+    study: Annotated[str, typer.Argument(help="Study name (see `canopy list`).")],
+    quick: Quick = False,
+    seeds: Annotated[int | None, typer.Option(help="Seeds (default: the paper's).")] = None,
+    backend: Backend = "local",
+    workers: Workers = None,
+    address: Address = None,
+    out: Out = Path("results"),
+    set_: Annotated[list[str] | None, typer.Option(
+        "--set", help="Override a study parameter, KEY=VALUE (repeatable).")] = None,
+) -> None:
+    """Run one study (resuming any cells already under OUT) and write its outputs."""
+    try:
+        chosen = get_study(study)
+        overrides = _parse_sets(set_)
+        plan(chosen, quick=quick, seeds=seeds, overrides=overrides)  # validate before work
+        _check_backend(backend, workers)
+    except (ValueError, TypeError) as error:
+        raise _fail(error) from None
+    _run_one(chosen, quick=quick, seeds=seeds, overrides=overrides, backend=backend,
+             workers=workers, address=address, out=out)
+
+
+def list_command() -> None:
+    """List the studies of this build with their default seeds."""
+    table = Table(title="studies")
+    for column in ("study", "seeds (paper)", "seeds (--quick)", "what it reproduces"):
+        table.add_column(column)
+    for name in available():
+        study = get_study(name)
+        table.add_row(name, str(study.seeds), str(study.quick_seeds), study.title)
+    Console().print(table)
+
+
+def reproduce_command(
+    quick: Quick = False,
+    backend: Backend = "local",
+    workers: Workers = None,
+    address: Address = None,
+    out: Out = Path("results"),
+    only: Annotated[list[str] | None, typer.Option(
+        "--study", help="Run only these studies (repeatable; default: all).")] = None,
+) -> None:
+    """Run every study and write OUT/report.md: each headline beside the paper's number."""
+    try:
+        studies = [get_study(name) for name in (only or available())]
+        for study in studies:
+            plan(study, quick=quick)
+        _check_backend(backend, workers)
+    except (ValueError, TypeError) as error:
+        raise _fail(error) from None
+    entries = []
+    for study in studies:
+        result, headlines = _run_one(study, quick=quick, seeds=None, overrides={},
+                                     backend=backend, workers=workers, address=address, out=out)
+        entries.append((study, result, headlines))
+    report = write_report(entries, out, quick=quick)
+    console.print(f"wrote {report}")
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``run``, ``list`` and ``reproduce`` to the ``canopy`` app."""
+    app.command("run")(run_command)
+    app.command("list")(list_command)
+    app.command("reproduce")(reproduce_command)

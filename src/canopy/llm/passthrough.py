@@ -1,0 +1,97 @@
+"""Asynchronous pass-through of OpenAI-compatible chat requests, for proxies.
+
+:class:`~canopy.llm.client.LLMClient` is synchronous, builds its own request body and has one
+timeout per client; a routing proxy needs to forward a caller's body unchanged (bar the model
+name), within a per-request deadline, from an event loop. :class:`AsyncPassthrough` does that
+on ``httpx.AsyncClient``, reusing the client's error classes, response parsing and
+:class:`~canopy.llm.client.Usage` record. No retries: the caller decides what to try next.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+import httpx
+
+from canopy.llm.client import (
+    LLMConnectionError,
+    LLMResponse,
+    LLMResponseError,
+    LLMServerError,
+    LLMTimeoutError,
+    Usage,
+    _json_body,
+    _parse,
+)
+
+__all__ = ["AsyncPassthrough"]
+
+class AsyncPassthrough:
+    """Forward chat-completion bodies to ``{base_url}/chat/completions`` as ``model``.
+
+    Args:
+        base_url: the API root, e.g. ``http://127.0.0.1:8000/v1``.
+        model: the model name the upstream expects (replaces the caller's).
+        api_key_env: environment variable holding the API key (none sent when unset).
+        max_connections: connection pool size.
+    """
+
+    def __init__(self, base_url: str, *, model: str, api_key_env: str | None = None,
+                 max_connections: int = 64) -> None:
+        if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
+            raise ValueError(f"base_url must be an http(s) URL, got {base_url!r}")
+        if not isinstance(model, str) or not model:
+            raise ValueError(f"model must be a non-empty string, got {model!r}")
+        self.base_url = base_url.rstrip("/")
+        self.model = model
+        self.api_key_env = api_key_env
+        self.usage = Usage()
+        self._lock = threading.Lock()
+        self._http = httpx.AsyncClient(limits=httpx.Limits(max_connections=max_connections))
+
+    async def chat(self, body: Mapping[str, Any], *, timeout: float) -> LLMResponse:
+        """POST ``body`` (with ``model`` replaced) and parse the answer; raises
+        :class:`~canopy.llm.client.LLMError` subclasses on failure, ``ValueError`` for a
+        streaming request or a bad timeout."""
+        if not (isinstance(timeout, (int, float)) and math.isfinite(timeout) and timeout > 0):
+            raise ValueError(f"timeout must be a finite number of seconds > 0, got {timeout!r}")
+        if body.get("stream"):
+            raise ValueError("stream=True is not supported by the pass-through")
+        url = f"{self.base_url}/chat/completions"
+        payload = {**body, "model": self.model}
+        key = os.environ.get(self.api_key_env) if self.api_key_env else None
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        try:
+            response = await self._http.post(url, json=payload, headers=headers,
+                                             timeout=httpx.Timeout(timeout))
+            if response.status_code >= 400:
+                raise LLMServerError(f"POST {url} returned HTTP {response.status_code}: "
+                                     f"{response.text[:300]!r}", response.status_code)
+            result = _parse("chat/completions", _json_body(url, response), cached=False)
+        except httpx.TimeoutException as error:
+            self._count_error()
+            raise LLMTimeoutError(f"POST {url} timed out after {timeout:.3g} s: {error}"
+                                  ) from None
+        except httpx.TransportError as error:
+            self._count_error()
+            raise LLMConnectionError(f"cannot reach {url}: {error or type(error).__name__}"
+                                     ) from None
+        except (LLMServerError, LLMResponseError):
+            self._count_error()
+            raise
+        with self._lock:
+            self.usage.calls += 1
+            self.usage.prompt_tokens += result.prompt_tokens
+            self.usage.completion_tokens += result.completion_tokens
+        return result
+
+    def _count_error(self) -> None:
+        with self._lock:
+            self.usage.errors += 1
+
+    async def aclose(self) -> None:
+        await self._http.aclose()

@@ -1,0 +1,496 @@
+"""Regret play by optimistic descent (paper Section 3.2, Eqs. 4-6; Section 3.3; Thm 3).
+
+Each round descends the explored tree from the root along the child of largest
+``B(v) = min(U(v), max_children B)`` with ``U(v) = mean(v) + c sqrt(2 ln t / T(v)) + spread(v)``
+(Eq. 4), plays (probes) the explored leaf it reaches, and folds the observation back along the
+path. The explored tree grows by the expand rule; ``spread(v)`` is the bias bonus.
+
+Choices the paper leaves open, fixed here:
+
+- ``T(v)`` and ``mean(v)`` count the node's *own* probes only (HCT-style), so ``mean(v)``
+  estimates the subtree average f(v) of Eq. (1) without bias and the certificate sees uniform
+  random-path probes. (:class:`~canopy.policies.hoo.HOO` keeps HOO's path statistics.)
+- ``t`` in ``ln t`` is the number of observations told so far; ``U`` and ``B`` are refreshed
+  only on the played path, so off-path values are stale between visits (as in HCT).
+- Ties in ``B`` (unplayed children all have ``B = +inf``) go to the first child: the policy
+  makes no random choice, and the seed only matters through the problem's noise.
+- Children are allocated as a block when a node is split; ``n_stored_`` counts allocated rows,
+  played or not. A split node keeps its statistics and keeps bounding its subtree through
+  ``B = min(U, ...)``, but is no longer played itself.
+- Eq. (6) is used as written, ``T(v) >= c^2 ln t / spread(v)^2`` (the radius of Eq. 4 carries a
+  factor 2 that Eq. 6 drops).
+- Asynchronous use: ``ask`` without an intervening ``tell`` repeats the current descent.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from canopy.certificate import default_lambdas
+from canopy.policies import _explored as ex
+from canopy.policies.base import Policy, check_k
+from canopy.problem import ProblemSpec, Query
+from canopy.tree import LazyTree, Tree
+
+__all__ = ["MemoryBoundedDescent", "OptimisticDescent", "per_round_overhead_us"]
+
+_SPREADS = {"assumed": ex.ASSUMED, "certified": ex.CERTIFIED, "hybrid": ex.HYBRID,
+            "estimated": ex.ESTIMATED}
+_EXPANDS = {"refine": ex.REFINE, "always": ex.ALWAYS, "fixed": ex.FIXED}
+_INITIAL_CAPACITY = 64
+_EMPTY = np.zeros(1, dtype=np.int64)
+
+
+def check_positive(value: float, name: str) -> float:
+    """A finite number > 0, or a ``ValueError``/``TypeError`` naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{name} must be finite and > 0, got {value}")
+    return float(value)
+
+
+def check_rho(rho: float | None, name: str = "rho") -> float | None:
+    """``None`` (meaning ``1/branching``) or a number in (0, 1)."""
+    if rho is None:
+        return None
+    if isinstance(rho, bool) or not isinstance(rho, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{name} must be a number or None, got {type(rho).__name__}")
+    if not 0.0 < rho < 1.0:
+        raise ValueError(f"{name} must be in (0, 1), got {rho}")
+    return float(rho)
+
+
+def _check_choice(value: str, choices: dict[str, int], name: str) -> str:
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {sorted(choices)}, got {value!r}")
+    return value
+
+
+def _check_level(value: int | None, name: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an int or None, got {type(value).__name__}")
+    if value < 0:
+        raise ValueError(f"{name} must be >= 0, got {value}")
+    return int(value)
+
+
+def _check_unit(value: float, name: str) -> float:
+    if not 0.0 < value < 1.0:
+        raise ValueError(f"{name} must be in (0, 1), got {value}")
+    return float(value)
+
+
+def max_branching(tree: Tree | LazyTree) -> int:
+    """The largest number of children of any node (the arity of a :class:`LazyTree`)."""
+    if isinstance(tree, LazyTree):
+        return tree.arity
+    return int(np.diff(tree.child_ptr).max()) if tree.n_nodes > 1 else 1
+
+
+class ExploredTreePolicy(Policy):
+    """Shared machinery of the descent family: the explored tree in growable packed arrays
+    (see :mod:`canopy.policies._explored`), the ask/tell plumbing and ``recommend``.
+
+    Subclasses set the configuration through :meth:`_configure` and call :meth:`_begin` from
+    :meth:`_start`; a forest of ``len(schedules)`` explored trees (one root per schedule)
+    serves POO."""
+
+    n_stored_: int
+    max_stored_: int
+
+    # ------------------------------------------------------------------ setup
+    def _begin(self, *, schedules: Sequence[tuple[float, float | None]], spread: str,
+               expand: str, max_depth: int | None, path_stats: bool, c: float,
+               delta: float = 0.05, z: float = 3.0, max_nodes: int = 0) -> None:
+        spec = self.spec_
+        tree = spec.tree
+        lazy = isinstance(tree, LazyTree)
+        branching = max_branching(tree)
+        default_rho = 1.0 / max(branching, 2)
+        depth_cap = float(max_depth) if max_depth is not None else math.inf
+        if lazy:
+            depth_cap = min(depth_cap, math.floor(62 / math.log2(tree.arity)))
+            if tree.max_depth is not None:
+                depth_cap = min(depth_cap, float(tree.max_depth))
+        rounds = max(spec_rounds(spec, self.ledger_.budget), 2.0)
+        n_inst = len(schedules)
+        ctl = np.zeros(ex.INST0 + 3 * n_inst)
+        ctl[ex.P_C] = c
+        ctl[ex.P_DELTA] = delta
+        ctl[ex.P_SIGMA] = spec.sigma
+        ctl[ex.P_Z] = z
+        ctl[ex.P_SPREAD] = _SPREADS[spread]
+        ctl[ex.P_EXPAND] = _EXPANDS[expand]
+        ctl[ex.P_MAXDEPTH] = depth_cap
+        ctl[ex.P_PATH] = 1.0 if path_stats else 0.0
+        ctl[ex.P_ARITY] = tree.arity if lazy else 0
+        ctl[ex.P_MAXNODES] = max_nodes
+        ctl[ex.P_DEPTHM] = (min(depth_cap, math.ceil(math.log(rounds, tree.arity)))
+                            if lazy else 0.0)
+        for i, (lip, rho) in enumerate(schedules):
+            ctl[ex.INST0 + 3 * i:ex.INST0 + 3 * i + 2] = (lip, default_rho if rho is None else rho)
+        ctl[ex.M_USED] = ctl[ex.M_STORED] = ctl[ex.M_PEAK] = n_inst
+        self._ctl = ctl
+        self._lazy = lazy
+        self._max_kids = branching
+        certified = spread in ("certified", "hybrid")
+        self._lambdas = default_lambdas(spec.sigma, z) if certified else np.ones(1)
+        width = ex.N_FLOAT + (3 + 2 * self._lambdas.size if certified else 0)
+        capacity = max(_INITIAL_CAPACITY, 2 * n_inst + branching)
+        self._fs = np.zeros((capacity, width))
+        self._ist = np.zeros((capacity, ex.N_INT), dtype=np.int64)
+        if lazy:
+            self._tree_arrays = (_EMPTY, _EMPTY, _EMPTY, _EMPTY)
+        else:
+            self._tree_arrays = (tree.child_ptr, tree.child_ids, tree.leaf_lo, tree.leaf_hi)
+        root_kids = 0 if depth_cap <= 0 else (tree.arity if lazy else int(tree.child_ptr[1]))
+        root_log_m = (ctl[ex.P_DEPTHM] * math.log(tree.arity) if lazy
+                      else math.log(tree.n_leaves))
+        for i, (lip, _) in enumerate(schedules):
+            self._ist[i] = (0, 0, -1, -1, root_kids, i, 0 if lazy or root_kids else 1, 0)
+            start_spread = 1.0 if spread in ("certified", "estimated") else lip
+            self._fs[i, :ex.N_FLOAT] = (0.0, 0.0, start_spread, np.inf, np.inf, 1.0, 1.0, lip,
+                                        0.0, root_log_m, 0.0)
+        self._forest = n_inst > 1
+        self._plain = not (self._forest or lazy)
+        self._kernel_args = (self._fs, self._ist, ctl, self._lambdas)
+        self._observe_kernel = ex.entry_point(ex.observe, 0, 0.0, *self._kernel_args)
+        self._asked: dict[object, list[int]] = {}  # forest: rows asked per node, by schedule
+        self._row_of: dict[object, int] = {}  # one tree: a node's row is unique
+        self._queries: dict[int, Query] = {}
+        self._next = 0
+        self._sync_counts()
+
+    def _sync_counts(self) -> None:
+        self.n_stored_ = int(self._ctl[ex.M_STORED])
+        self.max_stored_ = int(self._ctl[ex.M_PEAK])
+
+    def _grow(self) -> None:
+        capacity = 2 * self._fs.shape[0]
+        for name in ("_fs", "_ist"):
+            old = getattr(self, name)
+            new = np.zeros((capacity, *old.shape[1:]), dtype=old.dtype)
+            new[:old.shape[0]] = old
+            setattr(self, name, new)
+        self._kernel_args = (self._fs, self._ist, self._ctl, self._lambdas)
+
+    # ------------------------------------------------------------------ ask / tell
+    # The per-round path is kept short: one tree without a memory bound (the common case)
+    # maps a told node straight to its row, and the kernel's arrays travel as one tuple.
+    def _next_query(self) -> Query | None:
+        row = self._next
+        query = self._queries.get(row) or self._new_query(row)
+        if self._forest:
+            self._asked.setdefault(query.node, []).append(row)
+        return query
+
+    def _new_query(self, row: int) -> Query:
+        node, level, is_leaf = (int(x) for x in self._ist[row, (ex.NODE, ex.LEVEL, ex.ISLEAF)])
+        query = Query("leaf" if is_leaf else "probe", (level, node) if self._lazy else node)
+        self._queries[row] = query
+        self._row_of[query.node] = row
+        return query
+
+    def _observe(self, query: Query, value: float) -> None:
+        row = self._row_of[query.node] if self._plain else self._told_row(query)
+        if row < 0:
+            return  # its cell was forgotten by the memory bound while the query was out
+        step = self._observe_kernel(row, value, *self._kernel_args)
+        self._next = step if step >= 0 else self._split(row)
+
+    def _told_row(self, query: Query) -> int:
+        """The row a told query was asked for in a forest (POO) or on a lazy tree, or -1 if
+        the memory bound forgot that cell meanwhile."""
+        if self._forest:
+            rows = self._asked[query.node]
+            row = rows.pop()
+            if not rows:
+                del self._asked[query.node]
+        else:
+            row = self._row_of[query.node]
+        if self._lazy and not self._row_holds(row, query.node):
+            return -1
+        return row
+
+    def _split(self, row: int) -> int:
+        if self._ctl[ex.M_USED] + self._max_kids > self._fs.shape[0]:
+            self._grow()
+        step = ex.split(row, *self._kernel_args[:3], *self._tree_arrays)
+        first = int(self._ist[row, ex.FIRST])
+        for kid in range(first, first + self._max_kids):
+            self._queries.pop(kid, None)  # rows of a reused block hold new cells
+        self._sync_counts()
+        return step
+
+    def _row_holds(self, row: int, node: tuple[int, int]) -> bool:
+        return (int(self._ist[row, ex.LEVEL]) == node[0]
+                and int(self._ist[row, ex.NODE]) == node[1])
+
+    # ------------------------------------------------------------------ recommend
+    def _best_root(self) -> int:
+        """The root to recommend from (the only one but for POO)."""
+        return 0
+
+    def _most_played_path_end(self, root: int) -> int:
+        fs, ist = self._fs, self._ist
+        v = root
+        while ist[v, ex.FIRST] >= 0:
+            first = int(ist[v, ex.FIRST])
+            kids = first + np.arange(ist[v, ex.NKIDS])
+            plays = fs[kids, ex.SUBN]
+            if plays.max() <= 0:
+                break
+            v = int(kids[np.argmax(plays)])
+        return v
+
+    def _explored_below(self, row: int) -> list[int]:
+        """Rows of the explored subtree of ``row`` in breadth-first (level) order."""
+        out, frontier = [row], [row]
+        while frontier:
+            nxt = []
+            for v in frontier:
+                first = int(self._ist[v, ex.FIRST])
+                if first >= 0:
+                    nxt.extend(range(first, first + int(self._ist[v, ex.NKIDS])))
+            out.extend(nxt)
+            frontier = nxt
+        return out
+
+    def recommend(self, k: int = 1) -> np.ndarray:
+        """``k`` leaves, best first: follow the most-played path (child with the most plays in
+        its subtree) to its deepest explored node ``w``, climb until ``w`` has ``k`` leaves,
+        then rank the leaves under ``w`` by the empirical mean of the deepest played explored
+        node containing each (ties by leaf index). On a :class:`LazyTree` there are no leaf
+        indices: the result is a ``(k, 2)`` array of ``(level, index)`` cells, the path's end
+        first, then the other played explored leaves by empirical mean."""
+        self._check_started()
+        row = self._most_played_path_end(self._best_root())
+        if self._lazy:
+            return self._recommend_cells(row, k)
+        tree: Tree = self.spec_.tree  # type: ignore[assignment]
+        k = check_k(k, tree.n_leaves)
+        while tree.leaf_hi[self._ist[row, ex.NODE]] - tree.leaf_lo[self._ist[row, ex.NODE]] < k:
+            row = int(self._ist[row, ex.PARENT])
+        top = int(self._ist[row, ex.NODE])
+        lo = int(tree.leaf_lo[top])
+        scores = np.full(int(tree.leaf_hi[top]) - lo, -np.inf)
+        for v in self._explored_below(row):
+            if self._fs[v, ex.COUNT] > 0:
+                node = int(self._ist[v, ex.NODE])
+                scores[tree.leaf_lo[node] - lo:tree.leaf_hi[node] - lo] = self._fs[v, ex.MEAN]
+        return lo + np.argsort(-scores, kind="stable")[:k]
+
+    def _recommend_cells(self, row: int, k: int) -> np.ndarray:
+        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+            raise ValueError(f"k must be a positive int, got {k!r}")
+        used = int(self._ctl[ex.M_USED])
+        ist, fs = self._ist[:used], self._fs[:used]
+        alive = (ist[:, ex.LEVEL] >= 0) & (ist[:, ex.FIRST] < 0) & (fs[:, ex.COUNT] > 0)
+        others = np.flatnonzero(alive & (np.arange(used) != row))
+        order = [row, *others[np.argsort(-fs[others, ex.MEAN], kind="stable")]][:k]
+        if len(order) < k:
+            raise ValueError(f"only {len(order)} explored cells to recommend, asked for {k}")
+        return np.array([[ist[v, ex.LEVEL], ist[v, ex.NODE]] for v in order], dtype=np.int64)
+
+
+def spec_rounds(spec: ProblemSpec, budget: float) -> float:
+    """The most rounds a budget can pay for (every round at the cheaper, probe cost)."""
+    return budget / spec.probe_cost
+
+
+class OptimisticDescent(ExploredTreePolicy):
+    """Optimistic descent for regret play on a finite :class:`~canopy.tree.Tree`.
+
+    Args:
+        spread: the bias bonus ``spread(v)`` of Eq. (4).
+
+            - ``"assumed"``: the floor ``L rho^level`` of Eq. (3).
+            - ``"estimated"``: Section 3.3's data-driven bonus ``sigma_w sqrt(2 log m)``
+              (the certificate's light-tail rate, Appendix A) with the plug-in
+              ``sigma_w = sqrt(max(var(own probes) - sigma^2, 0))``, the noise-deconvolved
+              within-cell sd from O(1) running moments of the node's own probes, and ``m``
+              the node's number of leaves; capped at 1. Once a node has
+              ``MIN_PROBES = 9`` own probes (the sample variance's relative standard error
+              ``sqrt(2/(n-1))`` is then at most 1/2) it holds the per-subtree estimate
+              ``L_hat(v) = bonus(v) / rho^level``; a node with fewer own probes uses
+              ``L_hat(parent) rho^level`` (the parent's estimate, frozen at the split, as the
+              parent is no longer played). The prior before any data is the trivial bound 1
+              at the root, which is played alone until it has its own estimate: under this
+              spread no node is split before ``MIN_PROBES`` own probes. A point estimate,
+              not a bound: it can under-state the bias of a cell with a narrow peak, and a
+              cell estimated flat (bonus 0) is never split (Eq. 6's threshold is infinite).
+              ``lipschitz`` is unused.
+            - ``"certified"``: the rigorous variant. The node's own certificate (Algorithm 1
+              on its own probes, O(|grid|) running state) gives ``own(v) = min(1, bound)``;
+              each node carries ``L_hat(v) = min(L_hat(parent), own(v) / rho^level)``
+              (``L_hat(root) = 1``, the trivial bias bound), and
+              ``spread(v) = L_hat(v) rho^level``. So before a node's own certificate is
+              tighter than its ancestors' estimate, it uses the estimate of its nearest
+              certified ancestor scaled down the levels, and after, its own bound.
+              Conservative: the bound holds with probability ``1 - delta`` on every instance,
+              and at the ``~ c^2 ln t / spread^2`` own probes Eq. (6) leaves a node before it
+              splits it is wider than ``rho^level``, so on benign instances it rarely binds
+              and the policy then plays as ``"assumed"`` with ``L = 1``.
+              ``lipschitz`` is unused.
+            - ``"hybrid"``: the floor ``L rho^level`` unless the node is flagged (the lower
+              confidence bound on its noise-deconvolved within-cell sd exceeds the floor, as
+              :func:`canopy.certificate.is_violation`), then ``max(floor, min(1, bound))``.
+        lipschitz: ``L`` of the floor (> 0).
+        rho: the floor's ratio in (0, 1); ``None`` is ``1 / max number of children``.
+        c: scale of the confidence radius (> 0).
+        expand: ``"refine"`` (Eq. 6: split an explored leaf once
+            ``T(v) >= c^2 ln t / spread(v)^2``, else play it again), ``"always"`` (HOO-style:
+            split a node after its first play, so each round plays a new node) or ``"fixed"``
+            (``"always"`` down to ``max_depth`` and never deeper: fixed-resolution play).
+        max_depth: deepest level the explored tree may reach (required by ``"fixed"``).
+        delta: level of each node's certificate. Each node uses ``delta`` itself (no union
+            bound over nodes: the bonus is an index, and Corollary 1's simultaneous guarantee
+            needs ``delta`` divided by the number of nodes probed).
+        z: truncation level of the certificate's probes.
+    """
+
+    query_kinds = ("probe", "leaf")
+
+    def __init__(self, *, spread: str = "assumed", lipschitz: float = 1.0,
+                 rho: float | None = None, c: float = 1.0, expand: str = "refine",
+                 max_depth: int | None = None, delta: float = 0.05, z: float = 3.0) -> None:
+        self.spread = _check_choice(spread, _SPREADS, "spread")
+        self.lipschitz = check_positive(lipschitz, "lipschitz")
+        self.rho = check_rho(rho)
+        self.c = check_positive(c, "c")
+        self.expand = _check_choice(expand, _EXPANDS, "expand")
+        self.max_depth = _check_level(max_depth, "max_depth")
+        if expand == "fixed" and max_depth is None:
+            raise ValueError('expand="fixed" needs max_depth (the resolution to play at)')
+        self.delta = _check_unit(delta, "delta")
+        self.z = check_positive(z, "z")
+
+    @property
+    def name(self) -> str:  # type: ignore[override]
+        return f"descent-{self.spread}"
+
+    def _start(self) -> None:
+        if not isinstance(self.spec_.tree, Tree):
+            raise TypeError("OptimisticDescent needs a finite Tree; use MemoryBoundedDescent "
+                            "on a LazyTree")
+        self._begin(schedules=[(self.lipschitz, self.rho)], spread=self.spread,
+                    expand=self.expand, max_depth=self.max_depth, path_stats=False, c=self.c,
+                    delta=self.delta, z=self.z)
+
+
+class MemoryBoundedDescent(ExploredTreePolicy):
+    """Optimistic descent with the refine rule (Eq. 6) under a hard memory cap, for trees of
+    unbounded depth (:class:`~canopy.tree.LazyTree`; finite-state compression, Appendix D).
+
+    When a split would take the explored tree past ``max_nodes`` rows, the policy forgets the
+    children of the explored node of lowest ``B`` whose children are all explored leaves (the
+    least promising bottom cell; never the parent of the node being split). The forgotten
+    node keeps its own statistics and becomes an explored leaf again. If nothing can be
+    forgotten the split waits. ``max_nodes=None`` is ``2 b ceil(log_b n) + 1`` with ``b`` the
+    arity and ``n = budget / probe_cost`` the horizon: room for a path down to the depth a cell
+    is resolved by one probe, twice over.
+
+    ``spread`` is ``"assumed"``, ``"estimated"`` or ``"certified"`` as in
+    :class:`OptimisticDescent`; the estimate and the certificate treat a cell at ``level`` as
+    ``m = b^(D - level)`` leaves, ``D = ceil(log_b n)`` (a modelling choice: the leaves of an
+    infinite tree are a continuum; cells at level ``D`` and below get bonus 0 from data).
+    After a run: ``depth_reached_`` (deepest level explored) and ``tree_nodes_``
+    (``LazyTree.n_nodes_to_level(depth_reached_)``, the tree that depth spans).
+    """
+
+    name = "memory-bounded"
+    query_kinds = ("probe",)
+
+    depth_reached_: int
+    tree_nodes_: int
+
+    def __init__(self, *, lipschitz: float = 1.0, rho: float | None = None, c: float = 1.0,
+                 spread: str = "assumed", max_nodes: int | None = None, delta: float = 0.05,
+                 z: float = 3.0) -> None:
+        self.lipschitz = check_positive(lipschitz, "lipschitz")
+        self.rho = check_rho(rho)
+        self.c = check_positive(c, "c")
+        if spread not in ("assumed", "estimated", "certified"):
+            raise ValueError("spread must be 'assumed', 'estimated' or 'certified', "
+                             f"got {spread!r}")
+        self.spread = spread
+        self.max_nodes = _check_level(max_nodes, "max_nodes")
+        self.delta = _check_unit(delta, "delta")
+        self.z = check_positive(z, "z")
+
+    def _start(self) -> None:
+        tree = self.spec_.tree
+        if not isinstance(tree, LazyTree):
+            raise TypeError("MemoryBoundedDescent needs a LazyTree; use OptimisticDescent on "
+                            "a finite Tree")
+        cap = self.max_nodes
+        if cap is None:
+            rounds = max(spec_rounds(self.spec_, self.ledger_.budget), 2.0)
+            cap = 2 * tree.arity * math.ceil(math.log(rounds, tree.arity)) + 1
+        if cap < 1 + tree.arity:
+            raise ValueError(f"max_nodes must be at least 1 + arity = {1 + tree.arity}, "
+                             f"got {cap}")
+        self._begin(schedules=[(self.lipschitz, self.rho)], spread=self.spread,
+                    expand="refine", max_depth=None, path_stats=False, c=self.c,
+                    delta=self.delta, z=self.z, max_nodes=cap)
+
+    def _sync_counts(self) -> None:
+        super()._sync_counts()
+        self.depth_reached_ = int(self._ctl[ex.M_DEEPEST])
+        self.tree_nodes_ = self.spec_.tree.n_nodes_to_level(self.depth_reached_)
+
+
+def per_round_overhead_us(policy_factory: Callable[[], Policy], tree: Tree | LazyTree,
+                          rounds: int, seed: int = 0) -> float:
+    """Microseconds per round of ``ask`` + ``tell`` through the :class:`Policy` surface.
+
+    Measured in CPU time of this process (:func:`time.process_time`), so other work on a busy
+    machine does not inflate it (cache contention still can). Observations are a
+    tree-Lipschitz value of the played node (or the garland at the cell's midpoint on a
+    :class:`LazyTree`) plus N(0, 0.1^2) noise; the cost of producing them is measured on the
+    same node sequence and subtracted. A 200-round warm-up on a separate
+    policy from ``policy_factory`` loads the compiled kernels first."""
+    rng = np.random.default_rng(seed)
+    noise = 0.1 * rng.standard_normal(rounds)
+    if isinstance(tree, Tree):
+        from canopy.instances import tree_lipschitz_values
+
+        leaf_values = tree_lipschitz_values(tree, 1.0, rng, branching=max_branching(tree))
+        table = tree.subtree_means(leaf_values)
+
+        def value_of(node: object) -> float:
+            return table[node]  # type: ignore[index]
+    else:
+        from canopy.instances import garland
+
+        def value_of(node: object) -> float:
+            level, index = node  # type: ignore[misc]
+            return float(garland(np.array([(index + 0.5) / tree.arity**level]))[0])
+
+    spec = ProblemSpec(tree, 0.1, 1.0, 1.0)
+    warm = policy_factory().start(spec, budget=200.0, seed=seed)  # compile / load the kernels
+    while (query := warm.ask()) is not None:
+        warm.tell(query, value_of(query.node))
+    policy = policy_factory()
+    policy.start(spec, budget=float(rounds), seed=seed)
+    nodes: list[object] = []
+    started = time.process_time()
+    for i in range(rounds):
+        query = policy.ask()
+        if query is None:
+            break
+        nodes.append(query.node)
+        policy.tell(query, value_of(query.node) + noise[i])
+    total = time.process_time() - started
+    started = time.process_time()
+    for i, node in enumerate(nodes):
+        _ = value_of(node) + noise[i]
+    replay = time.process_time() - started
+    return 1e6 * max(total - replay, 0.0) / max(len(nodes), 1)

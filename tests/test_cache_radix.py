@@ -1,0 +1,161 @@
+"""Radix cache invariants, LRU against a straightforward SGLang-style implementation, the
+offline optimum against exhaustive search."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from canopy.apps.cache import POLICIES, Canopy, RadixCache, from_paths, make_policy
+
+# random traces: paths in a small tree (keys are chains, so prefixes share nodes)
+paths_strategy = st.lists(st.lists(st.integers(0, 2), min_size=0, max_size=5),
+                          min_size=1, max_size=25)
+
+
+def _check_invariants(trace, cache) -> None:
+    cached = set(cache.cached().tolist())
+    assert len(cached) == cache.size <= cache.capacity
+    for v in cached:
+        p = int(trace.parent[v])
+        assert p < 0 or p in cached, "cache is not ancestor-closed"
+
+
+def _replay_checked(trace, policy, capacity) -> RadixCache:
+    cache = RadixCache(trace, policy, capacity)
+    for i in range(trace.n_requests):
+        before = set(cache.cached().tolist())
+        path = trace.path(i).tolist()
+        expected = next((j for j, v in enumerate(path) if v not in before), len(path))
+        assert cache.step() == expected
+        _check_invariants(trace, cache)
+        # blocks of the request are cached as far as the capacity allows
+        assert set(path[:min(len(path), capacity)]) <= set(cache.cached().tolist())
+    return cache
+
+
+@settings(max_examples=60, deadline=None)
+@given(paths=paths_strategy, capacity=st.integers(1, 8), policy=st.sampled_from(sorted(POLICIES)))
+def test_ancestor_closed_within_capacity_and_prefix_reuse(paths, capacity, policy):
+    _replay_checked(from_paths(paths), make_policy(policy), capacity)
+
+
+@settings(max_examples=60, deadline=None)
+@given(paths=paths_strategy, capacity=st.integers(1, 8), seed=st.integers(0, 3))
+def test_canopy_switching_arms_keeps_the_invariants(paths, capacity, seed):
+    """Eager switching (no hysteresis, short memory, sampled shadows) re-orders the heap
+    often; the cache must stay ancestor-closed, within capacity and prefix-exact."""
+    policy = Canopy(z=0.0, min_evidence=0.0, window=2.0, shadow_blocks=3, seed=seed)
+    _replay_checked(from_paths(paths), policy, capacity)
+
+
+def test_canopy_switches_arms_on_random_traffic():
+    rng = np.random.default_rng(1)
+    paths = [rng.integers(0, 3, size=rng.integers(1, 7)).tolist() for _ in range(400)]
+    cache = _replay_checked(from_paths(paths), Canopy(z=0.0, min_evidence=0.0, window=4.0), 6)
+    assert cache.switches > 0
+
+
+def _reference_lru(trace, capacity):
+    """SGLang's rule, written plainly: evict the least recently used unpinned leaf."""
+    cached: set[int] = set()
+    last: dict[int, int] = {}
+    reused, states = [], []
+    for t in range(trace.n_requests):
+        path = trace.path(t).tolist()
+        k = next((j for j, v in enumerate(path) if v not in cached), len(path))
+        reused.append(k)
+        pinned = set(path)
+        for v in path[k:]:
+            if len(cached) >= capacity:
+                parents = {int(trace.parent[u]) for u in cached}
+                leaves = [u for u in cached if u not in parents and u not in pinned]
+                if not leaves:
+                    break
+                cached.remove(min(leaves, key=lambda u: last[u]))
+            cached.add(v)
+        for v in path:
+            if v in cached:
+                last[v] = t
+        states.append(sorted(cached))
+    return reused, states
+
+
+@settings(max_examples=80, deadline=None)
+@given(paths=paths_strategy, capacity=st.integers(1, 8))
+def test_lru_matches_straightforward_leaf_lru(paths, capacity):
+    trace = from_paths(paths)
+    reused, states = _reference_lru(trace, capacity)
+    cache = RadixCache(trace, make_policy("lru"), capacity)
+    for t in range(trace.n_requests):
+        assert cache.step() == reused[t]
+        assert cache.cached().tolist() == states[t]
+
+
+def _exhaustive(trace, capacity) -> int:
+    """Best total reuse over every sequence of eviction choices (the same cache mechanics)."""
+    paths = [trace.path(t).tolist() for t in range(trace.n_requests)]
+    parent = trace.parent
+
+    def insert(t, cached, rest):
+        if not rest:
+            return [cached]
+        if len(cached) < capacity:
+            return insert(t, cached | {rest[0]}, rest[1:])
+        parents = {int(parent[u]) for u in cached}
+        leaves = [u for u in cached if u not in parents and u not in paths[t]]
+        if not leaves:
+            return [cached]
+        out = []
+        for u in leaves:
+            out += insert(t, (cached - {u}) | {rest[0]}, rest[1:])
+        return out
+
+    def best(t, cached):
+        if t == len(paths):
+            return 0
+        path = paths[t]
+        k = next((j for j, v in enumerate(path) if v not in cached), len(path))
+        return k + max(best(t + 1, c) for c in insert(t, frozenset(cached), path[k:]))
+
+    return best(0, frozenset())
+
+
+@settings(max_examples=60, deadline=None)
+@given(paths=st.lists(st.lists(st.integers(0, 2), min_size=1, max_size=3), min_size=1,
+                      max_size=7), capacity=st.integers(1, 4))
+def test_optimal_matches_exhaustive_search(paths, capacity):
+    trace = from_paths(paths)
+    total = int(RadixCache(trace, make_policy("optimal"), capacity).run().sum())
+    assert total == _exhaustive(trace, capacity)
+
+
+def test_online_policies_never_beat_optimal_on_real_trace(data_file):
+    from canopy.apps.cache import load_mooncake
+    trace = load_mooncake(data_file("mooncake", "conversation_trace.jsonl")).head(3000)
+    for capacity in (64, 256, 1024):
+        best = RadixCache(trace, make_policy("optimal"), capacity).run().sum()
+        for name in ("lru", "lfu", "sieve", "canopy"):
+            assert RadixCache(trace, make_policy(name), capacity).run().sum() <= best
+
+
+def test_capacity_validation():
+    trace = from_paths([[1, 2]])
+    with pytest.raises(ValueError, match="capacity"):
+        RadixCache(trace, make_policy("lru"), 0)
+    with pytest.raises(TypeError, match="capacity"):
+        RadixCache(trace, make_policy("lru"), 2.5)
+    with pytest.raises(ValueError, match="unknown policy"):
+        make_policy("fifo")
+
+
+def test_same_input_same_result():
+    rng = np.random.default_rng(0)
+    paths = [rng.integers(0, 3, size=rng.integers(1, 6)).tolist() for _ in range(300)]
+    trace = from_paths(paths)
+    for name in POLICIES:
+        a = RadixCache(trace, make_policy(name), 12).run()
+        b = RadixCache(trace, make_policy(name), 12).run()
+        assert np.array_equal(a, b)

@@ -1,0 +1,283 @@
+"""Regret play (Eqs. 4-6): statistical behaviour against uniform play and fixed resolution,
+the memory bound, budgets, determinism and validation."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from canopy.certificate import RunningCertificate
+from canopy.instances import heterogeneous_smoothness, infinite_depth, tree_lipschitz
+from canopy.metrics import cumulative_regret
+from canopy.policies import _explored as ex
+from canopy.policies.descent import (
+    MemoryBoundedDescent,
+    OptimisticDescent,
+    per_round_overhead_us,
+)
+from canopy.problem import LeafMeans, ProblemSpec
+from canopy.run import run
+from canopy.tree import LazyTree, Tree
+
+VARIANTS = {
+    "assumed": dict(spread="assumed"),
+    "certified": dict(spread="certified"),
+    "hybrid": dict(spread="hybrid"),
+    "estimated": dict(spread="estimated"),
+    "always": dict(expand="always"),
+    "fixed": dict(expand="fixed", max_depth=2),
+}
+
+
+def regret_curve(policy, problem, budget, seed):
+    result = run(policy, problem, budget=budget, seed=seed, record=True)
+    return cumulative_regret(result, problem.value, problem.mu_star), result
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_beats_uniform_and_average_regret_falls(variant):
+    n = 12_000
+    finals, early, late = [], [], []
+    uniform = []
+    for seed in range(3):
+        problem = tree_lipschitz(4, 4, seed=seed)
+        curve, result = regret_curve(OptimisticDescent(**VARIANTS[variant]), problem, n, seed)
+        assert result.spent <= n
+        finals.append(curve[-1])
+        early.append(curve[n // 8 - 1] / (n // 8))
+        late.append(curve[-1] / n)
+        uniform.append(n * (problem.mu_star - problem.value(0)))
+    # uniform play's expected regret is n (mu* - f(root)); the descent pays well under it.
+    # "always" splits a node after its first own probe, so it ends as flat UCB over the
+    # leaves: it still beats uniform, by less (Eq. 6 is what keeps internal nodes informative)
+    margin, fall = (0.95, 0.9) if variant == "always" else (0.6, 0.75)
+    assert np.mean(finals) < margin * np.mean(uniform)
+    assert np.mean(late) < fall * np.mean(early)
+
+
+def test_certified_at_or_below_too_tight_assumed_lipschitz():
+    n = 10_000
+    tight, certified = [], []
+    for seed in range(6):
+        problem = heterogeneous_smoothness(4, 4, seed=seed)
+        tight.append(regret_curve(OptimisticDescent(lipschitz=0.05), problem, n, seed)[0][-1])
+        certified.append(
+            regret_curve(OptimisticDescent(spread="certified"), problem, n, seed)[0][-1])
+    assert np.mean(certified) <= np.mean(tight)
+
+
+def test_estimated_beats_too_tight_and_too_loose_assumed_lipschitz():
+    n = 10_000
+    finals: dict[str, list[float]] = {"tight": [], "loose": [], "estimated": []}
+    for seed in range(6):
+        problem = heterogeneous_smoothness(4, 4, seed=seed)
+        for name, policy in (("tight", OptimisticDescent(lipschitz=0.05)),
+                             ("loose", OptimisticDescent(lipschitz=3.0)),
+                             ("estimated", OptimisticDescent(spread="estimated"))):
+            finals[name].append(regret_curve(policy, problem, n, seed)[0][-1])
+    estimated = np.mean(finals["estimated"])
+    assert estimated < 0.9 * np.mean(finals["tight"])
+    assert estimated < 0.9 * np.mean(finals["loose"])
+
+
+def _play(policy, problem, budget, seed):
+    """Drive ``policy`` by hand; returns the played nodes and their observations."""
+    rng = np.random.default_rng(seed)
+    policy.start(problem.spec, budget=budget, seed=seed)
+    played, values = [], []
+    while (query := policy.ask()) is not None:
+        value = (problem.probe(query.node, rng) if query.kind == "probe"
+                 else problem.evaluate(query.node, rng))
+        played.append(query.node)
+        values.append(value)
+        policy.tell(query, value)
+    return np.array(played), np.array(values)
+
+
+def test_estimated_spread_is_the_deconvolved_sd_and_tracks_local_smoothness():
+    smooth, rough = [], []
+    for seed in range(4):
+        problem = heterogeneous_smoothness(4, 4, seed=seed)
+        policy = OptimisticDescent(spread="estimated")
+        played, values = _play(policy, problem, 4_000, seed)
+        # the root is played alone until it has its own estimate (and Eq. 6 holds), then never
+        n_root = int(np.sum(played == 0))
+        assert n_root >= ex.MIN_PROBES
+        assert (played[:n_root] == 0).all()
+        root = values[:n_root]
+        within = math.sqrt(max(np.var(root, ddof=1) - problem.spec.sigma**2, 0.0))
+        expected = min(1.0, within * math.sqrt(2.0 * math.log(problem.tree.n_leaves)))
+        assert policy._fs[0, ex.SPREAD] == pytest.approx(expected, rel=1e-9)
+        kids = int(policy._ist[0, ex.FIRST]) + np.arange(4)
+        assert (policy._fs[kids, ex.COUNT] >= ex.MIN_PROBES).all()
+        smooth.extend(policy._fs[kids[:2], ex.LHAT])
+        rough.extend(policy._fs[kids[2:], ex.LHAT])
+    # per-subtree estimates: on average the rough half's level-1 cells (L = 3 against 0.2)
+    # get a much larger L_hat (a single cell's estimate is noisy at sigma = 0.1)
+    assert np.mean(rough) > 2.0 * np.mean(smooth)
+
+
+def test_refine_and_certified_store_fewer_nodes_than_full_resolution():
+    n = 12_000
+    rows = {}
+    for name, kwargs in {"fixed": dict(expand="fixed", max_depth=4), "refine": {},
+                         "certified": dict(spread="certified")}.items():
+        regrets, stored = [], []
+        for seed in range(3):
+            policy = OptimisticDescent(**kwargs)
+            regrets.append(regret_curve(policy, tree_lipschitz(4, 4, seed=seed), n, seed)[0][-1])
+            stored.append(policy.max_stored_)
+        rows[name] = (np.mean(regrets), np.mean(stored))
+    full_regret, full_stored = rows["fixed"]
+    assert full_stored == 341  # the whole tree: 1 + 4 + 16 + 64 + 256
+    for name in ("refine", "certified"):
+        regret, stored = rows[name]
+        assert stored < full_stored / 3
+        assert regret < 1.1 * full_regret
+
+
+def test_memory_bounded_on_infinite_depth():
+    problem = infinite_depth(3)
+    n = 6_000
+    policy = MemoryBoundedDescent(lipschitz=3.0, c=0.1, max_nodes=40)
+    curve, result = regret_curve(policy, problem, n, seed=0)
+    assert result.spent <= n
+    assert policy.max_stored_ <= 40
+    assert policy.depth_reached_ >= 5  # a complete tree of 40 nodes reaches level 3
+    assert policy.tree_nodes_ == problem.tree.n_nodes_to_level(policy.depth_reached_)
+    assert policy.tree_nodes_ > 5 * policy.max_stored_
+    assert curve[-1] < 0.5 * n * (problem.mu_star - problem.value((0, 0)))
+    cell = result.recommendation[0]
+    assert problem.mu_star - problem.value(tuple(cell)) < 0.1
+
+
+def test_memory_bounded_default_cap_and_certified_spread():
+    problem = infinite_depth(3)
+    for spread in ("assumed", "estimated", "certified"):
+        policy = MemoryBoundedDescent(spread=spread)
+        run(policy, problem, budget=3_000, seed=1)
+        cap = 2 * 3 * math.ceil(math.log(3_000, 3)) + 1
+        assert policy.max_stored_ <= cap
+        assert policy.recommend(3).shape == (3, 2)
+
+
+def test_same_seed_same_result_and_budget_with_costs():
+    tree = Tree.complete(3, 5)
+    rng = np.random.default_rng(5)
+    problem = LeafMeans(tree, rng.uniform(0, 1, tree.n_leaves), sigma=0.2, probe_cost=0.3,
+                        leaf_cost=1.0)
+    budget = 500.7
+    for kwargs in VARIANTS.values():
+        first = run(OptimisticDescent(**kwargs), problem, budget=budget, seed=11, record=True)
+        second = run(OptimisticDescent(**kwargs), problem, budget=budget, seed=11, record=True)
+        assert first.spent <= budget * (1 + 1e-12)  # the ledger's own float tolerance
+        assert first.history.nodes == second.history.nodes
+        assert first.history.values == second.history.values
+        assert np.array_equal(first.recommendation, second.recommendation)
+
+
+def test_leaf_queries_on_full_tree_leaves_only():
+    problem = tree_lipschitz(2, 3, seed=2)
+    result = run(OptimisticDescent(expand="always"), problem, budget=400, seed=0, record=True)
+    tree = problem.tree
+    for is_probe, node in zip(result.history.is_probe, result.history.nodes, strict=True):
+        assert is_probe == (not tree.is_leaf(node))
+    assert result.n_leaf_evals > 0
+
+
+def test_recommend_ranks_leaves_best_first():
+    problem = tree_lipschitz(4, 4, seed=3)
+    policy = OptimisticDescent(expand="always")
+    result = run(policy, problem, budget=12_000, seed=3, k=5)
+    top = result.recommendation
+    assert len(set(top.tolist())) == 5
+    assert problem.mu_star - problem.means[top[0]] < 0.05
+    assert np.mean(problem.means[top]) > np.quantile(problem.means, 0.9)
+    with pytest.raises(ValueError, match="k must be"):
+        policy.recommend(0)
+
+
+def test_memory_follows_explored_nodes_not_tree_size():
+    tree = Tree.complete(2, 20)
+    made = []
+
+    def factory():
+        made.append(OptimisticDescent(expand="always"))
+        return made[-1]
+
+    assert per_round_overhead_us(factory, tree, 2_000, seed=0) > 0
+    policy = made[-1]
+    assert policy.max_stored_ <= 2 * 2_000 + 1
+    assert policy._fs.shape[0] <= 2 * (policy.max_stored_ + 2)  # capacity doubling
+
+
+def test_asynchronous_asks_and_tells():
+    problem = tree_lipschitz(2, 4, seed=0)
+    policy = OptimisticDescent().start(problem.spec, budget=50, seed=0)
+    rng = np.random.default_rng(0)
+    queries = [policy.ask() for _ in range(5)]
+    assert len(set(queries)) == 1  # no tell yet: the descent repeats
+    for query in reversed(queries):
+        policy.tell(query, problem.probe(query.node, rng))
+    with pytest.raises(ValueError, match="not asked"):
+        policy.tell(queries[0], 0.5)
+
+
+def test_kernel_spread_lower_matches_certificate():
+    rng = np.random.default_rng(4)
+    running = RunningCertificate(64, 0.1)
+    running.update_many(rng.uniform(0, 1, 300) + 0.1 * rng.standard_normal(300))
+    for delta in (0.05, 0.2):
+        expected = running.certificate().spread_lower(delta)
+        assert ex.spread_lower(running.state, 0.1, delta, 3.0) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf])
+def test_rejects_non_finite_observations(value):
+    problem = tree_lipschitz(2, 3, seed=0)
+    policy = OptimisticDescent(spread="certified").start(problem.spec, budget=10, seed=0)
+    query = policy.ask()
+    with pytest.raises(ValueError, match="not finite"):
+        policy.tell(query, value)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(lipschitz=-1.0), "lipschitz"),
+    (dict(lipschitz=0.0), "lipschitz"),
+    (dict(rho=1.0), "rho"),
+    (dict(rho=0.0), "rho"),
+    (dict(c=0.0), "c must"),
+    (dict(c=-2.0), "c must"),
+    (dict(expand="fixed"), "max_depth"),
+    (dict(expand="sometimes"), "expand"),
+    (dict(spread="guessed"), "spread"),
+    (dict(max_depth=-1), "max_depth"),
+    (dict(delta=1.5), "delta"),
+    (dict(z=0.0), "z must"),
+])
+def test_bad_parameters(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        OptimisticDescent(**kwargs)
+
+
+def test_bad_memory_bounded_parameters_and_wrong_trees():
+    with pytest.raises(ValueError, match="spread"):
+        MemoryBoundedDescent(spread="hybrid")
+    with pytest.raises(ValueError, match="lipschitz"):
+        MemoryBoundedDescent(lipschitz=-0.5)
+    with pytest.raises(ValueError, match="max_nodes"):
+        MemoryBoundedDescent(max_nodes=2).start(ProblemSpec(LazyTree(3), 0.1, 1.0, 1.0),
+                                                budget=10)
+    with pytest.raises(TypeError, match="LazyTree"):
+        MemoryBoundedDescent().start(ProblemSpec(Tree.complete(2, 2), 0.1, 1.0, 1.0),
+                                     budget=10)
+    with pytest.raises(TypeError, match="finite Tree"):
+        OptimisticDescent().start(ProblemSpec(LazyTree(3), 0.1, 1.0, 1.0), budget=10)
+
+
+def test_names():
+    assert OptimisticDescent(spread="hybrid").name == "descent-hybrid"
+    assert OptimisticDescent(spread="estimated").name == "descent-estimated"
+    assert MemoryBoundedDescent.name == "memory-bounded"

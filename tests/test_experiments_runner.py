@@ -1,0 +1,246 @@
+"""The experiment runner: hashing, validation before work, local pool = inline = Ray, a
+SIGKILLed run resumes losing and repeating nothing, and the output files.
+
+The toy study below uses only the core: it estimates the root value f(root) of a
+tree-Lipschitz instance from cheap probes of the root versus leaf evaluations of random
+leaves at the same cost budget (probes are 20x cheaper, so their error is smaller)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+from canopy.experiments import studies
+from canopy.experiments.outputs import StudyOutputs, write_report, write_study
+from canopy.experiments.runner import CellStore, cell_key, plan, run_study
+from canopy.experiments.study import (
+    Headline,
+    Measurement,
+    PaperValue,
+    Study,
+    check_budget,
+    check_positive_int,
+)
+from canopy.experiments.summary import lookup, t_interval
+from canopy.instances import tree_lipschitz
+
+PROBE_COST = 0.05
+
+
+@dataclass(frozen=True)
+class ToyParams:
+    budgets: tuple[float, ...] = (2.0, 8.0)
+    depth: int = 6
+    sleep: float = 0.0
+    journal: str = ""
+
+    def __post_init__(self) -> None:
+        check_positive_int("depth", self.depth)
+        for budget in self.budgets:
+            check_budget("budgets", budget, PROBE_COST)
+
+
+def toy_cells(params: ToyParams) -> list[dict]:
+    return [{"method": method, "budget": budget, "depth": params.depth, "sleep": params.sleep,
+             "journal": params.journal}
+            for budget in params.budgets for method in ("probe-root", "random-leaf")]
+
+
+def toy_cell(cell: dict, seed: int) -> list[Measurement]:
+    if cell["journal"]:
+        with open(cell["journal"], "a") as journal:
+            journal.write(cell_key("toy", cell, seed) + "\n")
+    time.sleep(cell["sleep"])
+    problem = tree_lipschitz(2, cell["depth"], seed=seed)
+    rng = np.random.default_rng([seed, 1])
+    if cell["method"] == "probe-root":
+        samples = problem.probe_many(0, int(cell["budget"] / PROBE_COST), rng)
+    else:
+        leaves = rng.integers(0, problem.tree.n_leaves, size=int(cell["budget"]))
+        samples = np.array([problem.evaluate(int(leaf), rng) for leaf in leaves])
+    error = abs(float(samples.mean()) - problem.value(0))
+    return [Measurement(cell["method"], "budget", cell["budget"], "abs error", error)]
+
+
+def toy_headlines(rows):
+    probe = lookup(rows, "probe-root", "abs error", 8.0)
+    leaf = lookup(rows, "random-leaf", "abs error", 8.0)
+    return [Headline("probe error / leaf error at budget 8", probe.mean / leaf.mean, paper=0.25,
+                     target="< 1", passed=probe.mean < leaf.mean)]
+
+
+STUDY = Study(name="toy", title="root value from cheap probes vs leaf evaluations",
+              module=__name__, params=ToyParams(), quick_params=ToyParams(budgets=(8.0,)),
+              seeds=6, quick_seeds=2, cells=toy_cells, run_cell=toy_cell,
+              paper=(PaperValue("probe-root", 8.0, "abs error", 0.01),),
+              headlines=toy_headlines)
+
+
+def values(run) -> list[tuple]:
+    return [tuple(m) for m in run.measurements]
+
+
+# ---------------------------------------------------------------------------- summary, keys
+def test_t_interval_matches_the_textbook_formula():
+    data = [1.0, 2.0, 4.0, 7.0]
+    mean, low, high = t_interval(data)
+    half = 3.182446305284263 * np.std(data, ddof=1) / 2.0  # t_{0.975, 3}
+    assert mean == pytest.approx(3.5)
+    assert (low, high) == pytest.approx((3.5 - half, 3.5 + half))
+    assert t_interval([5.0]) == (5.0, None, None)
+    with pytest.raises(ValueError, match="NaN"):
+        t_interval([1.0, float("nan")])
+
+
+def test_cell_key_is_stable_and_separates_cells_and_seeds():
+    cell = {"method": "a", "budget": 1.0}
+    assert cell_key("s", cell, 0) == cell_key("s", {"budget": 1.0, "method": "a"}, 0)
+    keys = {cell_key("s", cell, 0), cell_key("s", cell, 1), cell_key("t", cell, 0),
+            cell_key("s", {"method": "a", "budget": 2.0}, 0)}
+    assert len(keys) == 4
+
+
+# ---------------------------------------------------------------------------- validation
+def test_bad_configuration_fails_before_any_work(tmp_path, monkeypatch):
+    with pytest.raises(ValueError, match="unknown study 'nope'"):
+        studies.get_study("nope")
+    for seeds in (0, -3):
+        with pytest.raises(ValueError, match="seeds must be >= 1"):
+            run_study(STUDY, store=tmp_path / "cells", seeds=seeds)
+    with pytest.raises(ValueError, match=r"budgets=0.01 is below the cost of one query"):
+        run_study(STUDY, store=tmp_path / "cells", overrides={"budgets": "0.01,4"})
+    with pytest.raises(ValueError, match="has no parameter 'budget'"):
+        run_study(STUDY, store=tmp_path / "cells", overrides={"budget": "4"})
+    with pytest.raises(ValueError, match="expected a value like 6"):
+        run_study(STUDY, store=tmp_path / "cells", overrides={"depth": "deep"})
+    with pytest.raises(ValueError, match="backend must be"):
+        run_study(STUDY, store=tmp_path / "cells", backend="slurm")
+    assert not (tmp_path / "cells").exists()
+
+
+# ---------------------------------------------------------------------------- backends
+def test_pool_and_inline_agree_and_the_toy_statistics_hold(tmp_path):
+    inline = run_study(STUDY, store=tmp_path / "a", workers=1)
+    pooled = run_study(STUDY, store=tmp_path / "b", workers=2)
+    assert values(inline) == values(pooled)
+    assert (inline.computed, inline.reused, inline.n_tasks) == (24, 0, 24)
+    again = run_study(STUDY, store=tmp_path / "a", workers=2)
+    assert (again.computed, again.reused) == (0, 24) and values(again) == values(inline)
+    # probes at 1/20 of the cost: 20x the samples, about sqrt(20) less error
+    headline = STUDY.headlines(inline.rows)[0]
+    assert headline.passed and headline.ours < 0.6
+
+
+def test_ray_backend_gives_the_local_numbers(tmp_path):
+    pytest.importorskip("ray")
+    local = run_study(STUDY, store=tmp_path / "local", seeds=3, workers=1)
+    ray_run = run_study(STUDY, store=tmp_path / "ray", seeds=3, backend="ray", workers=2)
+    assert ray_run.computed == local.computed == 12
+    assert values(ray_run) == values(local)
+
+
+# ---------------------------------------------------------------------------- resume
+_CHILD = """
+import sys
+sys.path[:0] = {paths!r}
+from test_experiments_runner import STUDY
+from canopy.experiments.runner import run_study
+run_study(STUDY, store={store!r}, seeds=8, workers=1,
+          overrides={{"sleep": "0.15", "journal": {journal!r}}})
+"""
+
+
+def test_a_killed_run_resumes_losing_and_repeating_nothing(tmp_path):
+    store, journal = tmp_path / "cells", tmp_path / "journal.txt"
+    code = _CHILD.format(paths=sys.path, store=str(store), journal=str(journal))
+    child = subprocess.Popen([sys.executable, "-c", code])
+    deadline = time.monotonic() + 60
+    while len(list(store.glob("*.json"))) < 5 and time.monotonic() < deadline:
+        assert child.poll() is None, "the run ended before it could be killed"
+        time.sleep(0.02)
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    before = {p.name: p.read_bytes() for p in store.glob("*.json")}
+    assert 5 <= len(before) < 32
+    started_before = len(journal.read_text().split())
+    resumed = run_study(STUDY, store=store, seeds=8, workers=1,
+                        overrides={"sleep": "0.15", "journal": str(journal)})
+    ran_now = journal.read_text().split()[started_before:]
+    assert (resumed.reused, resumed.computed) == (len(before), 32 - len(before))
+    assert len(ran_now) == len(set(ran_now)) == 32 - len(before)
+    assert not {f"{key}.json" for key in ran_now} & set(before)  # nothing finished ran again
+    assert all((store / name).read_bytes() == data for name, data in before.items())
+    fresh = run_study(STUDY, store=tmp_path / "fresh", seeds=8, workers=1,
+                      overrides={"sleep": "0", "journal": ""})
+    assert [m.value for m in resumed.measurements] == [m.value for m in fresh.measurements]
+    assert not list(store.glob(".*.tmp"))
+
+
+def test_an_unreadable_cell_file_is_computed_again(tmp_path):
+    run = run_study(STUDY, store=tmp_path, seeds=1, workers=1)
+    victim = sorted(tmp_path.glob("*.json"))[0]
+    victim.write_text("{truncated")
+    again = run_study(STUDY, store=tmp_path, seeds=1, workers=1)
+    assert (again.computed, again.reused) == (1, 3)
+    assert values(again) == values(run)
+    assert CellStore(tmp_path).load(plan(STUDY, seeds=1)[2][0]) is not None
+
+
+# ---------------------------------------------------------------------------- outputs, CLI
+def test_outputs_hold_rows_paper_numbers_table_and_figure(tmp_path):
+    pytest.importorskip("matplotlib")
+    run = run_study(STUDY, store=tmp_path / "toy" / "cells", seeds=3, workers=1)
+    paths = write_study(STUDY, run, tmp_path)
+    document = json.loads(paths.results.read_text())
+    assert {"study", "config", "rows", "paper"} <= set(document)
+    assert document["study"] == "toy" and document["config"]["seeds"] == 3
+    row = document["rows"][0]
+    assert set(row) == {"method", "x_name", "x", "metric", "mean", "ci_low", "ci_high", "n"}
+    assert row["n"] == 3 and row["ci_low"] <= row["mean"] <= row["ci_high"]
+    assert document["paper"] == [{"method": "probe-root", "x": 8.0, "metric": "abs error",
+                                  "value": 0.01}]
+    table = paths.table_md.read_text()
+    assert "| probe-root | budget | 8 | abs error |" in table and "| 0.01 |" in table
+    assert r"\toprule" in paths.table_tex.read_text()
+    assert paths.figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    report = write_report([(STUDY, run, STUDY.headlines(run.rows))], tmp_path, quick=True)
+    text = report.read_text()
+    assert "probe error / leaf error at budget 8" in text and "toy/figure.png" in text
+
+
+def test_cli_runs_lists_and_rejects(tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib")
+    from typer.testing import CliRunner
+
+    from canopy.cli import app
+
+    monkeypatch.setitem(studies.STUDIES, "toy", __name__)
+    runner = CliRunner()
+    listed = runner.invoke(app, ["list"])
+    assert listed.exit_code == 0 and "toy" in listed.output
+    done = runner.invoke(app, ["run", "toy", "--quick", "--workers", "1", "--out",
+                               str(tmp_path)])
+    assert done.exit_code == 0, done.output
+    assert StudyOutputs(tmp_path, "toy").results.exists()
+    for args, message in ((["run", "nope"], "unknown study"),
+                          (["run", "toy", "--seeds", "-1"], "seeds must be >= 1"),
+                          (["run", "toy", "--set", "budgets=0.001"], "below the cost"),
+                          (["run", "toy", "--backend", "mpi"], "--backend must be")):
+        failed = runner.invoke(app, [*args, "--out", str(tmp_path / "bad")])
+        assert failed.exit_code == 2 and message in failed.output, failed.output
+    failed = runner.invoke(app, ["reproduce", "--study", "toy", "--workers", "0", "--out",
+                                 str(tmp_path / "bad")])
+    assert failed.exit_code == 2 and "--workers must be >= 1" in failed.output
+    assert not (tmp_path / "bad").exists()
+    report = runner.invoke(app, ["reproduce", "--quick", "--study", "toy", "--workers", "1",
+                                 "--out", str(tmp_path)])
+    assert report.exit_code == 0, report.output
+    assert (tmp_path / "report.md").exists()
+

@@ -1,0 +1,117 @@
+"""The paper's synthetic studies on tiny grids: each runs through the runner, summarises,
+reports headlines and writes its outputs; structural facts of the studies hold; bad
+configurations fail before any work."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from canopy.experiments.outputs import write_study
+from canopy.experiments.runner import plan, run_study
+from canopy.experiments.studies import available, get_study
+from canopy.experiments.studies.theorylink import near_optimality_dimension
+from canopy.problem import LeafMeans
+from canopy.tree import Tree
+
+SYNTHETIC = ("fidelity", "memory", "violations", "compression", "ablation", "theorylink")
+
+TINY = {
+    "fidelity": {"ratios": "0.05,1", "budgets": "150", "budget": "150"},
+    "memory": {"horizon": "600", "depths": "1,2"},
+    "violations": {"ks": "0,2", "budget": "60"},
+    "compression": {"horizons": "300,600"},
+    "ablation": {"horizon": "600", "assumed": "0.1,1"},
+    "theorylink": {"checkpoints": "100,200,400", "depth": "6"},
+}
+
+
+def test_registry_serves_every_synthetic_study():
+    assert set(SYNTHETIC) <= set(available())
+    for name in SYNTHETIC:
+        study = get_study(name)
+        assert study.name == name and study.seeds >= study.quick_seeds >= 1
+
+
+@pytest.fixture(scope="module")
+def tiny_runs(tmp_path_factory):
+    out = tmp_path_factory.mktemp("studies")
+    runs = {}
+    for name in SYNTHETIC:
+        study = get_study(name)
+        runs[name] = run_study(study, store=out / name / "cells", seeds=2, workers=1,
+                               overrides=TINY[name])
+        write_study(study, runs[name], out)
+    return out, runs
+
+
+@pytest.mark.parametrize("name", SYNTHETIC)
+def test_tiny_study_summarises_and_writes_outputs(tiny_runs, name):
+    out, runs = tiny_runs
+    result = runs[name]
+    assert result.computed == result.n_tasks and result.seeds == 2
+    assert result.rows and all(row.n == 2 for row in result.rows)
+    document = json.loads((out / name / "results.json").read_text())
+    assert document["study"] == name and len(document["rows"]) == len(result.rows)
+    assert document["config"]["params"] == result.params
+    assert (out / name / "figure.png").stat().st_size > 1000
+    assert get_study(name).headlines(result.rows), "a tiny grid still yields headlines"
+
+
+def test_identification_scores_are_proportions(tiny_runs):
+    _, runs = tiny_runs
+    for m in runs["fidelity"].measurements:
+        assert m.metric == "recall@5" and 0 <= m.value <= 1
+    accuracy = [m.value for m in runs["violations"].measurements if m.metric == "top-1 accuracy"]
+    assert set(accuracy) <= {0.0, 1.0}
+    recovered = [m.value for m in runs["violations"].measurements if m.metric == "recovered K"]
+    assert recovered and all(v >= 0 and v == int(v) for v in recovered)
+
+
+def test_fixed_depth_play_stores_the_whole_tree_down_to_its_depth(tiny_runs):
+    _, runs = tiny_runs
+    stored = {(r.method, r.x): r.mean for r in runs["memory"].rows if r.metric == "stored nodes"}
+    assert stored[("fixed depth", 1.0)] == 1 + 4
+    assert stored[("fixed depth", 2.0)] == 1 + 4 + 16
+
+
+def test_regret_grows_with_the_horizon_and_memory_stays_bounded(tiny_runs):
+    _, runs = tiny_runs
+    regret = [m.value for m in runs["theorylink"].measurements if m.metric == "R(n)"]
+    assert all(np.diff(regret[:3]) > 0) and all(np.diff(regret[3:]) > 0)
+    compression = runs["compression"].rows
+    for row in compression:
+        if row.metric == "peak stored nodes":
+            tree = next(r for r in compression if r.metric == "tree nodes"
+                        and r.method == row.method and r.x == row.x)
+            assert row.mean <= tree.mean * 3 + 1  # stored: at most the tree plus one block
+
+
+def test_near_optimality_dimension_on_hand_made_functions():
+    tree = Tree.complete(2, 8)
+    flat = LeafMeans(tree, np.full(tree.n_leaves, 0.5))
+    assert near_optimality_dimension(flat, branching=2, lipschitz=1.0) == pytest.approx(1.0)
+    spike = np.zeros(tree.n_leaves)
+    spike[77] = 1.0
+    peaked = LeafMeans(tree, spike)
+    assert near_optimality_dimension(peaked, branching=2, lipschitz=1.0) == pytest.approx(0.0)
+
+
+@pytest.mark.parametrize(("name", "overrides", "message"), [
+    ("fidelity", {"budget": "0.5"}, "below the cost of one query"),
+    ("violations", {"budget": "0.2"}, "below the cost of one query"),
+    ("violations", {"ks": "0,300"}, "ks must lie in 0..256"),
+    ("memory", {"depths": "5"}, "depths must lie in 1..4"),
+    ("theorylink", {"checkpoints": "100"}, "at least two increasing horizons"),
+    ("compression", {"lipschitz": "-1"}, "lipschitz must be a finite number > 0"),
+    ("memory", {"sigma": "-0.1"}, "sigma must be a finite number >= 0"),
+    ("ablation", {"horizon": "0"}, "horizon must be >= 1"),
+])
+def test_bad_study_configuration_fails_before_work(tmp_path, name, overrides, message):
+    with pytest.raises(ValueError, match=message):
+        run_study(get_study(name), store=tmp_path / "cells", overrides=overrides)
+    with pytest.raises(ValueError, match="seeds must be >= 1"):
+        plan(get_study(name), seeds=-2)
+    assert not (tmp_path / "cells").exists()
