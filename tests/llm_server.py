@@ -7,10 +7,9 @@
 - ``scripted_server``: a tiny HTTP server of our own on 127.0.0.1 that answers each path the
   way a test scripts it (HTTP errors, malformed bodies, slow answers), for failure paths.
 
-Register with ``pytest_plugins = ["llm_server"]`` in the root ``conftest.py`` (until then each
-test module that uses them declares ``pytest_plugins = ["llm_server"]`` itself). Test modules
-should not import from this module directly (that defeats pytest's assertion rewriting of it);
-the scripted server's response-body helpers are static methods of the fixture's object.
+Registered once for the whole suite by ``pytest_plugins = ["llm_server"]`` in
+``tests/conftest.py``; the scripted server's response-body helpers are static methods of
+:class:`ScriptedServer` (``ScriptedServer.chat_body``, ``ScriptedServer.completion_body``).
 """
 
 from __future__ import annotations
