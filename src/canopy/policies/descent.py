@@ -32,6 +32,7 @@ import numpy as np
 
 from canopy.certificate import default_lambdas
 from canopy.policies import _explored as ex
+from canopy.policies._validate import check_positive, check_rho, check_unit
 from canopy.policies.base import Policy, check_k
 from canopy.problem import ProblemSpec, Query
 from canopy.tree import LazyTree, Tree
@@ -43,26 +44,6 @@ _SPREADS = {"assumed": ex.ASSUMED, "certified": ex.CERTIFIED, "hybrid": ex.HYBRI
 _EXPANDS = {"refine": ex.REFINE, "always": ex.ALWAYS, "fixed": ex.FIXED}
 _INITIAL_CAPACITY = 64
 _EMPTY = np.zeros(1, dtype=np.int64)
-
-
-def check_positive(value: float, name: str) -> float:
-    """A finite number > 0, or a ``ValueError``/``TypeError`` naming ``name``."""
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
-    if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"{name} must be finite and > 0, got {value}")
-    return float(value)
-
-
-def check_rho(rho: float | None, name: str = "rho") -> float | None:
-    """``None`` (meaning ``1/branching``) or a number in (0, 1)."""
-    if rho is None:
-        return None
-    if isinstance(rho, bool) or not isinstance(rho, (int, float, np.integer, np.floating)):
-        raise TypeError(f"{name} must be a number or None, got {type(rho).__name__}")
-    if not 0.0 < rho < 1.0:
-        raise ValueError(f"{name} must be in (0, 1), got {rho}")
-    return float(rho)
 
 
 def _check_choice(value: str, choices: dict[str, int], name: str) -> str:
@@ -79,12 +60,6 @@ def _check_level(value: int | None, name: str) -> int | None:
     if value < 0:
         raise ValueError(f"{name} must be >= 0, got {value}")
     return int(value)
-
-
-def _check_unit(value: float, name: str) -> float:
-    if not 0.0 < value < 1.0:
-        raise ValueError(f"{name} must be in (0, 1), got {value}")
-    return float(value)
 
 
 def max_branching(tree: Tree | LazyTree) -> int:
@@ -369,7 +344,7 @@ class OptimisticDescent(ExploredTreePolicy):
         self.max_depth = _check_level(max_depth, "max_depth")
         if expand == "fixed" and max_depth is None:
             raise ValueError('expand="fixed" needs max_depth (the resolution to play at)')
-        self.delta = _check_unit(delta, "delta")
+        self.delta = check_unit(delta, "delta")
         self.z = check_positive(z, "z")
 
     @property
@@ -422,7 +397,7 @@ class MemoryBoundedDescent(ExploredTreePolicy):
                              f"got {spread!r}")
         self.spread = spread
         self.max_nodes = _check_level(max_nodes, "max_nodes")
-        self.delta = _check_unit(delta, "delta")
+        self.delta = check_unit(delta, "delta")
         self.z = check_positive(z, "z")
 
     def _start(self) -> None:

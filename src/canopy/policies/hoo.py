@@ -21,7 +21,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from canopy.policies import _explored as ex
-from canopy.policies.descent import ExploredTreePolicy, check_positive, check_rho, spec_rounds
+from canopy.policies._validate import check_positive, check_rho
+from canopy.policies.descent import ExploredTreePolicy, spec_rounds
 
 __all__ = ["HOO", "POO", "default_schedules"]
 

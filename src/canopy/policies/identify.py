@@ -50,28 +50,13 @@ from canopy.policies._identify_spread import (
     radius,
     violation_test,
 )
+from canopy.policies._validate import check_positive, check_rho, check_unit
 
 __all__ = ["EdgeTargeted", "TopKBeam", "TopKSound"]
 
 SPREADS = ("assumed", "certified", "hybrid")
 PREPASS_FRACTION = 0.05
 PREPASS_PROBES = (8, 200)
-
-
-def _check_positive(value: object, name: str, *, allow_none: bool = True) -> float | None:
-    if value is None and allow_none:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
-    if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"{name} must be finite and > 0, got {value}")
-    return float(value)
-
-
-def _check_unit(value: float, name: str) -> float:
-    if not 0.0 < value < 1.0:
-        raise ValueError(f"{name} must be in (0, 1), got {value}")
-    return float(value)
 
 
 class _TreeIdentifier(PhasedPolicy):
@@ -86,10 +71,10 @@ class _TreeIdentifier(PhasedPolicy):
                    z: float, k: int, spread: str, prepass: bool) -> None:
         if spread not in SPREADS:
             raise ValueError(f"spread must be one of {SPREADS}, got {spread!r}")
-        self.lipschitz = _check_positive(lipschitz, "lipschitz")
-        self.rho = rho if rho is None else _check_unit(rho, "rho")
-        self.delta = _check_unit(delta, "delta")
-        self.z = _check_positive(z, "z", allow_none=False)
+        self.lipschitz = check_positive(lipschitz, "lipschitz", allow_none=True)
+        self.rho = check_rho(rho)
+        self.delta = check_unit(delta, "delta")
+        self.z = check_positive(z, "z")
         if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
             raise ValueError(f"k must be a positive int, got {k!r}")
         self.k = int(k)
@@ -502,7 +487,7 @@ class EdgeTargeted(_TreeIdentifier):
         self._configure(lipschitz=lipschitz, rho=rho, delta=delta, z=z, k=k, spread="hybrid",
                         prepass=True)
         self.detect_fraction = (detect_fraction if detect_fraction is None
-                                else _check_unit(detect_fraction, "detect_fraction"))
+                                else check_unit(detect_fraction, "detect_fraction"))
 
     def _plan(self) -> Generator[Batch, None, None]:
         tree = self.tree_
