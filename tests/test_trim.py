@@ -1,10 +1,12 @@
-"""Trimmers, BBH parsing, the per-category bandit and the summary, without a model: the bandit
-is checked statistically on outcome matrices with a known best level."""
+"""Trimmers, BBH parsing, the regional trimming bandit, the summary and the CLI's checks,
+without a model: the bandit is checked statistically on outcome matrices with known best
+levels."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from typer.testing import CliRunner
 
 from canopy.apps.trim.bandit import (
     category_oracle,
@@ -22,6 +24,7 @@ from canopy.apps.trim.trimmers import (
     render_query,
     select_chunks,
 )
+from canopy.cli import app
 
 TEXT = " ".join(f"word{i}" for i in range(200))
 
@@ -197,3 +200,13 @@ def test_bandit_rejects_bad_arguments(kwargs, match):
 def test_trim_outcomes_rejects_bad_matrices(correct, tokens, match):
     with pytest.raises(ValueError, match=match):
         trim_outcomes(["t", "u"], correct, tokens)
+
+
+@pytest.mark.parametrize("option", [["--learner", "greedy"], ["--kappa", "-1"],
+                                    ["--orders", "0"]])
+def test_cli_rejects_bad_bandit_settings_before_any_call(option):
+    # an unreachable endpoint: a call would fail differently (and later)
+    result = CliRunner().invoke(app, ["trim", "run", "--base-url", "http://127.0.0.1:9/v1",
+                                      "--model", "m", *option])
+    assert result.exit_code == 2
+    assert option[0].removeprefix("--").rstrip("s") in result.output
