@@ -1,2 +1,2 @@
-"""Prompt trimming: a bandit per task category over trim levels (paper Section 5,
-"Serving systems")."""
+"""Prompt trimming: the routing application's regional bandit over trim levels, task categories
+as regions (paper Section 5, "Serving systems")."""

@@ -1,94 +1,106 @@
-"""A bandit per task category over trim levels (paper Section 5, "Serving systems": the arms
-are trim levels and the regions are task categories), its fixed-trim baselines and the
-per-item oracle.
+"""The trimming bandit (paper Section 5, "Serving systems"): the routing application's regional
+bandit with trim levels as the arms and task categories as the regions, its per-category and
+per-item oracles.
 
-Reward of serving an item with trim level ``a``: ``correct - lam * input_tokens``. Within each
-category the items arrive in a seeded random order; UCB1 tries every level once, then plays the
-level of highest ``mean + c * range * sqrt(2 ln t / n)``. It only ever sees the outcome of the
-level it played.
+Trimming outcomes are routing :class:`~canopy.apps.routing.outcomes.Outcomes`: quality is
+correctness, cost is input tokens, so the reward is ``correct - lam * input_tokens``. The
+bandit is :class:`~canopy.apps.routing.routers.RegionalRouter` (UCB1-Tuned or Thompson per
+category, statistics backed off to the pool of all categories): items arrive in a seeded
+random order over all categories and it only ever sees the outcome of the level it played.
 """
 
 from __future__ import annotations
 
-import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["BanditOutcome", "oracle", "ucb_per_category"]
+from canopy.apps.routing.outcomes import Outcomes
+from canopy.apps.routing.routers import RegionalRouter, category_choices, query_choices
+
+__all__ = ["BanditOutcome", "category_oracle", "oracle", "regional_bandit", "trim_outcomes"]
 
 
 @dataclass(frozen=True)
 class BanditOutcome:
     """Per-item correctness and input tokens of the levels a policy chose (means over the
-    replicate orders), and how often it chose each level."""
+    replicate orders), and ``choices[item, level]``, the share of orders that served the item
+    with the level."""
 
     correct: np.ndarray
     tokens: np.ndarray
-    choice_share: np.ndarray
+    choices: np.ndarray
+
+    @property
+    def choice_share(self) -> np.ndarray:
+        """How often each level was played, over all items and orders."""
+        return self.choices.mean(axis=0)
 
 
-def _check(categories: np.ndarray, correct: np.ndarray, tokens: np.ndarray,
-           lam: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    cats = np.asarray(categories)
+def trim_outcomes(categories: Sequence[object] | np.ndarray, correct: np.ndarray,
+                  tokens: np.ndarray, *, levels: Sequence[str] | None = None) -> Outcomes:
+    """Outcomes ``[item, level]`` as routing outcomes: regions are the categories (``str``
+    of each; ``/`` nests them, ``"bbh/navigate"``), models are the level names (default
+    ``level0, level1, ...``), quality is ``correct`` in [0, 1], cost is ``tokens``."""
     hits = np.asarray(correct, dtype=float)
     cost = np.asarray(tokens, dtype=float)
-    if hits.ndim != 2 or hits.shape != cost.shape or cats.shape != (hits.shape[0],):
+    cats = [str(c) for c in np.asarray(categories).tolist()]
+    if hits.ndim != 2 or hits.shape != cost.shape or len(cats) != hits.shape[0]:
         raise ValueError(f"correct {hits.shape} and tokens {cost.shape} must be (items, levels) "
-                         f"with one category per item, got {cats.shape}")
+                         f"with one category per item, got {len(cats)} categories")
     if hits.size == 0:
         raise ValueError("no items to trim")
-    if not (np.all(np.isfinite(cost)) and np.all(np.isfinite(hits))):
-        raise ValueError("correct and tokens must be finite")
-    if not (math.isfinite(lam) and lam >= 0):
-        raise ValueError(f"lam must be a finite number >= 0, got {lam}")
-    return cats, hits, cost
+    names = tuple(levels) if levels is not None else tuple(
+        f"level{a}" for a in range(hits.shape[1]))
+    if len(names) != hits.shape[1]:
+        raise ValueError(f"{len(names)} level names for {hits.shape[1]} levels")
+    if not all(cats):
+        raise ValueError("every item needs a non-empty category")
+    return Outcomes("trimming", tuple(str(i) for i in range(hits.shape[0])), tuple(cats), names,
+                    hits, cost)
 
 
-def ucb_per_category(categories: np.ndarray, correct: np.ndarray, tokens: np.ndarray, *,
-                     lam: float, exploration: float = 1.0, n_orders: int = 20,
-                     seed: int | np.random.Generator | None = 0) -> BanditOutcome:
-    """Run UCB1 independently in every category over ``n_orders`` random item orders."""
-    cats, hits, cost = _check(categories, correct, tokens, lam)
-    if not (math.isfinite(exploration) and exploration >= 0):
-        raise ValueError(f"exploration must be a finite number >= 0, got {exploration}")
+def regional_bandit(outcomes: Outcomes, *, lam: float, learner: str = "ucb",
+                    explore: float = 1.0, kappa: float = 5.0, n_orders: int = 20,
+                    seed: int | np.random.Generator | None = 0) -> BanditOutcome:
+    """Serve every item once with a fresh :class:`RegionalRouter` per random item order
+    (``n_orders`` orders); per item, the mean outcome of the levels it was served with."""
     if n_orders < 1:
         raise ValueError(f"n_orders must be >= 1, got {n_orders}")
     rng = np.random.default_rng(seed)
-    reward = hits - lam * cost
-    width = max(float(reward.max() - reward.min()), 1e-9)
-    n_items, n_levels = hits.shape
-    got_correct = np.zeros(n_items)
-    got_tokens = np.zeros(n_items)
-    share = np.zeros(n_levels)
+    n_items, n_levels = outcomes.quality.shape
+    regions = sorted(set(outcomes.regions))
+    got_correct, got_tokens = np.zeros(n_items), np.zeros(n_items)
+    plays = np.zeros((n_items, n_levels))
     for _ in range(n_orders):
-        for category in np.unique(cats):
-            members = np.flatnonzero(cats == category)
-            pulls = np.zeros(n_levels)
-            totals = np.zeros(n_levels)
-            for t, item in enumerate(rng.permutation(members), start=1):
-                if np.any(pulls == 0):
-                    level = int(np.flatnonzero(pulls == 0)[0])
-                else:
-                    index = totals / pulls + exploration * width * np.sqrt(2 * math.log(t) / pulls)
-                    level = int(np.argmax(index))
-                pulls[level] += 1
-                totals[level] += reward[item, level]
-                got_correct[item] += hits[item, level]
-                got_tokens[item] += cost[item, level]
-                share[level] += 1
-    return BanditOutcome(got_correct / n_orders, got_tokens / n_orders,
-                         share / share.sum())
+        router = RegionalRouter(outcomes.models, lam=lam, regions=regions, learner=learner,
+                                kappa=kappa, explore=explore, seed=rng)
+        for item in rng.permutation(n_items):
+            region = outcomes.regions[item]
+            level = outcomes.models.index(router.route(region))
+            hit, cost = outcomes.quality[item, level], outcomes.cost[item, level]
+            router.update(region, outcomes.models[level], hit, cost)
+            got_correct[item] += hit
+            got_tokens[item] += cost
+            plays[item, level] += 1
+    return BanditOutcome(got_correct / n_orders, got_tokens / n_orders, plays / n_orders)
 
 
-def oracle(correct: np.ndarray, tokens: np.ndarray, *, lam: float) -> BanditOutcome:
-    """Per item, the level of highest reward knowing every outcome (an upper reference)."""
-    cats = np.zeros(np.asarray(correct).shape[0])
-    _, hits, cost = _check(cats, correct, tokens, lam)
-    reward = hits - lam * cost
-    # highest reward; among equals, fewer tokens, then the earlier level
-    best = np.array([min(range(hits.shape[1]), key=lambda a, i=i: (-reward[i, a], cost[i, a]))
-                     for i in range(hits.shape[0])])
-    rows = np.arange(hits.shape[0])
-    share = np.bincount(best, minlength=hits.shape[1]) / hits.shape[0]
-    return BanditOutcome(hits[rows, best], cost[rows, best], share)
+def _chosen(outcomes: Outcomes, best: np.ndarray) -> BanditOutcome:
+    rows = np.arange(outcomes.n_queries)
+    choices = np.zeros(outcomes.quality.shape)
+    choices[rows, best] = 1.0
+    return BanditOutcome(outcomes.quality[rows, best], outcomes.cost[rows, best], choices)
+
+
+def oracle(outcomes: Outcomes, *, lam: float) -> BanditOutcome:
+    """Per item, the level of highest reward knowing every outcome (an upper reference; ties
+    to fewer tokens, then the earlier level)."""
+    return _chosen(outcomes, query_choices(outcomes, lam))
+
+
+def category_oracle(outcomes: Outcomes, *, lam: float) -> BanditOutcome:
+    """Per category, the level of highest mean reward in hindsight: the fixed choice a
+    per-category bandit converges to."""
+    return _chosen(outcomes, category_choices(outcomes, lam)[0])

@@ -1,5 +1,5 @@
-"""``canopy trim run``: the trim-level bandit per BBH task against every fixed trim and the
-per-item oracle, live against an OpenAI-compatible endpoint."""
+"""``canopy trim run``: the regional trim-level bandit (BBH tasks as regions) against every
+fixed trim and the per-task and per-item oracles, live against an OpenAI-compatible endpoint."""
 
 from __future__ import annotations
 
@@ -50,17 +50,22 @@ def run_command(
     max_tokens: Annotated[int, typer.Option("--max-tokens", help="Tokens per answer.")] = 48,
     orders: Annotated[int, typer.Option("--orders", help="Random item orders for the "
                                         "bandit.")] = 20,
-    exploration: Annotated[float, typer.Option(
-        "--exploration", help="UCB constant c (1 is UCB1).")] = 1.0,
+    learner: Annotated[str, typer.Option(
+        "--learner", help="Regional learner: ucb or thompson.")] = "ucb",
+    explore: Annotated[float, typer.Option(
+        "--explore", help="UCB exploration constant (routing's explore).")] = 1.0,
+    kappa: Annotated[float, typer.Option(
+        "--kappa", help="Back-off weight of the pool of all tasks, in pseudo-items.")] = 5.0,
     seed: Seed = 0,
     cache_dir: CacheDir = None,
     timeout: Timeout = 120.0,
     as_json: Json = False,
     plot: Plot = None,
 ) -> None:
-    """Collect every trim level's answer on BBH items, then compare the per-task UCB bandit
-    with every fixed trim level (at matched tokens) and the per-item oracle."""
+    """Collect every trim level's answer on BBH items, then compare the regional bandit
+    with every fixed trim level (at matched tokens) and the per-task and per-item oracles."""
     from canopy import data
+    from canopy.apps.routing.routers import RegionalRouter
     from canopy.apps.trim.bbh import load_task
     from canopy.apps.trim.run import collect, summarise
     from canopy.apps.trim.trimmers import default_levels
@@ -73,6 +78,10 @@ def run_command(
             raise ValueError("--tasks is empty")
         if n < 1:
             raise ValueError(f"--n must be >= 1, got {n}")
+        if orders < 1:
+            raise ValueError(f"--orders must be >= 1, got {orders}")
+        # the bandit's settings are checked before any call is spent
+        RegionalRouter(["check"], lam=lam, learner=learner, explore=explore, kappa=kappa)
         folder = data.path("bbh")
         loaded = {name: load_task(folder, name, n=n, offset=offset) for name in names}
         levels = default_levels(budget_tokens=budget_tokens)
@@ -83,7 +92,8 @@ def run_command(
                 run = collect(client, loaded, levels, max_tokens=max_tokens, progress=update)
             usage = client.usage
             requests = server.request_count if server is not None else None
-        rows = summarise(run, lam=lam, exploration=exploration, n_orders=orders, seed=seed)
+        rows = summarise(run, lam=lam, learner=learner, explore=explore, kappa=kappa,
+                         n_orders=orders, seed=seed)
     except (ValueError, FileNotFoundError, LocalServerError) as error:
         raise cli_error(error) from None
     if run.error is not None:
@@ -93,7 +103,8 @@ def run_command(
         plot_accuracy(rows, plot, x="tokens", title="BBH trimming: accuracy vs input tokens",
                       xlabel="mean input tokens per item")
     meta = {"items": run.completed, "requested": len(run.items), "error": run.error,
-            "lam": lam, "exploration": exploration, "http_calls": usage.calls,
+            "lam": lam, "learner": learner, "explore": explore, "kappa": kappa,
+            "http_calls": usage.calls,
             "cache_hits": usage.cache_hits, "server_requests": requests}
     if as_json:
         print_json({**meta, "rows": rows})

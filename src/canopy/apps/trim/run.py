@@ -1,6 +1,7 @@
 """Live trimming runs: every trim level on every item against an OpenAI-compatible endpoint
 (greedy, so each outcome is one deterministic call, cached on disk by the client), then the
-per-category bandit, every fixed level and the per-item oracle on those outcomes.
+regional bandit (trim levels as arms, task categories as regions), every fixed level and the
+per-task and per-item oracles on those outcomes.
 
 The bandit is replayed on the collected outcomes rather than calling the endpoint itself: with
 greedy decoding its calls would be exactly these requests, and it only ever reads the outcome
@@ -16,7 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from canopy.apps.search.intervals import bootstrap_mean, paired_bootstrap
-from canopy.apps.trim.bandit import oracle, ucb_per_category
+from canopy.apps.trim.bandit import category_oracle, oracle, regional_bandit, trim_outcomes
 from canopy.apps.trim.bbh import FewShotPrompt, Item, grade
 from canopy.apps.trim.trimmers import TrimLevel, approx_tokens, render_query
 from canopy.llm.client import LLMClient, LLMError
@@ -84,28 +85,32 @@ def collect(client: LLMClient, tasks: Mapping[str, tuple[FewShotPrompt, Sequence
     return run
 
 
-def summarise(run: TrimRun, *, lam: float = 2e-4, exploration: float = 1.0,
-              n_orders: int = 20, seed: int = 0,
+def summarise(run: TrimRun, *, lam: float = 2e-4, learner: str = "ucb", explore: float = 1.0,
+              kappa: float = 5.0, n_orders: int = 20, seed: int = 0,
               n_resamples: int = 2000) -> list[dict[str, object]]:
-    """One row per policy (adaptive, every fixed level, per-item oracle): accuracy with a
-    bootstrap interval over items, mean achieved and estimated input tokens, the requested
-    budget, mean reward, and the paired accuracy gap to the adaptive policy. The adaptive row's
-    gap is to the best fixed level at matched tokens (the most accurate level whose mean
-    achieved tokens do not exceed the adaptive policy's)."""
+    """One row per policy (the adaptive regional bandit, every fixed level, the per-task and
+    per-item oracles): accuracy with a bootstrap interval over items, mean achieved and
+    estimated input tokens, the requested budget, mean reward, and the paired accuracy gap to
+    the adaptive policy. The adaptive row's gap is to the best fixed level at matched tokens
+    (the most accurate level whose mean achieved tokens do not exceed the adaptive policy's)."""
     done = slice(0, run.completed)
     if run.completed == 0:
         return []
-    cats = np.array([item.task for item in run.items[done]])
     correct, tokens = run.correct[done], run.tokens[done]
-    adaptive = ucb_per_category(cats, correct, tokens, lam=lam, exploration=exploration,
-                                n_orders=n_orders, seed=seed)
-    best = oracle(correct, tokens, lam=lam)
+    outcomes = trim_outcomes([item.task for item in run.items[done]], correct, tokens,
+                             levels=[level.name for level in run.levels])
+    adaptive = regional_bandit(outcomes, lam=lam, learner=learner, explore=explore,
+                               kappa=kappa, n_orders=n_orders, seed=seed)
+    adaptive_name = f"adaptive (regional {learner})"
     policies: list[tuple[str, np.ndarray, np.ndarray, object, float | None]] = [
-        ("adaptive (UCB per task)", adaptive.correct, adaptive.tokens, None, None)]
+        (adaptive_name, adaptive.correct, adaptive.tokens, None, None)]
     for a, level in enumerate(run.levels):
         policies.append((level.name, correct[:, a], tokens[:, a], level.requested_tokens,
                          float(run.estimated[done, a].mean())))
-    policies.append(("per-item oracle", best.correct, best.tokens, None, None))
+    for name, reference_policy in (("per-task oracle", category_oracle),
+                                   ("per-item oracle", oracle)):
+        chosen = reference_policy(outcomes, lam=lam)
+        policies.append((name, chosen.correct, chosen.tokens, None, None))
     matched = [a for a in range(len(run.levels)) if tokens[:, a].mean()
                <= adaptive.tokens.mean() + 1e-9]
     reference = (max(matched, key=lambda a: (correct[:, a].mean(), -tokens[:, a].mean()))
@@ -113,7 +118,8 @@ def summarise(run: TrimRun, *, lam: float = 2e-4, exploration: float = 1.0,
     rows = []
     for name, hits, cost, requested, estimated in policies:
         interval = bootstrap_mean(hits, n_resamples=n_resamples, seed=seed)
-        other = correct[:, reference] if name.startswith("adaptive") else adaptive.correct
+        is_adaptive = name == adaptive_name
+        other = correct[:, reference] if is_adaptive else adaptive.correct
         gap = paired_bootstrap(hits, other, n_resamples=n_resamples, seed=seed)
         rows.append({
             "method": name, "accuracy": interval.estimate, "ci_low": interval.low,
@@ -121,8 +127,7 @@ def summarise(run: TrimRun, *, lam: float = 2e-4, exploration: float = 1.0,
             "requested_tokens": requested, "estimated_tokens": estimated,
             "reward": float(hits.mean() - lam * cost.mean()),
             "delta": gap.estimate, "delta_ci_low": gap.low, "delta_ci_high": gap.high,
-            "delta_against": (run.levels[reference].name if name.startswith("adaptive")
-                              else "adaptive"),
+            "delta_against": run.levels[reference].name if is_adaptive else "adaptive",
             "items": run.completed,
         })
     return rows

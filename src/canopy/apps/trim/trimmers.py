@@ -170,28 +170,42 @@ def default_levels(*, budget_tokens: int = 320, count: Counter = approx_tokens,
 
 
 class LLMLinguaTrimmer:
-    """Adapter to LLMLingua's ``PromptCompressor`` (``pip install 'canopy-bandits[lingua]'``);
-    the package and its compressor model load on first use. ``level(rate)`` is a
-    :class:`TrimLevel` that compresses the full context to about ``rate`` of its tokens."""
+    """Adapter to LLMLingua's ``PromptCompressor`` (``pip install 'canopy-bandits[lingua]'``).
 
-    def __init__(self, *, model_name: str | None = None, device_map: str = "cpu") -> None:
-        try:
-            from llmlingua import PromptCompressor
-        except ImportError as error:
-            raise ImportError("LLMLinguaTrimmer needs the optional package llmlingua: "
-                              "pip install 'canopy-bandits[lingua]'") from error
-        kwargs = {"device_map": device_map}
-        if model_name is not None:
-            kwargs["model_name"] = model_name
-        self._compressor = PromptCompressor(**kwargs)
+    ``level(rate)`` is a :class:`TrimLevel` that hands LLMLingua the instruction and the worked
+    examples as separate demonstrations (its coarse demonstration-level filter, then its
+    token-level one) at about ``rate`` of their tokens; the question is passed for budgeting
+    but not appended, since :func:`render_query` adds it. ``compressor`` reuses an already
+    built ``PromptCompressor`` (or any object with its ``compress_prompt``); otherwise the
+    package and its scorer model ``model_name`` load here. LLMLingua 0.2.2 needs
+    ``transformers<4.47`` and fetches tiktoken's ``cl100k_base`` on construction (see
+    docs/trim.md)."""
+
+    def __init__(self, *, model_name: str | None = None, device_map: str = "cpu",
+                 compressor: object | None = None) -> None:
+        if compressor is None:
+            try:
+                from llmlingua import PromptCompressor
+            except ImportError as error:
+                raise ImportError("LLMLinguaTrimmer needs the optional package llmlingua: "
+                                  "pip install 'canopy-bandits[lingua]'") from error
+            kwargs = {"device_map": device_map}
+            if model_name is not None:
+                kwargs["model_name"] = model_name
+            compressor = PromptCompressor(**kwargs)
+        if not callable(getattr(compressor, "compress_prompt", None)):
+            raise TypeError(f"compressor must have a compress_prompt method, got {compressor!r}")
+        self._compressor = compressor
 
     def level(self, rate: float) -> TrimLevel:
+        """The trim level compressing the worked examples to about ``rate`` of their tokens."""
         if not 0 < rate <= 1:
             raise ValueError(f"rate must be in (0, 1], got {rate}")
 
         def build(prompt: FewShotPrompt, question: str) -> str:
-            result = self._compressor.compress_prompt(_full(prompt, question), rate=rate,
-                                                      question=question)
-            return str(result["compressed_prompt"])
+            result = self._compressor.compress_prompt(
+                [shot.render() for shot in prompt.shots], instruction=prompt.instruction,
+                question=question, rate=rate, concate_question=False)
+            return str(result["compressed_prompt"]).strip()
 
         return TrimLevel(f"llmlingua{rate:g}", build)
