@@ -247,9 +247,13 @@ def _request(kind, t, lo, hi, nodes, nu, parent, depth, capacity, params, ni, nf
             ni[v, _VISITED] = 1
         k += 1
     end = k
+    held = -1  # heap policies: a parent that just became the lowest leaf, kept off the heap
     for r in range(k, hi):
         if sc[_SIZE] >= capacity:
-            u = _victim(kind, t, parent, depth, ni, nf, params, hkey, hnode, hver, sc)
+            if held >= 0:
+                u, held = held, -1
+            else:
+                u = _victim(kind, t, parent, depth, ni, nf, params, hkey, hnode, hver, sc)
             if u < 0:
                 break
             if kind == LRU or kind == SIEVE:
@@ -260,7 +264,14 @@ def _request(kind, t, lo, hi, nodes, nu, parent, depth, capacity, params, ni, nf
             if p >= 0:
                 ni[p, _NCHILD] -= 1
                 if ni[p, _NCHILD] == 0 and ni[p, _PIN] != t and kind != LRU and kind != SIEVE:
-                    _push_leaf(kind, p, parent, depth, ni, nf, params, hkey, hnode, hver, sc)
+                    # evicting a chain tail first: when the parent's key is at most every
+                    # heap key it is the next victim, so skip its push and pop
+                    ni[p, _VER] += 1  # retires heap entries from when it was a leaf before
+                    if sc[_HLEN] == 0 or _key(kind, p, depth, ni, nf, params, sc) <= hkey[0]:
+                        held = p
+                    else:
+                        _push_leaf(kind, p, parent, depth, ni, nf, params, hkey, hnode, hver,
+                                   sc)
         v = nodes[r]
         ni[v, _CACHED] = 1
         ni[v, _PIN] = t
@@ -272,6 +283,8 @@ def _request(kind, t, lo, hi, nodes, nu, parent, depth, capacity, params, ni, nf
         if kind == SIEVE:
             _push_head(ni, sc, v)
         end = r + 1
+    if held >= 0:
+        _push_leaf(kind, held, parent, depth, ni, nf, params, hkey, hnode, hver, sc)
     for r in range(lo, end):
         _touch(nodes[r], t, nu[r], ni)
     if kind == LRU:
