@@ -68,12 +68,14 @@ def test_cli_replay_json_and_plot(tmp_path):
     result = json.loads(out.output)
     cell = result["results"]["canopy"]["8"]
     assert set(cell) >= {"blocks_reused_per_request", "hit_ratio", "ttft_saved_ms",
-                         "block_refs_per_s", "recovery"}
+                         "block_refs_per_s", "wall_block_refs_per_s", "recovery"}
     optimal = result["results"]["optimal"]["8"]["blocks_reused_per_request"]
     assert optimal == pytest.approx((0 + 1 + 1 + 27 * 2) / 30)
     assert (tmp_path / "f.png").stat().st_size > 0
     bad = CliRunner().invoke(app, ["cache", "replay", "--trace", str(file), "--capacity", "x"])
     assert bad.exit_code != 0 and "--capacity" in bad.output
+    bad = CliRunner().invoke(app, ["cache", "replay", "--trace", str(file), "--seed", "-1"])
+    assert bad.exit_code != 0 and "seed" in bad.output
 
 
 CAPACITIES = [16, 64, 256, 1024, 4096]
