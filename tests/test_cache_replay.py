@@ -109,8 +109,8 @@ def test_canopy_beats_lru_and_lfu_with_other_sample_seeds(data_file, seed):
 
 def test_canopy_learns_how_much_to_remember(data_file):
     """The arm it settles on follows the workload: long memory on the conversation trace at
-    1,024 blocks (where LFU beats LRU), recency on the synthetic trace at 4,096 (where LRU
-    beats every decayed count), where it started."""
+    1,024 blocks (where LFU beats LRU), recency, where it started, on the synthetic trace at
+    4,096 (where the long-memory arms lose to LRU)."""
     policy = Canopy()
     conversation = load_mooncake(data_file("mooncake", "conversation_trace.jsonl"))
     cache = RadixCache(conversation, policy, 1024)
