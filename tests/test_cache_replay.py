@@ -110,7 +110,7 @@ def test_canopy_beats_lru_and_lfu_with_other_sample_seeds(data_file, seed):
 def test_canopy_learns_how_much_to_remember(data_file):
     """The arm it settles on follows the workload: long memory on the conversation trace at
     1,024 blocks (where LFU beats LRU), recency, where it started, on the synthetic trace at
-    4,096 (where the long-memory arms lose to LRU)."""
+    4,096 (where no decayed arm leads it by 3 standard errors in the shadows)."""
     policy = Canopy()
     conversation = load_mooncake(data_file("mooncake", "conversation_trace.jsonl"))
     cache = RadixCache(conversation, policy, 1024)
