@@ -58,6 +58,19 @@ def test_canopy_switches_arms_on_random_traffic():
     assert cache.switches > 0
 
 
+def test_canopy_cells_keep_their_history_through_eviction():
+    """A cell's count is a statistic of the request stream: block ``a``, used three times,
+    evicted, then used again, outranks block ``d`` used twice since; evicting by recency (or
+    with counts restarted on re-insertion, as LFU does) would drop ``a`` instead."""
+    paths = [["a"], ["a"], ["a"], ["b", "c"], ["a"], ["d"], ["d"], ["e"], ["a"]]
+    trace = from_paths(paths)
+    memory = Canopy(half_lives=(1e6,), start_half_life=1e6, min_evidence=1e9)
+    cache = RadixCache(trace, memory, 2)
+    assert cache.run().tolist() == [0, 1, 1, 0, 0, 0, 1, 0, 1]
+    assert RadixCache(trace, make_policy("lru"), 2).run()[-1] == 0
+    assert RadixCache(trace, make_policy("lfu"), 2).run()[-1] == 0
+
+
 def _reference_lru(trace, capacity):
     """SGLang's rule, written plainly: evict the least recently used unpinned leaf."""
     cached: set[int] = set()

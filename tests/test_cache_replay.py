@@ -68,47 +68,54 @@ def test_cli_replay_json_and_plot(tmp_path):
     result = json.loads(out.output)
     cell = result["results"]["canopy"]["8"]
     assert set(cell) >= {"blocks_reused_per_request", "hit_ratio", "ttft_saved_ms",
-                         "block_refs_per_s", "recovery"}
+                         "block_refs_per_s", "wall_block_refs_per_s", "recovery"}
     optimal = result["results"]["optimal"]["8"]["blocks_reused_per_request"]
     assert optimal == pytest.approx((0 + 1 + 1 + 27 * 2) / 30)
     assert (tmp_path / "f.png").stat().st_size > 0
     bad = CliRunner().invoke(app, ["cache", "replay", "--trace", str(file), "--capacity", "x"])
     assert bad.exit_code != 0 and "--capacity" in bad.output
+    bad = CliRunner().invoke(app, ["cache", "replay", "--trace", str(file), "--seed", "-1"])
+    assert bad.exit_code != 0 and "seed" in bad.output
 
 
 CAPACITIES = [16, 64, 256, 1024, 4096]
-SHORT = {("conversation", "stationary", 256)}
-"""Cells where ``canopy`` falls short of max(lru, lfu) (docs/cache.md says why and by how much)."""
 
 
 @pytest.mark.parametrize("scenario_name", ["stationary", "shift"])
 @pytest.mark.parametrize("name", ["conversation", "synthetic"])
 def test_canopy_reuses_at_least_max_of_lru_and_lfu(data_file, name, scenario_name):
     """The issue's claim, cell by cell: blocks reused per request of ``canopy`` >= the better
-    of ``lru`` and ``lfu`` (exactly, no tolerance); where it falls short it still must not
-    lose to the engine default ``lru``. This is the default sample seed; on the synthetic
-    trace other seeds fall short at 1,024-4,096 blocks (docs/cache.md)."""
+    of ``lru`` and ``lfu``, exactly (no tolerance), with the default sample seed
+    (docs/cache.md reports seeds 0-4)."""
     trace = load_mooncake(data_file("mooncake", f"{name}_trace.jsonl"))
     results = sweep(trace, policies=["lru", "lfu", "canopy"], capacities=CAPACITIES,
                     scenario_name=scenario_name)
     by = {(r.policy, r.capacity): r.blocks_reused_per_request for r in results}
     for capacity in CAPACITIES:
-        canopy, lru = by["canopy", capacity], by["lru", capacity]
-        if (name, scenario_name, capacity) in SHORT:
-            assert canopy >= lru, capacity
-        else:
-            assert canopy >= max(lru, by["lfu", capacity]), capacity
+        assert by["canopy", capacity] >= max(by["lru", capacity], by["lfu", capacity]), capacity
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_canopy_beats_lru_and_lfu_with_other_sample_seeds(data_file, seed):
+    """The sampled capacities do not hinge on one hash seed: the cells where the sample
+    decides (1,024 blocks, where the conversation trace wants long memory and the synthetic
+    one recency) hold with other seeds too."""
+    for name in ("conversation", "synthetic"):
+        trace = load_mooncake(data_file("mooncake", f"{name}_trace.jsonl"))
+        by = {p: replay(trace, p, 1024).blocks_reused_per_request for p in ("lru", "lfu")}
+        canopy = replay(trace, Canopy(seed=seed), 1024).blocks_reused_per_request
+        assert canopy >= max(by.values()), name
 
 
 def test_canopy_learns_how_much_to_remember(data_file):
     """The arm it settles on follows the workload: long memory on the conversation trace at
-    1,024 blocks (where LFU beats LRU), recency on the synthetic trace at 4,096 (where LRU
-    beats every decayed count; this one depends on the sample seed, default 0)."""
+    1,024 blocks (where LFU beats LRU), recency, where it started, on the synthetic trace at
+    4,096 (where no decayed arm leads it by 3 standard errors in the shadows)."""
     policy = Canopy()
     conversation = load_mooncake(data_file("mooncake", "conversation_trace.jsonl"))
     cache = RadixCache(conversation, policy, 1024)
     cache.run()
-    assert policy.arm_names[cache.arm] in ("half-life 8", "half-life 32")
+    assert policy.arm_names[cache.arm] == "half-life 32" and cache.switches >= 1
     synthetic = load_mooncake(data_file("mooncake", "synthetic_trace.jsonl"))
     cache = RadixCache(synthetic, policy, 4096)
     cache.run()

@@ -35,6 +35,7 @@ def replay_command(
     block_size: int = typer.Option(16, help="tokens a block for prompt logs"),
     ms_per_token: float = typer.Option(0.1, help="TTFT model: prefill ms per uncached token"),
     window: int = typer.Option(500, help="requests per point of the shift recovery curve"),
+    seed: int = typer.Option(0, help="canopy: hash seed of the shadows' spatial sample"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
     plot: Annotated[Path | None, typer.Option(help="write a figure (needs matplotlib)")] = None,
 ) -> None:
@@ -49,7 +50,8 @@ def replay_command(
 
     capacities = _ints(capacity, "--capacity")
     try:
-        chosen = [make_policy(p.strip()) for p in policies.split(",") if p.strip()]
+        chosen = [make_policy(p, **({"seed": seed} if p == "canopy" else {}))
+                  for p in (x.strip() for x in policies.split(",")) if p]
         ttft = TTFTModel(ms_per_token=ms_per_token)
         loaded = resolve(trace, block_size=block_size)
         pre = None if before is None else resolve(before, block_size=block_size)

@@ -80,8 +80,8 @@ class Optimal(EvictionPolicy):
 class Arms:
     """Shadow configuration of :class:`Canopy` at one capacity: the sampling rate and the
     shadows' scaled capacity, the sample's hash seed, the per-sample discount, the switching
-    threshold in standard errors, and per arm the
-    kernel code and parameter row."""
+    threshold in standard errors, the evidence needed before a switch, and per arm (shadow
+    ``a`` evicts by arm ``a``) the kernel code."""
 
     rate: float
     capacity: int
@@ -90,7 +90,6 @@ class Arms:
     z: float
     min_evidence: float
     kinds: np.ndarray
-    params: np.ndarray
 
 
 @dataclass(frozen=True)
@@ -100,10 +99,11 @@ class Canopy(EvictionPolicy):
 
     * **cells and cheap aggregate statistics.** Every node of the prefix tree is a cell valued
       by its discounted use count ``sum_i 2^{-(c - c_i) / (H * capacity)}`` (``c``: blocks
-      inserted so far; the half-life ``H`` is in cache turnovers). A block with no use of its
-      own yet starts from its parent cell's share, ``prior * count(parent) /
-      children(parent)`` (optimism where evidence is thin: the parent aggregates every request
-      through its subtree).
+      referenced so far; the half-life ``H`` is in cache capacities of traffic). It is a
+      statistic of the request stream, kept when the block is evicted, so a block that comes
+      back resumes its history. A cell with less evidence than its parent's share,
+      ``prior * (count(parent) - 1) / children(parent)``, starts from that share (optimism
+      where evidence is thin: the parent aggregates every request through its subtree).
     * **arms: how much to remember.** Each half-life in ``half_lives`` is an arm, and so is
       pure recency (the ``H -> 0`` limit, LRU's order); long half-lives approach LFU. Which
       one predicts reuse best depends on the workload and the capacity, so it is learnt online:
@@ -111,28 +111,29 @@ class Canopy(EvictionPolicy):
       its first two blocks' node is below ``rate = min(1, shadow_blocks / capacity)``; the
       sample keeps whole subtrees, as SHARDS / miniature simulation do, Waldspurger et al.
       2015, 2017; ``seed`` salts the hash) every arm runs in a metadata-only shadow cache of
-      ``rate * capacity`` blocks.
+      ``rate * capacity`` blocks that reads the same cells.
     * **forgetting.** Each arm's score is its shadow reuse discounted by ``1 - 1/window`` per
       sampled request, so the choice re-adapts after a shift (a cell's counts decay too).
     * **hysteresis.** The main cache evicts the lowest-priority unpinned leaf under the current
       arm and switches (re-ordering its heap once) to the arm with the best score only when
       its discounted paired lead over the current arm exceeds ``z`` standard errors, and never
-      before ``min_evidence`` sampled requests (discounted) back the estimate. All arms
-      are replayed on the same sampled requests, so they have equal evidence; the optimism of
-      the paper applies to cells (the parental prior), not to arms.
+      before ``min_evidence`` sampled requests (discounted) back the estimate. It starts on
+      recency (``start_half_life=None``), the engines' default, so it departs from LRU only on
+      evidence. All arms are replayed on the same sampled requests, so they have equal
+      evidence; the optimism of the paper applies to cells (the parental prior), not to arms.
 
     Nothing reads the future: the sample is a hash of block identity, every statistic is of
     past requests.
     """
 
     name: str = "canopy"
-    half_lives: tuple[float, ...] = (2.0, 8.0, 32.0)
+    half_lives: tuple[float, ...] = (8.0, 32.0)
     prior: float = 1.0
     shadow_blocks: int = 256
     window: float = 1000.0
-    z: float = 2.0
+    z: float = 3.0
     min_evidence: float = 100.0
-    start_half_life: float = 2.0
+    start_half_life: float | None = None
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -151,7 +152,7 @@ class Canopy(EvictionPolicy):
                 raise ValueError(f"{field} must be a finite number >= 0, got {value!r}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise ValueError(f"seed must be an int >= 0, got {self.seed!r}")
-        if self.start_half_life not in self.half_lives:
+        if self.start_half_life is not None and self.start_half_life not in self.half_lives:
             raise ValueError(f"start_half_life must be one of half_lives, "
                              f"got {self.start_half_life!r}")
 
@@ -162,25 +163,23 @@ class Canopy(EvictionPolicy):
 
     @property
     def start_arm(self) -> int:
+        """The arm evicting before any evidence: recency unless ``start_half_life`` is set."""
+        if self.start_half_life is None:
+            return 0
         return 1 + self.half_lives.index(self.start_half_life)
 
-    def _params(self, trace, capacity: int, half_lives) -> np.ndarray:
-        return np.array([float(self.prior), float(trace.depth.max(initial=0)),
-                         *(math.log(2.0) / (h * capacity) for h in half_lives)])
-
     def kernel(self, trace, capacity: int) -> tuple[int, np.ndarray]:
-        return radix.CANOPY, self._params(trace, capacity, self.half_lives)
+        return radix.CANOPY, np.array([
+            float(self.prior), float(trace.depth.max(initial=0)),
+            *(math.log(2.0) / (h * capacity) for h in self.half_lives)])
 
-    def arms(self, trace, capacity: int) -> Arms:
+    def arms(self, capacity: int) -> Arms:
         """The shadows at ``capacity``: one recency arm and one decayed arm per half-life."""
         rate = min(1.0, self.shadow_blocks / capacity)
-        scaled = max(1, round(rate * capacity))
-        rows = [self._params(trace, scaled, (self.half_lives[0],))]
-        rows += [self._params(trace, scaled, (h,)) for h in self.half_lives]
-        return Arms(rate=rate, capacity=scaled, seed=self.seed, gamma=1.0 - 1.0 / self.window,
-                    z=float(self.z), min_evidence=float(self.min_evidence),
-                    kinds=np.array([radix.LRU] + [radix.DECAYED] * len(self.half_lives)),
-                    params=np.array(rows))
+        return Arms(rate=rate, capacity=max(1, round(rate * capacity)), seed=self.seed,
+                    gamma=1.0 - 1.0 / self.window, z=float(self.z),
+                    min_evidence=float(self.min_evidence),
+                    kinds=np.array([radix.LRU] + [radix.CANOPY] * len(self.half_lives)))
 
 
 def _positive(value: object) -> bool:

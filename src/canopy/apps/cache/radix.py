@@ -14,13 +14,15 @@ its victim choice (paper Section 4, "Serving systems": the prefix tree is the ca
   blocks are appended tail first; the victim is the queue front, always a leaf);
 * ``SIEVE`` keeps an insertion-ordered queue and a hand (Zhang et al., NSDI 2024) that skips
   blocks it may not evict (inner nodes, pinned blocks);
-* the priority policies (``LFU``, ``CANOPY``, ``OPTIMAL``, and ``DECAYED``, one canopy arm)
-  keep a binary min-heap of evictable leaves with lazy deletion (per-node versions); a node
-  is pushed when it becomes a leaf or a leaf is used. A key changes only when its node is
-  used, so the heap is exact; ``CANOPY`` re-keys the whole heap when it switches arms.
+* the priority policies (``LFU``, ``CANOPY``, ``OPTIMAL``) keep a binary min-heap of
+  evictable leaves with lazy deletion (per-node versions); a node is pushed when it becomes a
+  leaf or a leaf is used. A key changes only when its node is used, so the heap is exact;
+  ``CANOPY`` re-keys the whole heap when it switches arms.
 
-``CANOPY`` also replays a hashed sample of the requests in one metadata-only shadow cache per
-arm (the same kernel on a compact node space), see :class:`~canopy.apps.cache.policies.Canopy`.
+``CANOPY`` values cells by statistics of the request stream (:func:`_cells_update`, shared by
+the main cache and its shadows) and replays a hashed sample of the requests in one
+metadata-only shadow cache per arm (the same kernel, its own cache state), see
+:class:`~canopy.apps.cache.policies.Canopy`.
 """
 
 from __future__ import annotations
@@ -28,22 +30,23 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
-__all__ = ["CANOPY", "DECAYED", "LFU", "LRU", "OPTIMAL", "SIEVE", "RadixCache", "next_use"]
+__all__ = ["CANOPY", "LFU", "LRU", "OPTIMAL", "SIEVE", "RadixCache", "next_use"]
 
-LRU, LFU, SIEVE, CANOPY, OPTIMAL, DECAYED = 0, 1, 2, 3, 4, 5
+LRU, LFU, SIEVE, CANOPY, OPTIMAL = 0, 1, 2, 3, 4
 
 # integer node fields (columns of ``ni``, one row a node for locality)
-_CACHED, _NCHILD, _PIN, _VER, _PREV, _NEXT, _HITS, _LAST, _VISITED, _NU, _CLAST = range(11)
-_NI = 11
-# float node fields (columns of ``nf``): heap key, children seen, then one discounted use
-# count (as of the node's last use) per decayed arm
-_KEY, _KIDS, _S0 = range(3)
-# scalars (``sc``): blocks cached, list ends, SIEVE hand, heap length, blocks inserted so far,
-# the arm whose priority orders the heap (``CANOPY``: 0 recency, ``j >= 1`` decayed arm j)
+_CACHED, _NCHILD, _PIN, _VER, _PREV, _NEXT, _HITS, _LAST, _VISITED, _NU = range(10)
+_NI = 10
+# ``CANOPY`` cell statistics (columns of ``cells``, one row a node of the prefix tree, cached
+# or not): clock at the last use (-1: never used), children seen, then one discounted use
+# count (as of the last use) per decayed arm
+_CL, _KIDS, _S0 = range(3)
+# scalars (``sc``): blocks cached, list ends, SIEVE hand, heap length, blocks referenced so
+# far, the arm whose priority orders the heap (``CANOPY``: 0 recency, ``j >= 1`` decayed arm j)
 _SIZE, _HEAD, _TAIL, _HAND, _HLEN, _CLOCK, _ARM = range(7)
 _SC = 7
 # decayed-count configuration (``params``): prior weight, deepest depth, one decay rate
-# (per inserted block) per decayed arm
+# (per referenced block) per decayed arm
 _RHO, _DMAX, _LAM0 = range(3)
 
 
@@ -91,7 +94,7 @@ def _push_head(ni, sc, v):
 
 
 # ---------------------------------------------------------------- heap with lazy deletion
-@nb.njit(cache=True)
+@nb.njit(cache=True, inline="always")
 def _heap_push(hkey, hnode, hver, sc, key, v, ver):
     i = sc[_HLEN]
     sc[_HLEN] = i + 1
@@ -104,7 +107,7 @@ def _heap_push(hkey, hnode, hver, sc, key, v, ver):
     hkey[i], hnode[i], hver[i] = key, v, ver
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, inline="always")
 def _heap_pop(hkey, hnode, hver, sc):
     n = sc[_HLEN] - 1
     sc[_HLEN] = n
@@ -125,16 +128,16 @@ def _heap_pop(hkey, hnode, hver, sc):
 
 
 # ---------------------------------------------------------------- policy hooks
-@nb.njit(cache=True)
+@nb.njit(cache=True, inline="always")
 def _key(kind, v, depth, ni, nf, params, sc):
     if kind == LFU:
         return ni[v, _HITS] * params[0] + ni[v, _LAST]
     if kind == OPTIMAL:
         return -(ni[v, _NU] * params[0] + depth[v])
-    a = sc[_ARM]  # DECAYED, CANOPY
+    a = sc[_ARM]  # CANOPY; ``nf`` holds the cell statistics
     if a == 0:  # recency, deepest first within a request (vLLM's tail-first order)
         return ni[v, _LAST] * (params[_DMAX] + 1.0) + params[_DMAX] - depth[v]
-    return np.log(nf[v, _S0 + a - 1]) + params[_LAM0 + a - 1] * ni[v, _CLAST]
+    return np.log(nf[v, _S0 + a - 1]) + params[_LAM0 + a - 1] * nf[v, _CL]
 
 
 @nb.njit(cache=True)
@@ -150,21 +153,19 @@ def _heap_compact(kind, depth, ni, nf, params, sc, hkey, hnode, hver, rekey):
             key = keys[e]
             if rekey:
                 key = _key(kind, v, depth, ni, nf, params, sc)
-                nf[v, _KEY] = key
             _heap_push(hkey, hnode, hver, sc, key, v, vers[e])
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, inline="always")
 def _push_leaf(kind, v, parent, depth, ni, nf, params, hkey, hnode, hver, sc):
     if sc[_HLEN] == len(hkey):
         _heap_compact(kind, depth, ni, nf, params, sc, hkey, hnode, hver, False)
     ni[v, _VER] += 1
     key = _key(kind, v, depth, ni, nf, params, sc)
-    nf[v, _KEY] = key
     _heap_push(hkey, hnode, hver, sc, key, v, ni[v, _VER])
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, inline="always")
 def _victim(kind, t, parent, depth, ni, nf, params, hkey, hnode, hver, sc):
     """An unpinned leaf to evict, or -1 when every cached block is pinned."""
     if kind == LRU:
@@ -201,35 +202,35 @@ def _touch(v, t, nu, ni):
 
 
 @nb.njit(cache=True)
-def _decayed_update(lo, k, end, nodes, parent, ni, nf, sc, params):
-    """Decayed-count cell values after a request used ``nodes[lo:end]`` (``k``: first miss).
+def _cells_update(lo, hi, nodes, parent, cells, sc, params):
+    """Cell values after a request used ``nodes[lo:hi]`` (all of them, cached or not).
 
     For each decayed arm ``j``, ``S_j(v)`` is ``v``'s use count discounted by
-    ``2^{-(c - c_i)/H_j}`` (``c``: blocks inserted so far), as of its last use ``c_last``;
-    the heap key ``log S_j + lam_j * c_last`` orders blocks by their discounted count at any
-    common later time, so keys never need rescaling. A block inserted now has no evidence of
-    its own and is seeded optimistically with its parent cell's share,
-    ``rho * count_j(parent) / children(parent)``.
+    ``2^{-(c - c_i) lam_j / ln 2}`` (``c``: blocks referenced so far), as of its last use
+    ``c_last``; the heap key ``log S_j + lam_j * c_last`` orders blocks by their discounted
+    count at any common later time, so keys never need rescaling. The statistics are of the
+    request stream, not of a cache: a block that is evicted and comes back resumes its
+    history, and the main cache and every shadow read the same cells. A cell with less
+    evidence of its own than its parent's share, ``rho * (S_j(parent) - 1) /
+    children(parent)`` (the parent's count before this use, split over the children seen),
+    starts from that share: optimism where evidence is thin, from the aggregate of the
+    subtree above it.
     """
     clock = sc[_CLOCK]
-    for j in range(len(params) - _LAM0):
-        lam, col = params[_LAM0 + j], _S0 + j
-        seed = 0.0
-        if k > lo:
-            p = nodes[k - 1]
-            seed = (params[_RHO] * nf[p, col] * np.exp(-lam * (clock - ni[p, _CLAST]))
-                    / max(nf[p, _KIDS], 1.0))
-        for r in range(lo, end):
-            v = nodes[r]
-            if r < k:
-                nf[v, col] = nf[v, col] * np.exp(-lam * (clock - ni[v, _CLAST])) + 1.0
-            else:
-                nf[v, col] = seed + 1.0
-    for r in range(k, end):
-        if parent[nodes[r]] >= 0:
-            nf[parent[nodes[r]], _KIDS] += 1.0
-    for r in range(lo, end):
-        ni[nodes[r], _CLAST] = clock
+    for r in range(lo, hi):
+        v, p = nodes[r], parent[nodes[r]]
+        first = cells[v, _CL] < 0
+        if first and p >= 0:
+            cells[p, _KIDS] += 1.0
+        for j in range(len(params) - _LAM0):
+            col = _S0 + j
+            own = 0.0 if first else cells[v, col] * np.exp(
+                -params[_LAM0 + j] * (clock - cells[v, _CL]))
+            if p >= 0:
+                own = max(own, params[_RHO] * (cells[p, col] - 1.0) / cells[p, _KIDS])
+            cells[v, col] = own + 1.0
+        cells[v, _CL] = clock
+    sc[_CLOCK] = clock + hi - lo
 
 
 # ---------------------------------------------------------------- one request
@@ -246,9 +247,13 @@ def _request(kind, t, lo, hi, nodes, nu, parent, depth, capacity, params, ni, nf
             ni[v, _VISITED] = 1
         k += 1
     end = k
+    held = -1  # heap policies: a parent that just became the lowest leaf, kept off the heap
     for r in range(k, hi):
         if sc[_SIZE] >= capacity:
-            u = _victim(kind, t, parent, depth, ni, nf, params, hkey, hnode, hver, sc)
+            if held >= 0:
+                u, held = held, -1
+            else:
+                u = _victim(kind, t, parent, depth, ni, nf, params, hkey, hnode, hver, sc)
             if u < 0:
                 break
             if kind == LRU or kind == SIEVE:
@@ -259,21 +264,27 @@ def _request(kind, t, lo, hi, nodes, nu, parent, depth, capacity, params, ni, nf
             if p >= 0:
                 ni[p, _NCHILD] -= 1
                 if ni[p, _NCHILD] == 0 and ni[p, _PIN] != t and kind != LRU and kind != SIEVE:
-                    _push_leaf(kind, p, parent, depth, ni, nf, params, hkey, hnode, hver, sc)
+                    # evicting a chain tail first: when the parent's key is at most every
+                    # heap key it is the next victim, so skip its push and pop
+                    ni[p, _VER] += 1  # retires heap entries from when it was a leaf before
+                    if sc[_HLEN] == 0 or _key(kind, p, depth, ni, nf, params, sc) <= hkey[0]:
+                        held = p
+                    else:
+                        _push_leaf(kind, p, parent, depth, ni, nf, params, hkey, hnode, hver,
+                                   sc)
         v = nodes[r]
         ni[v, _CACHED] = 1
         ni[v, _PIN] = t
         ni[v, _HITS] = 0
         ni[v, _VISITED] = 0
         sc[_SIZE] += 1
-        sc[_CLOCK] += 1
         if parent[v] >= 0:
             ni[parent[v], _NCHILD] += 1
         if kind == SIEVE:
             _push_head(ni, sc, v)
         end = r + 1
-    if kind == CANOPY or kind == DECAYED:
-        _decayed_update(lo, k, end, nodes, parent, ni, nf, sc, params)
+    if held >= 0:
+        _push_leaf(kind, held, parent, depth, ni, nf, params, hkey, hnode, hver, sc)
     for r in range(lo, end):
         _touch(nodes[r], t, nu[r], ni)
     if kind == LRU:
@@ -306,25 +317,6 @@ def _unit_hash(v, salt):
 
 
 @nb.njit(cache=True)
-def _shadow_path(lo, hi, nodes, parent, depth, smap, sparent, sdepth, sm, sni, path):
-    """Map a sampled request's blocks into the shadows' compact node space (new nodes get
-    fresh rows); ``path[:hi - lo]`` receives the mapped path."""
-    for r in range(lo, hi):
-        v = nodes[r]
-        if smap[v] < 0:
-            c = sm[0]
-            sm[0] = c + 1
-            smap[v] = c
-            sparent[c] = smap[parent[v]] if parent[v] >= 0 else -1
-            sdepth[c] = depth[v]
-            for a in range(sni.shape[0]):
-                sni[a, c, _PIN] = -1
-                sni[a, c, _PREV] = -1
-                sni[a, c, _NEXT] = -1
-        path[r - lo] = smap[v]
-
-
-@nb.njit(cache=True)
 def _score(stats, pairs, got, gamma):
     """Fold one sampled request's shadow reuse ``got[a]`` into the discounted statistics:
     ``stats[a]`` sums reuse, ``stats[-1]`` the weights, ``pairs[0, a, b]`` and
@@ -354,63 +346,69 @@ def _leads(stats, pairs, a, b, z, min_n):
 
 
 @nb.njit(cache=True)
-def _run_canopy(t0, t1, offsets, nodes, parent, depth, capacity, params, ni, nf, sc, hkey,
-                hnode, hver, reused, ac, stats, pairs, got, smap, sparent, sdepth, sm, skinds,
-                sparams, scap, sni, snf, ssc, shkey, shnode, shver, path):
-    """Canopy's replay: evict by the current arm; on a hashed sample of requests, replay
-    every arm in its shadow cache, fold its reuse into discounted statistics and switch the
-    main cache to the best arm once it leads the current one significantly."""
+def _run_canopy(t0, t1, offsets, nodes, parent, depth, capacity, params, ni, cells, sc, hkey,
+                hnode, hver, reused, ac, stats, pairs, got, sm, skinds, scap, sni, ssc,
+                shkey, shnode, shver):
+    """Canopy's replay: update the cells, evict by the current arm; on a hashed sample of
+    requests, replay every arm in its shadow cache, fold its reuse into discounted statistics
+    and switch the main cache to the best arm once it leads the current one significantly."""
     rate, gamma, z, min_n = ac[0], ac[1], ac[2], ac[3]
     for t in range(t0, t1):
         lo, hi = offsets[t], offsets[t + 1]
+        _cells_update(lo, hi, nodes, parent, cells, sc, params)
         reused[t] = _request(CANOPY, t, lo, hi, nodes, nodes, parent, depth, capacity, params,
-                             ni, nf, sc, hkey, hnode, hver)
-        if hi == lo or _unit_hash(nodes[min(lo + 1, hi - 1)], sm[2]) >= rate:
+                             ni, cells, sc, hkey, hnode, hver)
+        if hi == lo or _unit_hash(nodes[min(lo + 1, hi - 1)], sm[1]) >= rate:
             continue
-        _shadow_path(lo, hi, nodes, parent, depth, smap, sparent, sdepth, sm, sni, path)
         for a in range(len(skinds)):
-            got[a] = _request(skinds[a], t, 0, hi - lo, path, path, sparent, sdepth, scap,
-                              sparams[a], sni[a], snf[a], ssc[a], shkey[a], shnode[a], shver[a])
+            got[a] = _request(skinds[a], t, lo, hi, nodes, nodes, parent, depth, scap, params,
+                              sni[a], cells, ssc[a], shkey[a], shnode[a], shver[a])
         _score(stats, pairs, got, gamma)
         best = np.argmax(stats[:len(skinds)])
         if best != sc[_ARM] and _leads(stats, pairs, best, sc[_ARM], z, min_n):
             sc[_ARM] = best
-            sm[1] += 1
-            _heap_compact(CANOPY, depth, ni, nf, params, sc, hkey, hnode, hver, True)
+            sm[0] += 1
+            _heap_compact(CANOPY, depth, ni, cells, params, sc, hkey, hnode, hver, True)
+
+
+def _node_table(n: int) -> np.ndarray:
+    """Per-node cache state for ``n`` nodes: nothing cached, unpinned, unlinked."""
+    ni = np.zeros((n, _NI), dtype=np.int64)
+    ni[:, [_PIN, _PREV, _NEXT]] = -1
+    return ni
+
+
+def _scalars() -> np.ndarray:
+    sc = np.full(_SC, -1, dtype=np.int64)
+    sc[[_SIZE, _HLEN, _CLOCK]] = 0
+    return sc
 
 
 class _Shadows:
     """Metadata-only shadow caches, one per arm, over the sampled requests (see
-    :class:`~canopy.apps.cache.policies.Canopy`)."""
+    :class:`~canopy.apps.cache.policies.Canopy`); they read the main cache's cells."""
 
     def __init__(self, trace, policy, capacity: int) -> None:
-        arms = policy.arms(trace, capacity)
-        self.rate, self.capacity = arms.rate, arms.capacity
+        arms = policy.arms(capacity)
+        self.capacity = arms.capacity
         self.ac = np.array([arms.rate, arms.gamma, arms.z, arms.min_evidence])
-        self.kinds, self.params = arms.kinds, arms.params
-        n, k = trace.n_nodes, len(arms.kinds)
+        self.kinds = arms.kinds
+        k = len(arms.kinds)
         self.stats = np.zeros(k + 1)
         self.pairs = np.zeros((2, k, k))
         self.got = np.zeros(k)
-        self.smap = np.full(n, -1, dtype=np.int64)
-        self.sparent = np.zeros(n, dtype=np.int64)
-        self.sdepth = np.zeros(n, dtype=np.int64)
-        self.sm = np.array([0, 0, arms.seed], dtype=np.int64)  # nodes mapped, switches, salt
-        self.ni = np.zeros((k, n, _NI), dtype=np.int64)  # rows set up when first sampled
-        self.nf = np.zeros((k, n, _S0 + 1), dtype=np.float64)
-        self.sc = np.full((k, _SC), -1, dtype=np.int64)
-        self.sc[:, [_SIZE, _HLEN, _CLOCK]] = 0
-        self.sc[:, _ARM] = 1
+        self.sm = np.array([0, arms.seed], dtype=np.int64)  # switches, salt
+        self.ni = np.stack([_node_table(trace.n_nodes) for _ in range(k)])
+        self.sc = np.stack([_scalars() for _ in range(k)])
+        self.sc[:, _ARM] = np.arange(k)  # shadow a evicts by arm a
         heap = 8 * arms.capacity + 2 * int(np.diff(trace.offsets).max(initial=0)) + 16
         self.hkey = np.zeros((k, heap), dtype=np.float64)
         self.hnode = np.zeros((k, heap), dtype=np.int64)
         self.hver = np.zeros((k, heap), dtype=np.int64)
-        self.path = np.zeros(max(int(np.diff(trace.offsets).max(initial=0)), 1), dtype=np.int64)
 
     def args(self) -> tuple:
-        return (self.ac, self.stats, self.pairs, self.got, self.smap, self.sparent,
-                self.sdepth, self.sm, self.kinds, self.params, self.capacity, self.ni,
-                self.nf, self.sc, self.hkey, self.hnode, self.hver, self.path)
+        return (self.ac, self.stats, self.pairs, self.got, self.sm, self.kinds, self.capacity,
+                self.ni, self.sc, self.hkey, self.hnode, self.hver)
 
 
 class RadixCache:
@@ -433,15 +431,13 @@ class RadixCache:
         n = trace.n_nodes
         self._nu = (next_use(trace.offsets, trace.nodes, n) if self.kind == OPTIMAL
                     else np.zeros(0, dtype=np.int64))
-        self._ni = np.zeros((n, _NI), dtype=np.int64)
-        self._ni[:, [_PIN, _PREV, _NEXT]] = -1
-        decayed = len(self.params) - _LAM0 if self.kind in (CANOPY, DECAYED) else 1
-        self._nf = np.zeros((n, _S0 + decayed), dtype=np.float64)
-        self._sc = np.full(_SC, -1, dtype=np.int64)
-        self._sc[[_SIZE, _HLEN, _CLOCK]] = 0
-        self._sc[_ARM] = 1
+        self._ni = _node_table(n)
+        self._sc = _scalars()
+        self._cells = np.zeros((1, _S0), dtype=np.float64)  # only ``CANOPY`` reads cells
         self._shadows = None
         if self.kind == CANOPY:
+            self._cells = np.zeros((n, len(self.params) - _LAM0 + _S0), dtype=np.float64)
+            self._cells[:, _CL] = -1.0
             self._shadows = _Shadows(trace, policy, self.capacity)
             self._sc[_ARM] = policy.start_arm
         heap = 2 * (trace.n_refs + trace.n_requests) + 16
@@ -460,13 +456,13 @@ class RadixCache:
         if self._shadows is not None:
             _run_canopy(self.next_request_, stop, self.trace.offsets, self.trace.nodes,
                         self.trace.parent, self.trace.depth, self.capacity, self.params,
-                        self._ni, self._nf, self._sc, self._hkey, self._hnode, self._hver,
+                        self._ni, self._cells, self._sc, self._hkey, self._hnode, self._hver,
                         self.reused_, *self._shadows.args())
         else:
             nu = self._nu if self.kind == OPTIMAL else self.trace.nodes  # unused unless optimal
             _run(self.kind, self.next_request_, stop, self.trace.offsets, self.trace.nodes, nu,
                  self.trace.parent, self.trace.depth, self.capacity, self.params, self._ni,
-                 self._nf, self._sc, self._hkey, self._hnode, self._hver, self.reused_)
+                 self._cells, self._sc, self._hkey, self._hnode, self._hver, self.reused_)
         start, self.next_request_ = self.next_request_, stop
         return self.reused_[start:stop]
 
@@ -487,7 +483,7 @@ class RadixCache:
     @property
     def switches(self) -> int:
         """``canopy``: how many times the evicting arm changed."""
-        return 0 if self._shadows is None else int(self._shadows.sm[1])
+        return 0 if self._shadows is None else int(self._shadows.sm[0])
 
     def cached(self) -> np.ndarray:
         """Node ids cached now, ascending."""
