@@ -120,7 +120,7 @@ class PrefixTree:
             if prefix is not None and self._terminal(prefix):
                 return missing  # below a terminal prefix nothing is missing
             known = self._next_lines.get(prefix, []) if prefix is not None else []
-            slot = ancestor - (self.arity * int(self.tree.parent[ancestor]) + 1)
+            slot = self._slot(ancestor)
             if slot < len(known):
                 prefix = prefix + known[slot] + "\n"  # type: ignore[operator]
             else:
@@ -146,7 +146,7 @@ class PrefixTree:
             if ancestor in self._prefix:
                 continue
             parent = self._prefix[int(self.tree.parent[ancestor])]
-            slot = ancestor - (self.arity * int(self.tree.parent[ancestor]) + 1)
+            slot = self._slot(ancestor)
             known = self._next_lines.setdefault(parent, [])
             tries = 0
             while not self._terminal(parent) and len(known) <= slot and (
@@ -192,6 +192,10 @@ class PrefixTree:
     # ------------------------------------------------------------------ internals
     def _path(self, node: int) -> list[int]:
         return self.tree.path_to_root(self.tree.check_node(node))[::-1]
+
+    def _slot(self, node: int) -> int:
+        """Which child of its parent ``node`` is (heap layout)."""
+        return node - (self.arity * int(self.tree.parent[node]) + 1)
 
     def _terminal(self, prefix: str) -> bool:
         return prefix in self._complete
