@@ -186,3 +186,32 @@ def test_value_guided_beats_best_of_n_and_majority_at_matched_calls():
     assert accuracy["value_guided"] >= accuracy["best_of_n"] + 0.3, accuracy
     rows = {row["method"]: row for row in result.rows(reference="best_of_n")}
     assert rows["value_guided"]["delta_ci_low"] > 0
+
+
+class OneLineModel:
+    """Every reply is one line, a complete answer (as SmolLM2's truncated paragraphs are):
+    each rollout's first line is already a terminal prefix."""
+
+    def __init__(self) -> None:
+        self.requests = 0
+
+    def complete(self, prompt: str, *, seed: int, **_: object) -> SimpleNamespace:
+        self.requests += 1
+        text = f"So it is {seed % 3}. The answer is {seed % 3}."
+        return SimpleNamespace(text=text, prompt_tokens=10, completion_tokens=8,
+                               total_tokens=18,
+                               raw={"choices": [{"logprobs": {"token_logprobs":
+                                                              [-0.1 * (1 + seed % 3)]}}]})
+
+
+def test_terminal_prefixes_answer_probes_without_eating_the_call_budget():
+    """Re-probing a terminal prefix re-reads its score at no call; the policy's allowance of
+    free rounds keeps those from ending the search with calls left."""
+    model = OneLineModel()
+    result = run_search(model, [Question("q", "0")], budgets=[10], methods=["value_guided"])
+    assert model.requests == result.calls["value_guided"][0, 0]
+    assert 9 <= model.requests <= 10
+    starved = OneLineModel()
+    run_search(starved, [Question("q", "0")], budgets=[10], methods=["value_guided"],
+               config=SearchConfig(free_rounds=1))
+    assert starved.requests < model.requests

@@ -19,6 +19,9 @@ through its ask/tell surface:
 
 The session's :class:`~canopy.problem.Ledger` is the truth for the budget: before a query
 runs, the steps it may need plus its own calls must be affordable, else the search stops.
+The policy's own ledger counts nominal costs; it gets ``free_rounds`` on top of the call
+budget for the queries a terminal prefix answers without a call (re-reading a known score),
+which would otherwise eat the call budget; that allowance also bounds the loop.
 The answer: the policy's recommended leaf, walked up to the deepest materialised node with
 complete answers through it; the plurality of those answers (ties to the higher mean score).
 """
@@ -72,7 +75,8 @@ def value_guided(session: Sampler) -> str | None:
                        step_tries=config.step_tries)
     policy = OptimisticDescent(spread=config.spread, lipschitz=config.lipschitz,
                                c=config.exploration)
-    policy.start(guided_spec(shape, config), budget=session.ledger.budget, seed=session.seed)
+    policy.start(guided_spec(shape, config), budget=session.ledger.budget + config.free_rounds,
+                 seed=session.seed)
     seeds = itertools.count()
     leaf_answers: dict[int, Completion] = {}
 

@@ -73,10 +73,11 @@ class SearchConfig:
     lipschitz: float = 0.3  # L of the floor L rho^level, in score units
     exploration: float = 0.1  # c of Eq. (4)'s radius, in score units
     score_sigma: float = 0.1  # noise sd of one rollout's score (ProblemSpec.sigma)
+    free_rounds: int = 1024  # queries a terminal prefix answers without a call, at most
 
     def __post_init__(self) -> None:
         for name in ("max_tokens", "step_tokens", "branching", "max_depth", "beam_width",
-                     "beam_expand", "step_tries", "agreement"):
+                     "beam_expand", "step_tries", "agreement", "free_rounds"):
             value = getattr(self, name)
             low = 2 if name == "branching" else 1
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
