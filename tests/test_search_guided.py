@@ -215,3 +215,12 @@ def test_terminal_prefixes_answer_probes_without_eating_the_call_budget():
     run_search(starved, [Question("q", "0")], budgets=[10], methods=["value_guided"],
                config=SearchConfig(free_rounds=1))
     assert starved.requests < model.requests
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("branching", 1), ("max_depth", 0), ("agreement", 0), ("step_tries", 0), ("free_rounds", 0),
+    ("lipschitz", 0.0), ("exploration", float("nan")), ("score_sigma", -0.1),
+    ("spread", "magic")])
+def test_bad_search_settings_name_the_setting(field, value):
+    with pytest.raises(ValueError, match=field):
+        SearchConfig(**{field: value})
