@@ -3,6 +3,8 @@ the failure paths of a run (scripted server errors mid-run, a budget of zero).""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -26,7 +28,10 @@ def test_live_search_spends_within_budget_and_reruns_from_cache(llm_server, data
     for method in LIVE_METHODS:
         assert np.all(first.calls[method] <= 3), method
         assert np.all(first.tokens[method] > 0), method
-    assert first.calls["first"][0, 0] == 1 and first.calls["value_guided"][0, 0] == 3
+    assert first.calls["first"][0, 0] == 1
+    # a root rollout, a rollout below its first line, then the second child's step and
+    # rollout (2 calls) no longer fit: the search stops cleanly at 2 or 3 calls
+    assert 2 <= first.calls["value_guided"][0, 0] <= 3
     # best-of-N's rollouts from the empty prefix are shared: fewer HTTP calls than charged
     charged = sum(first.calls[m][0].sum() for m in ("best_of_n", "beam", "value_guided"))
     assert fresh_calls < charged
@@ -78,30 +83,35 @@ def test_answer_extraction():
     assert extract_answer("The answer is $18.00") == "18"
 
 
-def test_value_guided_concentrates_calls_under_the_agreeing_prefix(scripted_server):
-    """Rollouts from the root open two first steps; everything below step A agrees on 5,
-    below step B the answers scatter. The descent should send most calls below A."""
+def test_value_guided_concentrates_calls_under_the_better_scored_prefix(scripted_server):
+    """Two first steps over real HTTP: rollouts below step A have token probability 0.8 and
+    agree on 5; below step B they have 0.2 and scatter. The core policy's descent should send
+    most rollouts below A, and answer 5."""
 
     def reply(n):
-        prompt = scripted_server.bodies[-1]["prompt"]
-        if prompt.endswith("Step A\n"):
+        body = scripted_server.bodies[-1]
+        prefix = body["prompt"].split("assistant\n", 1)[1]
+        if "\n" in body["stop"]:
+            text = "Step A"
+        elif prefix.startswith("Step A"):
             text = "Then 5.\nThe answer is 5."
-        elif prompt.endswith("Step B\n"):
+        elif prefix.startswith("Step B"):
             text = f"Then {n}.\nThe answer is {n}."
         else:
-            text = ("Step A\nThe answer is 5." if n % 2 == 0 else "Step B\nThe answer is 9.")
-        return 200, scripted_server.completion_body(text), 0.0
+            text = "Step B\nThe answer is 9."
+        logprob = math.log(0.8 if "Step A" in prefix + text else 0.2)
+        return 200, scripted_server.completion_body(text, token_logprobs=(logprob,)), 0.0
 
     scripted_server.routes["/v1/completions"] = reply
     client = LLMClient(scripted_server.url("/v1"), model="m")
-    config = SearchConfig(branching=2, exploration=0.3)
     result = run_search(client, [Question("q", "5")], budgets=[16],
-                        methods=["value_guided"], config=config)
-    prompts = [body["prompt"] for body in scripted_server.bodies]
-    below_a = sum(p.endswith("Step A\n") for p in prompts)
-    below_b = sum(p.endswith("Step B\n") for p in prompts)
-    assert len(prompts) == 16 and result.calls["value_guided"][0, 0] == 16
-    assert below_a >= 2 * below_b + 2
+                        methods=["value_guided"], config=SearchConfig(max_depth=3))
+    bodies = scripted_server.bodies
+    rollouts = [b["prompt"].split("assistant\n", 1)[1] for b in bodies if "\n" not in b["stop"]]
+    below_a = sum(p.startswith("Step A") for p in rollouts)
+    below_b = sum(p.startswith("Step B") for p in rollouts)
+    assert len(bodies) == result.calls["value_guided"][0, 0] <= 16
+    assert below_a >= 2 * below_b + 2, (below_a, below_b)
     assert result.answers["value_guided"][0][0] == "5"
 
 

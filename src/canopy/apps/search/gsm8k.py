@@ -9,7 +9,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["CHATML", "Question", "extract_answer", "is_correct", "load_gsm8k", "render_prompt"]
+__all__ = ["CHATML", "Question", "extract_answer", "is_correct", "load_gsm8k", "render_prompt",
+           "states_answer"]
 
 # The chat template SmolLM2 (and Qwen) ship, so a completion call can continue a partial answer.
 CHATML = ("<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\n{question}<|im_end|>\n"
@@ -71,6 +72,11 @@ def extract_answer(text: str) -> str | None:
         return _normalise(found[-1])
     numbers = [n for n in _NUMBER.findall(text) if any(c.isdigit() for c in n)]
     return _normalise(numbers[-1]) if numbers else None
+
+
+def states_answer(text: str) -> bool:
+    """Whether ``text`` states a final answer (``The answer is N``)."""
+    return _ANSWER.search(text) is not None
 
 
 def is_correct(answer: str | None, question: Question) -> bool:

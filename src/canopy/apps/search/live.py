@@ -16,12 +16,10 @@ Methods, all at the same budget of ``B`` calls per question:
   independent rollouts from the empty prefix (``first`` uses one);
 - ``beam``: beam search over steps scored by mean token log-probability, the remaining calls
   spent on rollouts of the surviving beams;
-- ``value_guided``: optimistic descent over the prefix tree. A node's value is the
-  self-consistency of the answers reached below it (the share of all answers so far that agree
-  with each). Each call descends by the UCB index ``value + c sqrt(ln N / n)`` to a node with
-  room for another child (at most ``branching``), rolls out from it, and files the rollout's
-  first new line as a child. The answer is the plurality of all rollouts, so the calls are
-  concentrated under prefixes whose continuations agree.
+- ``value_guided``: the core library's :class:`~canopy.policies.OptimisticDescent` on the
+  prefix tree (:mod:`canopy.apps.search.guided`): probes are rollouts scored by their
+  geometric-mean token probability, leaf evaluations grade a complete answer by its agreement
+  with fresh rollouts, and steps materialise the prefixes the policy touches.
 
 Ground truth grades answers only. A failing endpoint stops the run cleanly; the questions
 finished before it keep their results (:attr:`LiveResult.error` says what happened).
@@ -30,7 +28,6 @@ finished before it keep their results (:attr:`LiveResult.error` says what happen
 from __future__ import annotations
 
 import math
-from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -45,6 +42,7 @@ from canopy.apps.search.gsm8k import (
     is_correct,
     render_prompt,
 )
+from canopy.apps.search.guided import value_guided
 from canopy.apps.search.intervals import bootstrap_mean, paired_bootstrap
 from canopy.llm.client import LLMClient, LLMError
 from canopy.problem import Ledger
@@ -62,24 +60,37 @@ class SearchConfig:
     temperature: float = 0.8
     max_tokens: int = 192
     step_tokens: int = 48
-    branching: int = 2
-    exploration: float = 0.5
-    max_depth: int = 8
     beam_width: int = 2
     beam_expand: int = 2
     template: str = CHATML
     system: str = SYSTEM
+    # value-guided search (canopy.apps.search.guided)
+    branching: int = 2  # distinct next lines per prefix (the tree's arity)
+    max_depth: int = 4  # lines of a prefix at the tree's leaves
+    step_tries: int = 2  # step calls at most per missing child
+    agreement: int = 2  # k: fresh rollouts grading a leaf (leaf cost 1 + k calls)
+    spread: str = "assumed"  # OptimisticDescent's bias bonus
+    lipschitz: float = 0.3  # L of the floor L rho^level, in score units
+    exploration: float = 0.1  # c of Eq. (4)'s radius, in score units
+    score_sigma: float = 0.1  # noise sd of one rollout's score (ProblemSpec.sigma)
+    free_rounds: int = 1024  # queries a terminal prefix answers without a call, at most
 
     def __post_init__(self) -> None:
         for name in ("max_tokens", "step_tokens", "branching", "max_depth", "beam_width",
-                     "beam_expand"):
+                     "beam_expand", "step_tries", "agreement", "free_rounds"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+            low = 2 if name == "branching" else 1
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
         if not (math.isfinite(self.temperature) and self.temperature >= 0):
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if not (math.isfinite(self.exploration) and self.exploration >= 0):
-            raise ValueError(f"exploration must be >= 0, got {self.exploration}")
+        for name in ("exploration", "lipschitz", "score_sigma"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be finite and > 0, got {value}")
+        if self.spread not in ("assumed", "estimated", "certified", "hybrid"):
+            raise ValueError(f"spread must be 'assumed', 'estimated', 'certified' or "
+                             f"'hybrid', got {self.spread!r}")
 
 
 @dataclass(frozen=True)
@@ -211,57 +222,6 @@ def _beam(session: _Session) -> str | None:
     return _plurality(answers, weights)
 
 
-# ---------------------------------------------------------------------- value-guided search
-@dataclass
-class _Node:
-    prefix: str
-    depth: int
-    parent: _Node | None = None
-    children: dict[str, _Node] = field(default_factory=dict)
-    answers: list[str | None] = field(default_factory=list)
-    terminal: bool = False
-
-
-def _value_guided(session: _Session) -> str | None:
-    config = session.config
-    root = _Node("", 0)
-    everything: list[str | None] = []
-    call = 0
-    while session.can_call():
-        counts = Counter(a for a in everything if a is not None)
-        total = max(len(everything), 1)
-
-        def value(node: _Node, counts: Counter = counts, total: int = total) -> float:
-            shares = [counts[a] / total if a is not None else 0.0 for a in node.answers]
-            return float(np.mean(shares)) if shares else 0.0
-
-        node = root
-        while node.depth < config.max_depth:
-            open_kids = [c for c in node.children.values() if not c.terminal]
-            if len(node.children) < config.branching or not open_kids:
-                break
-            visits = len(node.answers)
-            node = max(open_kids, key=lambda c, n=visits: value(c) + config.exploration
-                       * math.sqrt(math.log(max(n, 1)) / len(c.answers)))
-        sample = session.rollout(node.prefix, seed=call)
-        call += 1
-        everything.append(sample.answer)
-        lines = [line for line in sample.text.split("\n") if line.strip()]
-        chain = [node]
-        if lines:
-            child = node.children.get(lines[0])
-            if child is None:
-                child = _Node(node.prefix + lines[0] + "\n", node.depth + 1, node)
-                child.terminal = len(lines) == 1 or "answer is" in lines[0].lower()
-                node.children[lines[0]] = child
-            chain.append(child)
-        while chain[0].parent is not None:
-            chain.insert(0, chain[0].parent)
-        for member in chain:
-            member.answers.append(sample.answer)
-    return _plurality(everything)
-
-
 # ---------------------------------------------------------------------- runner
 @dataclass
 class LiveResult:
@@ -355,7 +315,7 @@ def _one_question(client: LLMClient, question: Question, budgets: Sequence[int],
             picks = _best_of_n_family(session, budget)
             for method in family:
                 outcomes[method, b] = picks[method]
-        for method, search in (("beam", _beam), ("value_guided", _value_guided)):
+        for method, search in (("beam", _beam), ("value_guided", value_guided)):
             if method in methods:
                 session = _Session(client, config, question, budget, seed)
                 answer = search(session)

@@ -1,0 +1,123 @@
+"""Value-guided test-time search: the core library's optimistic descent (paper Section 3.2,
+Eqs. 4-6) chooses which prefix of a reasoning chain to extend, probe or complete, under a
+budget in generation calls (Section 5, "Test-time search").
+
+The tree is a :class:`~canopy.apps.search.prefix_tree.PrefixTree` (a complete tree realised
+as text on demand) and the policy a :class:`~canopy.policies.OptimisticDescent` driven
+through its ask/tell surface:
+
+- *probe* of node ``v`` (cost 1 call): one rollout from ``v``'s prefix to a complete answer,
+  a random leaf below ``v`` as in Eq. (1); its value is the cheap score of that answer, the
+  geometric-mean token probability of the rollout ``exp(mean log p)`` in ``[0, 1]``
+  (stationary, no ground truth). A terminal prefix is already a complete answer: its probe
+  re-reads its score and makes no call.
+- *evaluation* of leaf ``x`` (cost ``1 + k`` calls): ``x``'s complete answer (one rollout
+  from its prefix, made once per leaf) graded by self-consistency: the share of ``k`` fresh
+  rollouts from the question whose final answer equals it.
+- materialising a node's prefix costs step calls (one line each) where earlier rollouts have
+  not supplied the line.
+
+The session's :class:`~canopy.problem.Ledger` is the truth for the budget: before a query
+runs, the steps it may need plus its own calls must be affordable, else the search stops.
+The policy's own ledger counts nominal costs; it gets ``free_rounds`` on top of the call
+budget for the queries a terminal prefix answers without a call (re-reading a known score),
+which would otherwise eat the call budget; that allowance also bounds the loop.
+The answer: the policy's recommended leaf, walked up to the deepest materialised node with
+complete answers through it; the plurality of those answers (ties to the higher mean score).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol
+
+from canopy.apps.search.prefix_tree import Completion, PrefixTree
+from canopy.policies.descent import OptimisticDescent
+from canopy.problem import Ledger, ProblemSpec, Query
+
+if TYPE_CHECKING:
+    from canopy.apps.search.live import SearchConfig
+
+__all__ = ["guided_spec", "value_guided"]
+
+
+class _Sample(Protocol):
+    text: str
+    logprob: float
+    answer: str | None
+
+
+class Sampler(Protocol):
+    """What the search needs of a session: rollouts, steps and the call ledger."""
+
+    ledger: Ledger
+    seed: int
+    config: SearchConfig
+
+    def rollout(self, prefix: str, seed: int) -> _Sample: ...
+
+    def step(self, prefix: str, seed: int) -> _Sample: ...
+
+
+def guided_spec(shape: PrefixTree, config: SearchConfig) -> ProblemSpec:
+    """The multi-fidelity problem the policy sees: costs in calls, scores in ``[0, 1]``."""
+    return ProblemSpec(shape.tree, sigma=config.score_sigma, probe_cost=1.0,
+                       leaf_cost=1.0 + config.agreement, value_range=(0.0, 1.0))
+
+
+def value_guided(session: Sampler) -> str | None:
+    """Run the search on one question with ``session.config`` until the policy or the
+    session's budget stops it; return the final answer (``None`` if none was reached)."""
+    config = session.config
+    shape = PrefixTree(arity=config.branching, depth=config.max_depth,
+                       step_tries=config.step_tries)
+    policy = OptimisticDescent(spread=config.spread, lipschitz=config.lipschitz,
+                               c=config.exploration)
+    policy.start(guided_spec(shape, config), budget=session.ledger.budget + config.free_rounds,
+                 seed=session.seed)
+    seeds = itertools.count()
+    leaf_answers: dict[int, Completion] = {}
+
+    def rollout(prefix: str) -> Completion:
+        sample = session.rollout(prefix, seed=next(seeds))
+        return shape.record(prefix, sample.text, answer=sample.answer,
+                            score=math.exp(sample.logprob))
+
+    def step(prefix: str) -> tuple[str, float]:
+        sample = session.step(prefix, seed=next(seeds))
+        return sample.text.split("\n", 1)[0], math.exp(sample.logprob)
+
+    while (query := policy.ask()) is not None:
+        node = int(query.node)
+        known = shape.settled(node) or leaf_answers.get(node)
+        calls = (0 if known is not None else 1) + (config.agreement if query.kind == "leaf"
+                                                   else 0)
+        if not session.ledger.can_afford(shape.steps_needed(node) + calls):
+            break
+        spare = math.floor(session.ledger.remaining + 1e-9) - calls
+        prefix = shape.materialise(node, step, max_steps=spare)
+        done = shape.completion(prefix) or leaf_answers.get(node) or rollout(prefix)
+        policy.tell(query, _value(query, done, rollout, config.agreement))
+        if query.kind == "leaf":
+            leaf_answers[node] = done
+    return _answer(shape, policy)
+
+
+def _value(query: Query, done: Completion, rollout: Callable[[str], Completion],
+           agreement: int) -> float:
+    if query.kind == "probe":
+        return done.score
+    if done.answer is None:
+        return 0.0  # nothing to agree with: no reference rollouts are spent
+    return sum(rollout("").answer == done.answer for _ in range(agreement)) / agreement
+
+
+def _answer(shape: PrefixTree, policy: OptimisticDescent) -> str | None:
+    leaf = int(shape.tree.leaf_node[int(policy.recommend(1)[0])])
+    for node in shape.tree.path_to_root(leaf):  # deepest first
+        prefix = shape.prefix(node)
+        if prefix is not None and shape.through(prefix):
+            return shape.plurality(prefix)
+    return None
