@@ -103,12 +103,14 @@ def plot_accuracy(rows: Sequence[Row], path: str | Path, *, x: str, title: str,
 
     figure, axes = plt.subplots(figsize=(6, 4))
     methods = list(dict.fromkeys(str(row["method"]) for row in rows))
-    for method in methods:
+    palette = plt.get_cmap("tab10" if len(methods) <= 10 else "tab20")
+    for i, method in enumerate(methods):
         mine = sorted((row for row in rows if row["method"] == method),
                       key=lambda row: float(row[x]))  # type: ignore[arg-type]
         xs = [float(row[x]) for row in mine]  # type: ignore[arg-type]
         ys = [float(row["accuracy"]) for row in mine]  # type: ignore[arg-type]
-        line = axes.plot(xs, ys, marker="o", label=method)[0]
+        line = axes.plot(xs, ys, marker="osD^v<>ph*"[i % 10], color=palette(i % palette.N),
+                         label=method)[0]
         if all("ci_low" in row for row in mine):
             axes.fill_between(xs, [float(r["ci_low"]) for r in mine],  # type: ignore[arg-type]
                               [float(r["ci_high"]) for r in mine],  # type: ignore[arg-type]
