@@ -274,7 +274,7 @@ class LLMClient:
             except httpx.TransportError as error:
                 failure = LLMConnectionError(
                     f"cannot reach {url} (attempt {attempt + 1} of {self.max_retries + 1}): "
-                    f"{error or type(error).__name__}")
+                    f"{str(error) or type(error).__name__}")
             else:
                 if response.status_code < 400:
                     return _json_body(url, response)

@@ -73,6 +73,14 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+class _ProxyServer(ThreadingHTTPServer):
+    """socketserver listens with a backlog of 5; a failover burst of tens of concurrent
+    connections overflows it and a client sees its connection dropped. uvicorn uses 2048."""
+
+    daemon_threads = True
+    request_queue_size = 256
+
+
 class CountingProxy:
     """Reverse proxy on 127.0.0.1 that forwards every request to ``upstream_port`` and counts
     the requests it forwarded, by ``"METHOD /path"``."""
@@ -121,8 +129,7 @@ class CountingProxy:
             def log_message(self, format: str, *args: object) -> None:
                 pass  # library code never prints
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
+        self._server = _ProxyServer(("127.0.0.1", 0), Handler)
         self.port = int(self._server.server_address[1])
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True,
                                         name=f"canopy-proxy-{self.port}")

@@ -78,7 +78,7 @@ class AsyncPassthrough:
                                   ) from None
         except httpx.TransportError as error:
             self._count_error()
-            raise LLMConnectionError(f"cannot reach {url}: {error or type(error).__name__}"
+            raise LLMConnectionError(f"cannot reach {url}: {str(error) or type(error).__name__}"
                                      ) from None
         except (LLMServerError, LLMResponseError):
             self._count_error()
