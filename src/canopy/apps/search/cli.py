@@ -15,6 +15,7 @@ from canopy.apps.search.report import (
     Json,
     Model,
     Plot,
+    Reference,
     Seed,
     Timeout,
     cli_error,
@@ -54,8 +55,7 @@ def replay_command(
     orders: Annotated[int, typer.Option("--orders", help="Random generation orders per "
                                         "problem.")] = 20,
     seed: Seed = 0,
-    reference: Annotated[str, typer.Option("--reference", help="Method the paired gaps are "
-                                           "taken against.")] = "best_of_n",
+    reference: Reference = "best_of_n",
     as_json: Json = False,
     plot: Plot = None,
 ) -> None:
@@ -111,8 +111,7 @@ def run_command(
     seed: Seed = 0,
     cache_dir: CacheDir = None,
     timeout: Timeout = 120.0,
-    reference: Annotated[str, typer.Option("--reference", help="Method the paired gaps are "
-                                           "taken against.")] = "best_of_n",
+    reference: Reference = "best_of_n",
     as_json: Json = False,
     plot: Plot = None,
 ) -> None:

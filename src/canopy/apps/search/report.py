@@ -28,6 +28,8 @@ CacheDir = Annotated[Path | None, typer.Option(
 Timeout = Annotated[float, typer.Option("--timeout", help="Seconds allowed per call.")]
 Seed = Annotated[int, typer.Option("--seed", help="Random seed.")]
 Json = Annotated[bool, typer.Option("--json", help="Print the rows as JSON.")]
+Reference = Annotated[str, typer.Option("--reference", help="Method the paired gaps are "
+                                          "taken against.")]
 Plot = Annotated[Path | None, typer.Option("--plot", help="Save a plot of accuracy to this "
                                            "image.")]
 

@@ -27,7 +27,8 @@ from canopy.apps.search.report import (
 __all__ = ["register", "trim_app"]
 
 trim_app = typer.Typer(no_args_is_help=True, add_completion=False,
-                       help="Prompt trimming: a bandit per task category over trim levels.")
+                       help="Prompt trimming: a regional bandit over trim levels (tasks as "
+                            "regions).")
 
 _COLUMNS = ["method", "accuracy [95% CI]", "tokens", "requested_tokens", "estimated_tokens",
             "reward", "delta [95% CI]", "delta_against"]
