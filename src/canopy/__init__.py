@@ -3,9 +3,17 @@
 Core objects: :class:`Tree` and :class:`LazyTree` (topology), :class:`LeafMeans` and the
 :class:`Problem` protocol (cheap probes, expensive leaf evaluations, a cost :class:`Ledger`),
 :func:`certify` (Algorithm 1), the policies in :mod:`canopy.policies`, and :func:`run`.
+
+The certificate (which compiles with numba) is imported on first use (PEP 562), so
+``canopy``'s command line starts without loading numba or scipy. ``run`` stays eager: it
+shares its name with the module :mod:`canopy.run`.
 """
 
-from canopy.certificate import Certificate, RunningCertificate, certify, is_violation
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
 from canopy.problem import (
     BudgetExceeded,
     FunctionOnInterval,
@@ -19,6 +27,9 @@ from canopy.run import History, RunResult, run
 from canopy.tree import LazyTree, Tree
 
 __version__ = "0.1.0"
+
+_EXPORTS = {name: "canopy.certificate"
+            for name in ("Certificate", "RunningCertificate", "certify", "is_violation")}
 
 __all__ = [
     "BudgetExceeded",
@@ -38,3 +49,16 @@ __all__ = [
     "is_violation",
     "run",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'canopy' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])

@@ -8,10 +8,25 @@
 - :mod:`~canopy.experiments.studies`: the registry of studies.
 """
 
-from canopy.experiments.runner import StudyRun, run_study
-from canopy.experiments.studies import STUDIES, available, get_study
-from canopy.experiments.study import Headline, Measurement, Panel, PaperValue, Row, Study
-from canopy.experiments.summary import summarize, t_interval
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "StudyRun": "runner", "run_study": "runner",
+    "STUDIES": "studies", "available": "studies", "get_study": "studies",
+    "Headline": "study", "Measurement": "study", "Panel": "study", "PaperValue": "study",
+    "Row": "study", "Study": "study",
+    "summarize": "summary", "t_interval": "summary",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """Import on first use (PEP 562): ``canopy --help`` must not load scipy."""
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'canopy.experiments' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"canopy.experiments.{module}"), name)
+
 
 __all__ = [
     "STUDIES",

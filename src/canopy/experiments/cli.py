@@ -4,27 +4,14 @@ with rich."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    ProgressColumn,
-    Task,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
-from rich.table import Table
-from rich.text import Text
 
-from canopy.experiments.outputs import StudyOutputs, write_report, write_study
-from canopy.experiments.runner import StudyRun, plan, run_study
-from canopy.experiments.studies import available, get_study
-from canopy.experiments.study import Headline, Study
+if TYPE_CHECKING:
+    from canopy.experiments.runner import StudyRun
+    from canopy.experiments.study import Headline, Study
 
 __all__ = ["register"]
 
@@ -37,10 +24,17 @@ Address = Annotated[str | None, typer.Option(help="Address of an existing Ray cl
 Out = Annotated[Path, typer.Option(help="Output directory (one folder per study).")]
 
 
-class _RateColumn(ProgressColumn):
-    def render(self, task: Task) -> Text:
-        speed = task.finished_speed or task.speed
-        return Text("– cells/s" if speed is None else f"{speed:.2f} cells/s", style="cyan")
+def _rate_column() -> Any:
+    """A progress column showing cells per second (rich imported on use)."""
+    from rich.progress import ProgressColumn
+    from rich.text import Text
+
+    class RateColumn(ProgressColumn):
+        def render(self, task: Any) -> Text:
+            speed = task.finished_speed or task.speed
+            return Text("– cells/s" if speed is None else f"{speed:.2f} cells/s", style="cyan")
+
+    return RateColumn()
 
 
 def _parse_sets(values: list[str] | None) -> dict[str, str]:
@@ -56,8 +50,20 @@ def _parse_sets(values: list[str] | None) -> dict[str, str]:
 def _run_one(study: Study, *, quick: bool, seeds: int | None, overrides: dict[str, str],
              backend: str, workers: int | None, address: str | None, out: Path
              ) -> tuple[StudyRun, list[Headline]]:
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    from canopy.experiments.outputs import StudyOutputs, write_study
+    from canopy.experiments.runner import run_study
+
     with Progress(TextColumn(f"[bold]{study.name}"), BarColumn(), MofNCompleteColumn(),
-                  _RateColumn(), TimeElapsedColumn(), TextColumn("left"), TimeRemainingColumn(),
+                  _rate_column(), TimeElapsedColumn(), TextColumn("left"), TimeRemainingColumn(),
                   console=console, transient=False) as bar:
         task = bar.add_task(study.name, total=None)
 
@@ -75,6 +81,8 @@ def _run_one(study: Study, *, quick: bool, seeds: int | None, overrides: dict[st
 
 
 def _print_headlines(study: Study, result: StudyRun, headlines: list[Headline]) -> None:
+    from rich.table import Table
+
     table = Table(title=f"{study.name}: {result.computed} cells computed, "
                         f"{result.reused} resumed, {result.seconds:.0f} s")
     for column in ("headline", "ours", "95% CI", "paper", "ratio", "target", "met"):
@@ -111,6 +119,9 @@ def run_command(
         "--set", help="Override a study parameter, KEY=VALUE (repeatable).")] = None,
 ) -> None:
     """Run one study (resuming any cells already under OUT) and write its outputs."""
+    from canopy.experiments.runner import plan
+    from canopy.experiments.studies import get_study
+
     try:
         chosen = get_study(study)
         overrides = _parse_sets(set_)
@@ -124,6 +135,10 @@ def run_command(
 
 def list_command() -> None:
     """List the studies of this build with their default seeds."""
+    from rich.table import Table
+
+    from canopy.experiments.studies import available, get_study
+
     table = Table(title="studies")
     for column in ("study", "seeds (paper)", "seeds (--quick)", "what it reproduces"):
         table.add_column(column)
@@ -143,6 +158,10 @@ def reproduce_command(
         "--study", help="Run only these studies (repeatable; default: all).")] = None,
 ) -> None:
     """Run every study and write OUT/report.md: each headline beside the paper's number."""
+    from canopy.experiments.outputs import write_report
+    from canopy.experiments.runner import plan
+    from canopy.experiments.studies import available, get_study
+
     try:
         studies = [get_study(name) for name in (only or available())]
         for study in studies:

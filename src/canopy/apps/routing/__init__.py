@@ -2,23 +2,32 @@
 replay on logged outcomes, data loaders, a price table, and an OpenAI-compatible proxy
 (:mod:`canopy.apps.routing.proxy`, behind the ``serve`` extra)."""
 
-from canopy.apps.routing.datasets import DATASETS, load
-from canopy.apps.routing.frontier import aiq, nondecreasing_hull
-from canopy.apps.routing.logs import read_long, read_routerbench
-from canopy.apps.routing.outcomes import Outcomes
-from canopy.apps.routing.prices import PriceTable, estimate_tokens
-from canopy.apps.routing.regions import RegionTree
-from canopy.apps.routing.replay import ReplayResult, default_lambdas, replay
-from canopy.apps.routing.routers import (
-    CategoryOracle,
-    FixedRouter,
-    FlatRouter,
-    QueryOracle,
-    RandomRouter,
-    RegionalRouter,
-    Router,
-    ThompsonRouter,
-)
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "DATASETS": "canopy.apps.routing.datasets",
+    "load": "canopy.apps.routing.datasets",
+    "aiq": "canopy.apps.routing.frontier",
+    "nondecreasing_hull": "canopy.apps.routing.frontier",
+    "read_long": "canopy.apps.routing.logs",
+    "read_routerbench": "canopy.apps.routing.logs",
+    "Outcomes": "canopy.apps.routing.outcomes",
+    "PriceTable": "canopy.apps.routing.prices",
+    "estimate_tokens": "canopy.apps.routing.prices",
+    "RegionTree": "canopy.apps.routing.regions",
+    "ReplayResult": "canopy.apps.routing.replay",
+    "default_lambdas": "canopy.apps.routing.replay",
+    "replay": "canopy.apps.routing.replay",
+    "CategoryOracle": "canopy.apps.routing.routers",
+    "FixedRouter": "canopy.apps.routing.routers",
+    "FlatRouter": "canopy.apps.routing.routers",
+    "QueryOracle": "canopy.apps.routing.routers",
+    "RandomRouter": "canopy.apps.routing.routers",
+    "RegionalRouter": "canopy.apps.routing.routers",
+    "Router": "canopy.apps.routing.routers",
+    "ThompsonRouter": "canopy.apps.routing.routers",
+}
 
 __all__ = [
     "DATASETS",
@@ -43,3 +52,11 @@ __all__ = [
     "read_routerbench",
     "replay",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """Import on first use (PEP 562), so ``canopy --help`` loads no numba or scipy."""
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'canopy.apps.routing' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)

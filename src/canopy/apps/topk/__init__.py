@@ -1,18 +1,25 @@
 """Top-k identification over real model pools (paper Section 5, Appendix E): pools from score
 tables, pool trees, the multi-fidelity problem over a pool, and the variance the tree explains."""
 
-from canopy.apps.topk.hardness import top_k_cells, top_k_complexity
-from canopy.apps.topk.pools import (
-    Pool,
-    alpaca_eval,
-    can_ai_code,
-    load_pool,
-    open_llm_leaderboard,
-    read_pool_csv,
-)
-from canopy.apps.topk.problem import PoolProblem
-from canopy.apps.topk.trees import PoolTree, tree_from_families, tree_from_features
-from canopy.apps.topk.variance import VarianceExplained, variance_explained
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "top_k_cells": "canopy.apps.topk.hardness",
+    "top_k_complexity": "canopy.apps.topk.hardness",
+    "Pool": "canopy.apps.topk.pools",
+    "alpaca_eval": "canopy.apps.topk.pools",
+    "can_ai_code": "canopy.apps.topk.pools",
+    "load_pool": "canopy.apps.topk.pools",
+    "open_llm_leaderboard": "canopy.apps.topk.pools",
+    "read_pool_csv": "canopy.apps.topk.pools",
+    "PoolProblem": "canopy.apps.topk.problem",
+    "PoolTree": "canopy.apps.topk.trees",
+    "tree_from_families": "canopy.apps.topk.trees",
+    "tree_from_features": "canopy.apps.topk.trees",
+    "VarianceExplained": "canopy.apps.topk.variance",
+    "variance_explained": "canopy.apps.topk.variance",
+}
 
 __all__ = [
     "Pool",
@@ -30,3 +37,11 @@ __all__ = [
     "tree_from_features",
     "variance_explained",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """Import on first use (PEP 562), so ``canopy --help`` loads no numba or scipy."""
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'canopy.apps.topk' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
