@@ -169,13 +169,26 @@ def reproduce_command(
         _check_backend(backend, workers)
     except (ValueError, TypeError) as error:
         raise _fail(error) from None
-    entries = []
+    from canopy.cli import user_error
+
+    entries, skipped = [], []
     for study in studies:
-        result, headlines = _run_one(study, quick=quick, seeds=None, overrides={},
-                                     backend=backend, workers=workers, address=address, out=out)
+        try:
+            result, headlines = _run_one(study, quick=quick, seeds=None, overrides={},
+                                         backend=backend, workers=workers, address=address,
+                                         out=out)
+        except (FileNotFoundError, ModuleNotFoundError) as error:  # missing data or extra
+            reason = user_error(error)
+            if reason is None:
+                raise
+            console.print(f"[yellow]skipped {study.name}:[/yellow] {reason}")
+            skipped.append((study.name, reason))
+            continue
         entries.append((study, result, headlines))
-    report = write_report(entries, out, quick=quick)
-    console.print(f"wrote {report}")
+    report = write_report(entries, out, quick=quick, skipped=skipped)
+    console.print(f"wrote {report}" + (f" ({len(skipped)} studies skipped: "
+                                       f"{', '.join(name for name, _ in skipped)})"
+                                       if skipped else ""))
 
 
 def register(app: typer.Typer) -> None:

@@ -58,9 +58,14 @@ def _table_rows(study: Study, rows: Sequence[Row]) -> list[list[str]]:
 _HEADER = ["method", "x", "x value", "metric", "mean", "95% CI", "n", "paper"]
 
 
+def _cell(text: str) -> str:
+    """A markdown table cell: ``|`` escaped, newlines folded."""
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
 def _markdown(header: Sequence[str], body: Sequence[Sequence[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(cells) + " |" for cells in body]
+    lines = ["| " + " | ".join(map(_cell, header)) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(map(_cell, cells)) + " |" for cells in body]
     return "\n".join(lines) + "\n"
 
 
@@ -192,9 +197,11 @@ def _pair_panel(ax, panel: Panel, rows: Sequence[Row]) -> None:
 
 
 def write_report(entries: Sequence[tuple[Study, StudyRun, list[Headline]]],
-                 out: str | os.PathLike, *, quick: bool) -> Path:
+                 out: str | os.PathLike, *, quick: bool,
+                 skipped: Sequence[tuple[str, str]] = ()) -> Path:
     """``report.md``: per study, each headline beside the paper's number and their ratio, the
-    issue's target and whether ours meets it, and the figure."""
+    issue's target and whether ours meets it, and the figure; then the studies that could not
+    run (``skipped``: name and reason)."""
     lines = ["# Canopy: reproduction of the paper's synthetic studies (Appendix D)", "",
              f"Run: {'--quick' if quick else 'full (paper seed counts)'}. "
              "Ours: mean over seeds [95% t-interval]. Ratio: ours / paper.", ""]
@@ -208,6 +215,8 @@ def write_report(entries: Sequence[tuple[Study, StudyRun, list[Headline]]],
                  _fmt(h.ratio), h.target or "–",
                  {True: "yes", False: "**no**", None: "–"}[h.passed]] for h in headlines]
         lines += [_markdown(header, body), f"![{study.name}]({study.name}/figure.png)", ""]
+    if skipped:
+        lines += ["## Not run", "", _markdown(["study", "why"], list(skipped))]
     path = Path(out) / "report.md"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines))
