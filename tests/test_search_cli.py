@@ -25,9 +25,10 @@ def test_replay_json_lists_every_method_and_budget(data_file, tmp_path):
     assert plot.stat().st_size > 1000
 
 
-def test_replay_rejects_a_zero_budget_and_unknown_data():
+def test_replay_rejects_a_zero_budget_and_unknown_data(data_file):
     runner = CliRunner()
-    result = runner.invoke(app, ["search", "replay", "--budgets", "0"])
-    assert result.exit_code == 2 and "budgets" in result.output
     result = runner.invoke(app, ["search", "replay", "--dataset", "nope"])
     assert result.exit_code == 2 and "unknown --dataset" in result.output
+    data_file("qwen25math_rm", "math_cot_100.jsonl")  # the command reads its data first
+    result = runner.invoke(app, ["search", "replay", "--budgets", "0"])
+    assert result.exit_code == 2 and "budgets" in result.output

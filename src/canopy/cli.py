@@ -79,6 +79,10 @@ def user_error(error: BaseException) -> str | None:
             return (f"{top} is not installed; install it with "
                     f"pip install 'canopy-bandits[{EXTRAS[top]}]'")
         return None
+    if isinstance(error, ImportError):  # a library message that already names the extra
+        text = str(error)
+        return text if "pip install" in text else user_error(error.__cause__) \
+            if isinstance(error.__cause__, ImportError) else None
     if isinstance(error, DataNotFound):
         return str(error)
     if isinstance(error, json.JSONDecodeError):
