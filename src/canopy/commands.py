@@ -1,4 +1,4 @@
-"""``canopy demo`` and ``canopy bench``."""
+"""``canopy demo``, ``canopy bench`` and ``canopy theory check``."""
 
 from __future__ import annotations
 
@@ -74,6 +74,44 @@ def bench(
     Console().print(table)
 
 
+def theory_check(
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    instances: int = typer.Option(20_000, min=0, help="Random exact instances in all."),
+    seed: int = typer.Option(0, help="Seed of the random instances."),
+) -> None:
+    """Check the theorems' algebra symbolically (sympy) and their inequalities on random exact
+    instances (fractions); exit 1 if any check fails."""
+    from rich.markup import escape
+
+    from canopy.theory import NOT_CHECKED, check_all
+
+    results = check_all(instances=instances, seed=seed)
+    failed = not all(result.ok for result in results)
+    if as_json:
+        print(json.dumps({"theorems": [r.as_dict() for r in results],
+                          "instances": sum(r.instances for r in results),
+                          "failures": sum(r.failures for r in results),
+                          "not_checked": NOT_CHECKED}))
+    else:
+        console = Console()
+        for result in results:
+            console.print(f"[bold]{result.theorem}[/bold]")
+            for identity, verified in result.symbolic.items():
+                console.print(f"  {'[green]ok' if verified else '[red]FAILED'}[/] symbolic: "
+                              f"{escape(identity)}")
+            console.print(f"  {result.instances:,} exact instances, {result.failures} failures: "
+                          + "; ".join(result.checked))
+        total = sum(r.instances for r in results)
+        console.print(f"{total:,} instances, {sum(r.failures for r in results)} failures. "
+                      f"Not checked (cited): {NOT_CHECKED}.")
+    if failed:
+        raise typer.Exit(1)
+
+
 def register(app: typer.Typer) -> None:
     app.command()(demo)
     app.command()(bench)
+    theory = typer.Typer(help="The paper's theorems: symbolic and exact-instance checks.",
+                         no_args_is_help=True)
+    theory.command("check")(theory_check)
+    app.add_typer(theory, name="theory")
