@@ -90,6 +90,7 @@ def test_missing_data_is_one_line_naming_the_fix(argv, capsys, tmp_path, monkeyp
 MISSING_EXTRA = {
     "serve router": (["serve", "router", "--config", "c.json"], "uvicorn", "serve"),
     "run --backend ray": (["run", "fidelity", "--quick", "--backend", "ray"], "ray", "ray"),
+    "theory check": (["theory", "check", "--instances", "3"], "sympy", "theory"),
 }
 
 

@@ -196,6 +196,18 @@ def _pair_panel(ax, panel: Panel, rows: Sequence[Row]) -> None:
     ax.set_xlabel(panel.x_metric)
 
 
+def _paper_context(name: str) -> list[str]:
+    """The paper's setting and claims for a study, from the packaged reference numbers."""
+    from canopy.reference import paper_numbers
+
+    entry = paper_numbers().get(name)
+    if entry is None:
+        return []
+    lines = [f"Paper ({entry['source']}): {entry.get('setting', '')}".rstrip(": ")]
+    lines += [f"- paper claims: {claim}" for claim in entry.get("claims", [])]
+    return [*lines, ""]
+
+
 def write_report(entries: Sequence[tuple[Study, StudyRun, list[Headline]]],
                  out: str | os.PathLike, *, quick: bool,
                  skipped: Sequence[tuple[str, str]] = ()) -> Path:
@@ -207,7 +219,7 @@ def write_report(entries: Sequence[tuple[Study, StudyRun, list[Headline]]],
              "Ours: mean over seeds [95% t-interval]. Ratio: ours / paper.", ""]
     header = ["headline", "ours", "95% CI", "paper", "ratio", "target", "met"]
     for study, result, headlines in entries:
-        lines += [f"## {study.name}: {study.title}", "",
+        lines += [f"## {study.name}: {study.title}", "", *_paper_context(study.name),
                   f"{result.seeds} seeds, {result.n_tasks} cells "
                   f"({result.computed} computed, {result.reused} resumed), "
                   f"{result.seconds:.0f} s, backend {result.backend}.", ""]
