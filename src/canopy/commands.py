@@ -32,18 +32,19 @@ def demo(
         task = bar.add_task("runs", total=total)
         rows = run_demo(budgets=budget_values, seeds=seeds,
                         progress=lambda: bar.advance(task))
-    table = Table(title=f"recall@5, mean [95% CI] over {seeds} seeds")
-    table.add_column("method")
+    table = Table(title=f"recall@5, mean and [95% CI] over {seeds} seeds")
+    table.add_column("method", no_wrap=True)
     for budget in budget_values:
-        table.add_column(f"B={budget:g}", justify="right")
+        table.add_column(f"B={budget:g}", justify="right", no_wrap=True)
     for method in dict.fromkeys(row.method for row in rows):
         cells = {row.budget: row for row in rows if row.method == method}
-        table.add_row(method, *(f"{cells[b].recall:.3f} [{cells[b].ci_low:.2f}, "
+        # mean above its interval: the table fits 80 columns for up to four budgets
+        table.add_row(method, *(f"{cells[b].recall:.3f}\n[{cells[b].ci_low:.2f}, "
                                 f"{cells[b].ci_high:.2f}]" for b in budget_values))
     console.print(table)
     try:
         plot_demo(rows, str(plot))
-        console.print(f"plot written to {plot}")
+        console.print(f"plot written to {plot.resolve()}")
     except ImportError:
         console.print("matplotlib is not installed (pip install 'canopy-bandits[plots]'): "
                       "no plot written")

@@ -9,9 +9,6 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-import numpy as np
-from scipy import stats
-
 from canopy.instances import piecewise_lipschitz
 from canopy.metrics import recall_at_k
 from canopy.run import run
@@ -65,34 +62,44 @@ def run_demo(*, budgets: Sequence[float] = (300.0, 750.0, 1500.0), seeds: int = 
 
 
 def _summarise(method: str, budget: float, values: list[float]) -> DemoRow:
-    data = np.asarray(values)
-    mean = float(data.mean())
-    if data.size > 1 and data.std(ddof=1) > 0:
-        half = float(stats.t.ppf(0.975, data.size - 1) * data.std(ddof=1) / np.sqrt(data.size))
-    else:
-        half = 0.0
-    low, high = max(mean - half, 0.0), min(mean + half, 1.0)  # recall lives in [0, 1]
-    return DemoRow(method, float(budget), mean, low, high, int(data.size))
+    from canopy.experiments.summary import t_interval
+
+    mean, low, high = t_interval(values, bounds=(0.0, 1.0))  # recall lives in [0, 1]
+    return DemoRow(method, float(budget), mean, mean if low is None else low,
+                   mean if high is None else high, len(values))
 
 
 def plot_demo(rows: Sequence[DemoRow], path: str) -> None:
-    """Recall against budget with 95% bands, one line per method, saved as a PNG."""
+    """Recall against budget with 95% bands, one line per method, saved as a PNG. Every
+    series has its own marker and line style, and a series identical to an earlier one is
+    drawn slightly offset with "(= other)" in its legend entry, so none hides another."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for method in dict.fromkeys(row.method for row in rows):
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    drawn: dict[str, list[float]] = {}
+    styles = zip(("o", "s", "^", "D", "v", "P"), ("-", "--", "-.", ":", "-", "--"), strict=True)
+    methods = list(dict.fromkeys(row.method for row in rows))
+    if len(methods) > 6:
+        raise ValueError(f"plot_demo draws at most 6 methods, got {len(methods)}")
+    for method, (marker, style) in zip(methods, styles, strict=False):
         mine = sorted((r for r in rows if r.method == method), key=lambda r: r.budget)
-        x = [r.budget for r in mine]
-        ax.plot(x, [r.recall for r in mine], marker="o", label=method)
-        ax.fill_between(x, [r.ci_low for r in mine], [r.ci_high for r in mine], alpha=0.2)
+        recalls = [r.recall for r in mine]
+        twins = [name for name, seen in drawn.items() if seen == recalls]
+        offset = 1 + 0.015 * len(twins)  # multiplicative: budgets may span decades
+        x = [r.budget * offset for r in mine]
+        label = method + (f" (= {', '.join(twins)})" if twins else "")
+        ax.plot(x, recalls, marker=marker, linestyle=style, markersize=7 - 1.5 * len(twins),
+                label=label)
+        ax.fill_between(x, [r.ci_low for r in mine], [r.ci_high for r in mine], alpha=0.15)
+        drawn[method] = recalls
     ax.set_xlabel("budget (leaf-evaluation units)")
-    ax.set_ylabel("recall@5")
-    ax.set_ylim(0, 1.02)
+    ax.set_ylabel("recall@5 (mean, 95% CI)")
+    ax.set_ylim(-0.02, 1.02)
     ax.set_title("Top-5 on a 1,024-leaf piecewise-smooth tree (probe cost 0.05)")
-    ax.legend()
+    ax.legend(fontsize="small")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -85,8 +85,9 @@ def _print_headlines(study: Study, result: StudyRun, headlines: list[Headline]) 
 
     table = Table(title=f"{study.name}: {result.computed} cells computed, "
                         f"{result.reused} resumed, {result.seconds:.0f} s")
-    for column in ("headline", "ours", "95% CI", "paper", "ratio", "target", "met"):
-        table.add_column(column)
+    table.add_column("headline", ratio=1, min_width=16)  # the one column that wraps
+    for column in ("ours", "95% CI", "paper", "ratio", "target", "met"):
+        table.add_column(column, no_wrap=True)
     for h in headlines:
         ci = "–" if h.ci_low is None else f"[{h.ci_low:.4g}, {h.ci_high:.4g}]"
         table.add_row(h.label, f"{h.ours:.4g}", ci, "–" if h.paper is None else f"{h.paper:g}",
