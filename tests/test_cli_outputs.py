@@ -62,3 +62,14 @@ def test_reproduce_without_data_reports_the_studies_it_ran_and_names_the_skipped
     report = (tmp_path / "out" / "report.md").read_text()
     assert "## theorylink" in report and "## Not run" in report
     assert "| realtopk | open_llm_leaderboard_v1" in report
+
+
+def test_identical_series_are_marked_and_offset_and_styles_differ():
+    from canopy.plotting import distinct_series
+
+    styles = distinct_series(["beam", "se", "uniform"], [[0.5, 0.8], [0.3, 0.4], [0.3, 0.4]])
+    assert [s.label for s in styles] == ["beam", "se", "uniform (= se)"]
+    assert styles[0].shift == styles[1].shift == 1.0 < styles[2].shift
+    assert len({(s.kwargs["marker"], s.kwargs["linestyle"]) for s in styles}) == 3
+    with pytest.raises(ValueError, match="names"):
+        distinct_series(["a"], [])

@@ -78,23 +78,17 @@ def plot_demo(rows: Sequence[DemoRow], path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from canopy.plotting import distinct_series
+
     fig, ax = plt.subplots(figsize=(7, 4.2))
-    drawn: dict[str, list[float]] = {}
-    styles = zip(("o", "s", "^", "D", "v", "P"), ("-", "--", "-.", ":", "-", "--"), strict=True)
     methods = list(dict.fromkeys(row.method for row in rows))
-    if len(methods) > 6:
-        raise ValueError(f"plot_demo draws at most 6 methods, got {len(methods)}")
-    for method, (marker, style) in zip(methods, styles, strict=False):
-        mine = sorted((r for r in rows if r.method == method), key=lambda r: r.budget)
-        recalls = [r.recall for r in mine]
-        twins = [name for name, seen in drawn.items() if seen == recalls]
-        offset = 1 + 0.015 * len(twins)  # multiplicative: budgets may span decades
-        x = [r.budget * offset for r in mine]
-        label = method + (f" (= {', '.join(twins)})" if twins else "")
-        ax.plot(x, recalls, marker=marker, linestyle=style, markersize=7 - 1.5 * len(twins),
-                label=label)
+    series = [sorted((r for r in rows if r.method == m), key=lambda r: r.budget)
+              for m in methods]
+    styles = distinct_series(methods, [[r.recall for r in mine] for mine in series])
+    for mine, style in zip(series, styles, strict=True):
+        x = [r.budget * style.shift for r in mine]  # multiplicative: budgets span decades
+        ax.plot(x, [r.recall for r in mine], label=style.label, **style.kwargs)
         ax.fill_between(x, [r.ci_low for r in mine], [r.ci_high for r in mine], alpha=0.15)
-        drawn[method] = recalls
     ax.set_xlabel("budget (leaf-evaluation units)")
     ax.set_ylabel("recall@5 (mean, 95% CI)")
     ax.set_ylim(-0.02, 1.02)
