@@ -11,9 +11,7 @@ shares its name with the module :mod:`canopy.run`.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
+from canopy._lazy import lazy_exports
 from canopy.problem import (
     BudgetExceeded,
     FunctionOnInterval,
@@ -51,14 +49,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'canopy' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *_EXPORTS])
+lazy_exports(__name__, _EXPORTS)

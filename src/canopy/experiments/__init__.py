@@ -8,8 +8,7 @@
 - :mod:`~canopy.experiments.studies`: the registry of studies.
 """
 
-import importlib
-from typing import Any
+from canopy._lazy import lazy_exports
 
 _EXPORTS = {
     "StudyRun": "runner", "run_study": "runner",
@@ -20,12 +19,8 @@ _EXPORTS = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    """Import on first use (PEP 562): ``canopy --help`` must not load scipy."""
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'canopy.experiments' has no attribute {name!r}")
-    return getattr(importlib.import_module(f"canopy.experiments.{module}"), name)
+lazy_exports(__name__, {name: f"canopy.experiments.{module}"
+                         for name, module in _EXPORTS.items()})
 
 
 __all__ = [

@@ -1,8 +1,7 @@
 """Prefix-cache eviction (paper Section 4, "Serving systems"; Appendix E): a radix block cache,
 eviction policies swapped by name, trace readers and replay scenarios."""
 
-import importlib
-from typing import Any
+from canopy._lazy import lazy_exports
 
 _EXPORTS = {
     "LFU": "canopy.apps.cache.policies",
@@ -34,9 +33,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    """Import on first use (PEP 562), so ``canopy --help`` loads no numba or scipy."""
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'canopy.apps.cache' has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+lazy_exports(__name__, _EXPORTS)

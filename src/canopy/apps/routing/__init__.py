@@ -2,8 +2,7 @@
 replay on logged outcomes, data loaders, a price table, and an OpenAI-compatible proxy
 (:mod:`canopy.apps.routing.proxy`, behind the ``serve`` extra)."""
 
-import importlib
-from typing import Any
+from canopy._lazy import lazy_exports
 
 _EXPORTS = {
     "DATASETS": "canopy.apps.routing.datasets",
@@ -54,9 +53,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    """Import on first use (PEP 562), so ``canopy --help`` loads no numba or scipy."""
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'canopy.apps.routing' has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+lazy_exports(__name__, _EXPORTS)

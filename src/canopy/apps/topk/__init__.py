@@ -1,8 +1,7 @@
 """Top-k identification over real model pools (paper Section 5, Appendix E): pools from score
 tables, pool trees, the multi-fidelity problem over a pool, and the variance the tree explains."""
 
-import importlib
-from typing import Any
+from canopy._lazy import lazy_exports
 
 _EXPORTS = {
     "top_k_cells": "canopy.apps.topk.hardness",
@@ -39,9 +38,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    """Import on first use (PEP 562), so ``canopy --help`` loads no numba or scipy."""
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'canopy.apps.topk' has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+lazy_exports(__name__, _EXPORTS)

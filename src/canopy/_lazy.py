@@ -1,0 +1,44 @@
+"""Lazy package exports (PEP 562): a package names what it exports and the module of each,
+and imports that module on first use, so ``canopy --help`` loads no numba or scipy."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import types
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = ["lazy_exports"]
+
+
+class _Package(types.ModuleType):
+    """A package whose exports survive the import of a submodule of the same name (``replay``
+    the function and ``replay`` the module): the import system's ``setattr`` of the submodule
+    is ignored for such a name, as it was when the package imported it eagerly."""
+
+    _exports: Mapping[str, str]
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        exports = self.__dict__.get("_exports", {})
+        if (isinstance(value, types.ModuleType) and name in exports
+                and value.__name__ == f"{self.__name__}.{name}"):
+            return
+        super().__setattr__(name, value)
+
+
+def lazy_exports(package: str, exports: Mapping[str, str]) -> None:
+    """Make ``package`` import ``exports[name]`` (a module path) when ``name`` is first read."""
+    module = sys.modules[package]
+
+    def __getattr__(name: str) -> Any:
+        source = exports.get(name)
+        if source is None:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        value = getattr(importlib.import_module(source), name)
+        types.ModuleType.__setattr__(module, name, value)
+        return value
+
+    module.__getattr__ = __getattr__  # type: ignore[method-assign]
+    module._exports = dict(exports)  # type: ignore[attr-defined]
+    module.__class__ = _Package
