@@ -77,6 +77,8 @@ MISSING_DATA = {
     "cache replay": ["cache", "replay", "--trace", "conversation", "--capacity", "16"],
     "search replay": ["search", "replay"],
     "run realtopk": ["run", "realtopk", "--quick", "--workers", "1"],
+    "search run": ["search", "run", "--n", "1"],
+    "trim run": ["trim", "run", "--n", "1"],
 }
 
 

@@ -103,7 +103,10 @@ def path(name: str, file: str = "", *, download: bool | None = None) -> Path:
         return _download(dataset.upstream + file, _cache_dir() / relative)
     looked = ", ".join(str(c) for c in candidates)
     hint = (f"set CANOPY_DATA_DIR to a folder holding {name}/, or set CANOPY_DOWNLOAD=1 (in "
-            f"Python: download=True) to fetch {dataset.upstream}{file}" if dataset.upstream else
+            f"Python: download=True) to fetch {dataset.upstream}{file}"
+            if dataset.upstream and file else
+            f"set CANOPY_DATA_DIR to a folder holding {name}/ (a whole data set is not "
+            "downloaded, only single files of it)" if dataset.upstream else
             f"set CANOPY_DATA_DIR to a folder holding {name}/ (this data set has no single "
             "upstream file to download)")
     raise DataNotFound(f"{name}/{file} not found (looked in {looked or 'nothing'}); {hint}")
