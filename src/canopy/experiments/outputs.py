@@ -155,8 +155,13 @@ def _methods(panel: Panel, rows: Sequence[Row]) -> list[str]:
 
 
 def _curve_panel(ax, panel: Panel, rows: Sequence[Row]) -> None:
+    """Curves over x with 95% bands; every curve has its own marker and dashes, and one
+    identical to another is offset and labelled "(= other)" (:mod:`canopy.plotting`)."""
+    from canopy.plotting import distinct_series
+
     rows = [r for r in rows if r.metric == panel.metric and r.x_name == panel.x_name]
     xs = sorted({r.x for r in rows if r.x is not None})
+    curves = []
     for index, method in enumerate(_methods(panel, rows)):
         color = f"C{index}"
         mine = sorted((r for r in rows if r.method == method),
@@ -167,12 +172,16 @@ def _curve_panel(ax, panel: Panel, rows: Sequence[Row]) -> None:
             if r.ci_low is not None:
                 ax.axhspan(r.ci_low, r.ci_high, color=color, alpha=0.15)
             continue
-        mine = [r for r in mine if r.x is not None]
-        x = [r.x for r in mine]
-        ax.plot(x, [r.mean for r in mine], color=color, marker="o", markersize=3, label=method)
+        curves.append((method, color, [r for r in mine if r.x is not None]))
+    styles = distinct_series([method for method, _, _ in curves],
+                             [[r.mean for r in mine] for _, _, mine in curves])
+    for (_, color, mine), style in zip(curves, styles, strict=True):
+        x = [r.x * style.shift for r in mine]
+        ax.plot(x, [r.mean for r in mine], color=color, label=style.label,
+                **{**style.kwargs, "markersize": style.kwargs["markersize"] - 2})
         if all(r.ci_low is not None for r in mine):
             ax.fill_between(x, [r.ci_low for r in mine], [r.ci_high for r in mine],
-                            color=color, alpha=0.2)
+                            color=color, alpha=0.12)
     ax.set_xlabel(panel.x_name)
 
 
