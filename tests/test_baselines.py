@@ -138,3 +138,14 @@ def test_constructor_validation():
         SequentialHalving(k=0)
     with pytest.raises(ValueError, match="c must"):
         FlatUCB(c=-1.0)
+
+
+@pytest.mark.parametrize("value", ["0.5", True, np.bool_(True), 0.5 + 0j, None])
+def test_tell_refuses_what_is_not_a_real_number(value):
+    problem = easy_problem(n_leaves=4)
+    policy = Uniform().start(problem.spec, budget=8, seed=0)
+    query = policy.ask()
+    with pytest.raises(TypeError, match="real number"):
+        policy.tell(query, value)
+    policy.tell(query, np.float32(0.5))  # still outstanding; numpy reals are fine
+    assert policy.spent == 1

@@ -193,6 +193,16 @@ def test_an_unreadable_cell_file_is_computed_again(tmp_path):
     assert CellStore(tmp_path).load(plan(STUDY, seeds=1)[2][0]) is not None
 
 
+@pytest.mark.parametrize("content", ["null", "[]", '{"study": "x"}', "42"])
+def test_a_cell_file_holding_valid_json_of_the_wrong_shape_is_computed_again(tmp_path, content):
+    run = run_study(STUDY, store=tmp_path, seeds=1, workers=1)
+    victim = sorted(tmp_path.glob("*.json"))[0]
+    victim.write_text(content)
+    again = run_study(STUDY, store=tmp_path, seeds=1, workers=1)
+    assert (again.computed, again.reused) == (1, 3)
+    assert values(again) == values(run)
+
+
 # ---------------------------------------------------------------------------- outputs, CLI
 def test_outputs_hold_rows_paper_numbers_table_and_figure(tmp_path):
     pytest.importorskip("matplotlib")

@@ -89,10 +89,14 @@ class CellStore:
             record = json.loads(self.path(task.key).read_text())
         except (FileNotFoundError, json.JSONDecodeError, UnicodeDecodeError):
             return None
-        if (record.get("study"), record.get("cell"), record.get("seed")) != (
+        if not isinstance(record, dict) or (
+                record.get("study"), record.get("cell"), record.get("seed")) != (
                 task.study, task.cell, task.seed):
+            return None  # ``null``, a list, or another cell's record: compute it again
+        try:
+            return [Measurement(*m) for m in record["measurements"]]
+        except (KeyError, TypeError):
             return None
-        return [Measurement(*m) for m in record["measurements"]]
 
     def save(self, task: Task, measurements: Sequence[tuple], seconds: float) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)

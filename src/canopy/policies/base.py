@@ -26,6 +26,8 @@ from canopy.stats import check_observation
 
 __all__ = ["Policy", "check_k"]
 
+_REAL = (int, float, np.integer, np.floating)
+
 
 def check_k(k: int, n_leaves: int) -> int:
     """Validate a top-``k`` request against the number of leaves."""
@@ -98,10 +100,12 @@ class Policy(ABC):
         pending = outstanding.get(query, 0)
         if pending == 0:
             raise ValueError(f"{query!r} was not asked by this policy, or was already told")
-        try:
+        if type(value) is float:  # the common case, checked without a call
+            observation = value
+        elif isinstance(value, _REAL) and not isinstance(value, (bool, np.bool_)):
             observation = float(value)
-        except (TypeError, ValueError):
-            observation = check_observation(value)
+        else:  # strings, booleans, complex numbers: not an observation
+            raise TypeError(f"observation must be a real number, got {value!r}")
         # NaN and +-inf give a non-zero difference; the fast path avoids a call per round.
         if observation - observation != 0.0 or not self._low <= observation <= self._high:
             check_observation(observation, self._low, self._high)
