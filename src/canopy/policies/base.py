@@ -59,6 +59,8 @@ class Policy(ABC):
         """Reset the policy for a new problem and budget. Returns ``self``."""
         if not isinstance(spec, ProblemSpec):
             raise TypeError(f"spec must be a ProblemSpec, got {type(spec).__name__}")
+        if isinstance(getattr(self, "k", None), (int, np.integer)):  # top-k identifiers
+            check_k(self.k, spec.tree.n_leaves)
         self.spec_ = spec
         self.ledger_ = Ledger(budget)
         cheapest = min(spec.probe_cost if kind == "probe" else spec.leaf_cost
