@@ -155,5 +155,5 @@ def test_a_top_k_policy_refuses_more_winners_than_leaves_at_start():
     from canopy.policies import TopKBeam
     problem = easy_problem(n_leaves=16)
     for policy in (TopKBeam(k=10**6), SuccessiveElimination(k=17)):
-        with pytest.raises(ValueError, match="k must be in 1..16"):
+        with pytest.raises(ValueError, match=r"k must be in 1\.\.16"):
             policy.start(problem.spec, budget=1000, seed=0)
