@@ -157,3 +157,14 @@ def test_a_top_k_policy_refuses_more_winners_than_leaves_at_start():
     for policy in (TopKBeam(k=10**6), SuccessiveElimination(k=17)):
         with pytest.raises(ValueError, match=r"k must be in 1\.\.16"):
             policy.start(problem.spec, budget=1000, seed=0)
+
+
+def test_top_k_by_partial_selection_is_the_lexsort_prefix():
+    from canopy.policies.base import top_k
+    rng = np.random.default_rng(3)
+    for _ in range(50):
+        n = int(rng.integers(1, 300))
+        keys = (rng.integers(0, 5, n).astype(float), rng.integers(0, 3, n).astype(float),
+                rng.permutation(n).astype(float))
+        for k in (1, 2, n // 2 + 1, n):
+            assert top_k(k, *keys).tolist() == np.lexsort(keys[::-1])[:k].tolist()

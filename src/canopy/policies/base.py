@@ -24,7 +24,7 @@ import numpy as np
 from canopy.problem import Ledger, ProblemSpec, Query
 from canopy.stats import check_observation
 
-__all__ = ["Policy", "check_k"]
+__all__ = ["Policy", "check_k", "top_k"]
 
 _REAL = (int, float, np.integer, np.floating)
 
@@ -36,6 +36,20 @@ def check_k(k: int, n_leaves: int) -> int:
     if not 1 <= k <= n_leaves:
         raise ValueError(f"k must be in 1..{n_leaves} (the number of leaves), got {k}")
     return int(k)
+
+
+def top_k(k: int, *keys: np.ndarray) -> np.ndarray:
+    """The first ``k`` indices of ``np.lexsort(keys[::-1])`` (``keys[0]`` primary, all
+    ascending), by partial selection on the primary key: only the entries tied with or ahead
+    of the ``k``-th are fully sorted."""
+    primary = keys[0]
+    if k < primary.size:
+        kth = np.partition(primary, k - 1)[k - 1]
+        candidates = np.flatnonzero(primary <= kth)
+    else:
+        candidates = np.arange(primary.size)
+    order = np.lexsort(tuple(key[candidates] for key in reversed(keys)))
+    return candidates[order[:k]]
 
 
 class Policy(ABC):
