@@ -168,3 +168,37 @@ def test_top_k_by_partial_selection_is_the_lexsort_prefix():
                 rng.permutation(n).astype(float))
         for k in (1, 2, n // 2 + 1, n):
             assert top_k(k, *keys).tolist() == np.lexsort(keys[::-1])[:k].tolist()
+
+
+def _drive(policy, problem, p_lost, refund):
+    rng, lost = np.random.default_rng(1), 0
+    while (query := policy.ask()) is not None:
+        if rng.random() < p_lost:
+            policy.abandon(query, refund=refund)
+            lost += 1
+        else:
+            value = (problem.probe(query.node, rng) if query.kind == "probe"
+                     else problem.evaluate(problem.spec.leaf_of(query.node), rng))
+            policy.tell(query, value)
+    return lost
+
+
+@pytest.mark.parametrize("refund", [False, True])
+@pytest.mark.parametrize("make", [Uniform, SuccessiveElimination, SuccessiveRejects,
+                                  SequentialHalving, "TopKBeam"])
+def test_a_phased_policy_with_5_percent_of_queries_abandoned_spends_its_budget(make, refund):
+    from canopy.policies import TopKBeam
+    problem = easy_problem(n_leaves=16)
+    runs = []
+    for p_lost in (0.0, 0.05):
+        policy = (TopKBeam(k=1) if make == "TopKBeam" else make()).start(
+            problem.spec, budget=2000, seed=0)
+        runs.append((policy, _drive(policy, problem, p_lost, refund)))
+    (clean, _), (lossy, lost) = runs
+    assert lost > 0
+    refunded = lost * problem.spec.leaf_cost if refund else 0.0
+    # no stall: what is left is what the clean run leaves, plus at most the refunds
+    assert lossy.remaining <= clean.remaining + refunded + problem.spec.leaf_cost
+    assert lossy.recommend(1)[0] == BEST
+    with pytest.raises(ValueError, match="not asked"):
+        lossy.abandon(Query("leaf", int(problem.spec.tree.leaf_node[0])))

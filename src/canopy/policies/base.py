@@ -131,6 +131,22 @@ class Policy(ABC):
             outstanding[query] = pending - 1
         self._observe(query, observation)
 
+    def abandon(self, query: Query, *, refund: bool = False) -> None:
+        """Give up on an outstanding query (its evaluation was lost): the policy stops waiting
+        for it, so a phased policy moves on with one observation fewer. ``refund`` returns its
+        cost to the budget (the evaluation never ran), else it stays spent."""
+        self._check_started()
+        pending = self._outstanding.get(query, 0)
+        if pending == 0:
+            raise ValueError(f"{query!r} was not asked by this policy, or was already told")
+        if pending == 1:
+            del self._outstanding[query]
+        else:
+            self._outstanding[query] = pending - 1
+        if refund:
+            self.ledger_.refund(query.kind, self._probe_cost if query.kind == "probe"
+                                else self._leaf_cost)
+
     @abstractmethod
     def recommend(self, k: int = 1) -> np.ndarray:
         """The ``k`` leaf indices the policy believes best, best first."""
