@@ -138,3 +138,67 @@ def test_constructor_validation():
         SequentialHalving(k=0)
     with pytest.raises(ValueError, match="c must"):
         FlatUCB(c=-1.0)
+
+
+@pytest.mark.parametrize("value", ["0.5", True, np.bool_(True), 0.5 + 0j, None])
+def test_tell_refuses_what_is_not_a_real_number(value):
+    problem = easy_problem(n_leaves=4)
+    policy = Uniform().start(problem.spec, budget=8, seed=0)
+    query = policy.ask()
+    with pytest.raises(TypeError, match="real number"):
+        policy.tell(query, value)
+    policy.tell(query, np.float32(0.5))  # still outstanding; numpy reals are fine
+    assert policy.spent == 1
+
+
+def test_a_top_k_policy_refuses_more_winners_than_leaves_at_start():
+    from canopy.policies import TopKBeam
+    problem = easy_problem(n_leaves=16)
+    for policy in (TopKBeam(k=10**6), SuccessiveElimination(k=17)):
+        with pytest.raises(ValueError, match=r"k must be in 1\.\.16"):
+            policy.start(problem.spec, budget=1000, seed=0)
+
+
+def test_top_k_by_partial_selection_is_the_lexsort_prefix():
+    from canopy.policies.base import top_k
+    rng = np.random.default_rng(3)
+    for _ in range(50):
+        n = int(rng.integers(1, 300))
+        keys = (rng.integers(0, 5, n).astype(float), rng.integers(0, 3, n).astype(float),
+                rng.permutation(n).astype(float))
+        for k in (1, 2, n // 2 + 1, n):
+            assert top_k(k, *keys).tolist() == np.lexsort(keys[::-1])[:k].tolist()
+
+
+def _drive(policy, problem, p_lost, refund):
+    rng, lost = np.random.default_rng(1), 0
+    while (query := policy.ask()) is not None:
+        if rng.random() < p_lost:
+            policy.abandon(query, refund=refund)
+            lost += 1
+        else:
+            value = (problem.probe(query.node, rng) if query.kind == "probe"
+                     else problem.evaluate(problem.spec.leaf_of(query.node), rng))
+            policy.tell(query, value)
+    return lost
+
+
+@pytest.mark.parametrize("refund", [False, True])
+@pytest.mark.parametrize("make", [Uniform, SuccessiveElimination, SuccessiveRejects,
+                                  SequentialHalving, "TopKBeam"])
+def test_a_phased_policy_with_5_percent_of_queries_abandoned_spends_its_budget(make, refund):
+    from canopy.policies import TopKBeam
+    problem = easy_problem(n_leaves=16)
+    runs = []
+    for p_lost in (0.0, 0.05):
+        policy = (TopKBeam(k=1) if make == "TopKBeam" else make()).start(
+            problem.spec, budget=2000, seed=0)
+        runs.append((policy, _drive(policy, problem, p_lost, refund)))
+    (clean, _), (lossy, lost) = runs
+    assert lost > 0
+    refunded = lost * problem.spec.leaf_cost if refund else 0.0
+    # no stall: what is left is what the clean run leaves, plus at most the refunds
+    assert lossy.remaining <= clean.remaining + refunded + problem.spec.leaf_cost
+    assert lossy.recommend(1)[0] == BEST
+    with pytest.raises(ValueError, match="not asked"):
+        lossy.abandon(Query("leaf", int(problem.spec.tree.leaf_node[0])))

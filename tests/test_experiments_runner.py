@@ -8,6 +8,7 @@ leaves at the same cost budget (probes are 20x cheaper, so their error is smalle
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -193,6 +194,16 @@ def test_an_unreadable_cell_file_is_computed_again(tmp_path):
     assert CellStore(tmp_path).load(plan(STUDY, seeds=1)[2][0]) is not None
 
 
+@pytest.mark.parametrize("content", ["null", "[]", '{"study": "x"}', "42"])
+def test_a_cell_file_holding_valid_json_of_the_wrong_shape_is_computed_again(tmp_path, content):
+    run = run_study(STUDY, store=tmp_path, seeds=1, workers=1)
+    victim = sorted(tmp_path.glob("*.json"))[0]
+    victim.write_text(content)
+    again = run_study(STUDY, store=tmp_path, seeds=1, workers=1)
+    assert (again.computed, again.reused) == (1, 3)
+    assert values(again) == values(run)
+
+
 # ---------------------------------------------------------------------------- outputs, CLI
 def test_outputs_hold_rows_paper_numbers_table_and_figure(tmp_path):
     pytest.importorskip("matplotlib")
@@ -244,3 +255,52 @@ def test_cli_runs_lists_and_rejects(tmp_path, monkeypatch):
     assert report.exit_code == 0, report.output
     assert (tmp_path / "report.md").exists()
 
+
+
+def test_a_second_run_on_a_busy_store_is_refused_and_a_stale_lock_taken_over(tmp_path):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    tmp_path.joinpath(".lock").write_text(str(dead.pid))  # its process is gone: stale
+    run = run_study(STUDY, store=tmp_path, seeds=1, workers=1)
+    assert run.computed == 4 and not tmp_path.joinpath(".lock").exists()
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        tmp_path.joinpath(".lock").write_text(str(holder.pid))
+        with pytest.raises(ValueError, match=f"in use by another run \\(process {holder.pid}"):
+            run_study(STUDY, store=tmp_path, seeds=2, workers=1)
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def _children(pid):
+    try:
+        return {int(c) for c in open(f"/proc/{pid}/task/{pid}/children").read().split()}
+    except FileNotFoundError:
+        return set()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_pool_workers_die_with_a_killed_driver(tmp_path):
+    store = tmp_path / "cells"
+    code = _CHILD.format(paths=sys.path, store=str(store), journal="").replace(
+        "workers=1", "workers=2")
+    child = subprocess.Popen([sys.executable, "-c", code])
+    deadline = time.monotonic() + 60
+    while not list(store.glob("*.json")) and time.monotonic() < deadline:
+        assert child.poll() is None, "the run ended before it could be killed"
+        time.sleep(0.02)
+    workers = _children(child.pid)
+    assert len(workers) >= 2
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    deadline = time.monotonic() + 20
+    while any(os.path.exists(f"/proc/{w}") and
+              open(f"/proc/{w}/stat").read().split(")")[-1].split()[0] != "Z"
+              for w in workers) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    alive = [w for w in workers if os.path.exists(f"/proc/{w}")
+             and open(f"/proc/{w}/stat").read().split(")")[-1].split()[0] != "Z"]
+    for w in alive:
+        os.kill(w, signal.SIGKILL)
+    assert not alive, f"workers {alive} outlived their driver"

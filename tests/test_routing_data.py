@@ -90,14 +90,39 @@ def test_routerbench_pickle_format(tmp_path):
     })
     path = tmp_path / "routerbench_0shot.pkl"
     frame.to_pickle(path)
-    outcomes = load(str(path))
+    with pytest.raises(ValueError, match="--trust-pickle"):
+        load(str(path))  # unpickling can run code: refused unless trusted
+    outcomes = load(str(path), trust_pickle=True)
     assert outcomes.models == ("gpt-4-1106-preview", "mistralai/mistral-7b-chat")
     assert outcomes.n_queries == 2  # the NaN score is dropped
     assert outcomes.regions == ("mmlu/mmlu-anatomy.val.5",) * 2
     assert outcomes.cost[:, 0].tolist() == [0.002, 0.003]
     assert "dropped 1" in outcomes.notes[0]
     with pytest.raises(KeyError, match="no score and total_cost columns"):
-        read_routerbench(path, models=["claude"])
+        read_routerbench(path, models=["claude"], trust_pickle=True)
+
+
+class _Payload:
+    def __reduce__(self):
+        return (open, (_Payload.target, "w"))
+
+
+def test_a_crafted_pickle_runs_no_code(tmp_path):
+    import pickle
+    _Payload.target = str(tmp_path / "pwned")
+    path = tmp_path / "evil.pkl"
+    path.write_bytes(pickle.dumps(_Payload()))
+    with pytest.raises(ValueError, match="refusing to unpickle"):
+        load(str(path))
+    assert not (tmp_path / "pwned").exists()
+
+
+def test_a_csv_with_a_byte_order_mark_is_read(tmp_path):
+    rows = [(f"q{i}", "r", m, 1.0, 0.001, 5, 5) for i in range(3) for m in ("a", "b")]
+    log = write_csv(tmp_path / "log.csv", rows)
+    bom = tmp_path / "bom.csv"
+    bom.write_bytes(b"\xef\xbb\xbf" + log.read_bytes())
+    assert read_long(bom).n_queries == read_long(log).n_queries == 3
 
 
 def test_cli_replay_json(tmp_path):

@@ -138,3 +138,12 @@ def test_load_pool_names(data_file):
     for bad in ("routereval", "can-ai-code:ARC"):
         with pytest.raises(ValueError, match="unknown pool"):
             load_pool(bad)
+
+
+def test_one_percent_looking_value_in_a_fraction_column_is_refused_naming_its_row(tmp_path):
+    rows = "".join(f"m{i},{0.1 * (i % 9) + 0.05:.2f}\n" for i in range(10))
+    path = write(tmp_path, "model,score\n" + rows + "m10,1.5\n")
+    with pytest.raises(ValueError, match="rows 12 hold values above 1"):
+        read_pool_csv(path, target="score", group_columns=())
+    forced = read_pool_csv(path, target="score", group_columns=(), scale="percent")
+    assert forced.target[-1] == 0.015 and len(forced.names) == 11

@@ -152,6 +152,14 @@ class Ledger:
             self.n_leaves += 1
         return True
 
+    def refund(self, kind: QueryKind, cost: float) -> None:
+        """Return the charge of a query that was never evaluated."""
+        self.spent = max(self.spent - cost, 0.0)
+        if kind == "probe":
+            self.n_probes -= 1
+        else:
+            self.n_leaves -= 1
+
     def charge(self, kind: QueryKind, cost: float) -> None:
         """Charge ``cost``; raise :class:`BudgetExceeded` if the budget cannot pay it."""
         if not self.try_charge(kind, cost):

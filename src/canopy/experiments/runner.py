@@ -13,6 +13,7 @@ One store directory serves one run at a time.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
 import hashlib
 import importlib
 import json
@@ -21,8 +22,9 @@ import multiprocessing
 import os
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -89,10 +91,14 @@ class CellStore:
             record = json.loads(self.path(task.key).read_text())
         except (FileNotFoundError, json.JSONDecodeError, UnicodeDecodeError):
             return None
-        if (record.get("study"), record.get("cell"), record.get("seed")) != (
+        if not isinstance(record, dict) or (
+                record.get("study"), record.get("cell"), record.get("seed")) != (
                 task.study, task.cell, task.seed):
+            return None  # ``null``, a list, or another cell's record: compute it again
+        try:
+            return [Measurement(*m) for m in record["measurements"]]
+        except (KeyError, TypeError):
             return None
-        return [Measurement(*m) for m in record["measurements"]]
 
     def save(self, task: Task, measurements: Sequence[tuple], seconds: float) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -108,6 +114,31 @@ class CellStore:
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
+
+    @contextlib.contextmanager
+    def lock(self) -> Iterator[None]:
+        """Hold ``.lock`` (the holder's pid) for a run: a second run on the same store is
+        refused, since it would compute the same cells again; a lock whose process is gone is
+        stale and taken over."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        path = self.directory / ".lock"
+        while True:
+            try:
+                handle = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+                break
+            except FileExistsError:
+                holder = _lock_holder(path)
+                if holder is not None and holder != os.getpid() and _alive(holder):
+                    raise ValueError(f"{self.directory} is in use by another run (process "
+                                     f"{holder}); wait for it, or use another output "
+                                     "directory") from None
+                path.unlink(missing_ok=True)  # stale: its process is gone
+        os.write(handle, str(os.getpid()).encode())
+        os.close(handle)
+        try:
+            yield
+        finally:
+            path.unlink(missing_ok=True)
 
     def clean_temporary(self) -> None:
         """Remove temporary files left by a run that was killed while writing."""
@@ -177,8 +208,16 @@ def run_study(study: Study, *, store: str | os.PathLike, quick: bool = False,
     if address is not None and backend != "ray":
         raise ValueError("address is only used with backend='ray'")
     params, n_seeds, tasks = plan(study, quick=quick, seeds=seeds, overrides=overrides)
-    started = time.perf_counter()
     cells = CellStore(store)
+    with cells.lock():
+        return _run(study, cells, params, n_seeds, tasks, backend=backend, workers=workers,
+                    address=address, progress=progress)
+
+
+def _run(study: Study, cells: CellStore, params: Any, n_seeds: int, tasks: list[Task], *,
+         backend: Backend, workers: int | None, address: str | None,
+         progress: Progress | None) -> StudyRun:
+    started = time.perf_counter()
     if cells.directory.exists():
         cells.clean_temporary()
     results: dict[str, list[Measurement]] = {}
@@ -224,13 +263,42 @@ def _run_local(todo: list[Task], finished: Callable[[Task, list[tuple], float], 
             finished(task, *_timed(task.module, task.cell, task.seed))
         return
     context = multiprocessing.get_context("spawn")
-    pool = cf.ProcessPoolExecutor(max_workers=min(workers, len(todo)), mp_context=context)
+    pool = cf.ProcessPoolExecutor(max_workers=min(workers, len(todo)), mp_context=context,
+                                  initializer=_die_with_parent, initargs=(os.getpid(),))
     try:
         futures = {pool.submit(_timed, t.module, t.cell, t.seed): t for t in todo}
         for future in cf.as_completed(futures):
             finished(futures[future], *future.result())
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _lock_holder(path: Path) -> int | None:
+    try:
+        return int(path.read_text().strip())
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _die_with_parent(parent: int) -> None:
+    """Pool-worker initializer: exit when the driver is gone (a SIGKILLed driver cannot shut
+    its pool down, and the workers would otherwise run on, orphaned)."""
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="canopy-parent-watch", daemon=True).start()
 
 
 def _run_ray(todo: list[Task], finished: Callable[[Task, list[tuple], float], None], *,

@@ -24,7 +24,9 @@ import numpy as np
 from canopy.problem import Ledger, ProblemSpec, Query
 from canopy.stats import check_observation
 
-__all__ = ["Policy", "check_k"]
+__all__ = ["Policy", "check_k", "top_k"]
+
+_REAL = (int, float, np.integer, np.floating)
 
 
 def check_k(k: int, n_leaves: int) -> int:
@@ -34,6 +36,20 @@ def check_k(k: int, n_leaves: int) -> int:
     if not 1 <= k <= n_leaves:
         raise ValueError(f"k must be in 1..{n_leaves} (the number of leaves), got {k}")
     return int(k)
+
+
+def top_k(k: int, *keys: np.ndarray) -> np.ndarray:
+    """The first ``k`` indices of ``np.lexsort(keys[::-1])`` (``keys[0]`` primary, all
+    ascending), by partial selection on the primary key: only the entries tied with or ahead
+    of the ``k``-th are fully sorted."""
+    primary = keys[0]
+    if k < primary.size:
+        kth = np.partition(primary, k - 1)[k - 1]
+        candidates = np.flatnonzero(primary <= kth)
+    else:
+        candidates = np.arange(primary.size)
+    order = np.lexsort(tuple(key[candidates] for key in reversed(keys)))
+    return candidates[order[:k]]
 
 
 class Policy(ABC):
@@ -57,6 +73,8 @@ class Policy(ABC):
         """Reset the policy for a new problem and budget. Returns ``self``."""
         if not isinstance(spec, ProblemSpec):
             raise TypeError(f"spec must be a ProblemSpec, got {type(spec).__name__}")
+        if isinstance(getattr(self, "k", None), (int, np.integer)):  # top-k identifiers
+            check_k(self.k, spec.tree.n_leaves)
         self.spec_ = spec
         self.ledger_ = Ledger(budget)
         cheapest = min(spec.probe_cost if kind == "probe" else spec.leaf_cost
@@ -98,10 +116,12 @@ class Policy(ABC):
         pending = outstanding.get(query, 0)
         if pending == 0:
             raise ValueError(f"{query!r} was not asked by this policy, or was already told")
-        try:
+        if type(value) is float:  # the common case, checked without a call
+            observation = value
+        elif isinstance(value, _REAL) and not isinstance(value, (bool, np.bool_)):
             observation = float(value)
-        except (TypeError, ValueError):
-            observation = check_observation(value)
+        else:  # strings, booleans, complex numbers: not an observation
+            raise TypeError(f"observation must be a real number, got {value!r}")
         # NaN and +-inf give a non-zero difference; the fast path avoids a call per round.
         if observation - observation != 0.0 or not self._low <= observation <= self._high:
             check_observation(observation, self._low, self._high)
@@ -110,6 +130,22 @@ class Policy(ABC):
         else:
             outstanding[query] = pending - 1
         self._observe(query, observation)
+
+    def abandon(self, query: Query, *, refund: bool = False) -> None:
+        """Give up on an outstanding query (its evaluation was lost): the policy stops waiting
+        for it, so a phased policy moves on with one observation fewer. ``refund`` returns its
+        cost to the budget (the evaluation never ran), else it stays spent."""
+        self._check_started()
+        pending = self._outstanding.get(query, 0)
+        if pending == 0:
+            raise ValueError(f"{query!r} was not asked by this policy, or was already told")
+        if pending == 1:
+            del self._outstanding[query]
+        else:
+            self._outstanding[query] = pending - 1
+        if refund:
+            self.ledger_.refund(query.kind, self._probe_cost if query.kind == "probe"
+                                else self._leaf_cost)
 
     @abstractmethod
     def recommend(self, k: int = 1) -> np.ndarray:

@@ -22,7 +22,7 @@ from collections.abc import Generator
 import numpy as np
 
 from canopy.policies._identify_core import Batch, PhasedPolicy, TreeStatsPolicy
-from canopy.policies.base import check_k
+from canopy.policies.base import check_k, top_k
 from canopy.problem import Query
 
 __all__ = ["FlatUCB", "SequentialHalving", "SuccessiveElimination", "SuccessiveRejects",
@@ -203,4 +203,4 @@ class FlatUCB(TreeStatsPolicy):
         k = check_k(k, self.tree_.n_leaves)
         with np.errstate(invalid="ignore", divide="ignore"):
             means = np.where(self._leaf_n > 0, self._leaf_sum / self._leaf_n, -np.inf)
-        return np.lexsort((self._tiebreak, -means, -self._leaf_n))[:k]
+        return top_k(k, -self._leaf_n, -means, self._tiebreak)

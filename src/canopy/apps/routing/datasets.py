@@ -75,7 +75,7 @@ def routellm_mmlu(*, depth: int = 3, prices: PriceTable | None = None) -> Outcom
         subject = file.stem.removeprefix("mmlu_")
         category, sub = SUBJECT_GROUPS[subject]
         region = "/".join((category, sub, subject)[3 - depth:])
-        with open(file, newline="", encoding="utf-8") as handle:
+        with open(file, newline="", encoding="utf-8-sig") as handle:
             for row_number, row in enumerate(csv.DictReader(handle)):
                 ids.append(f"{subject}/{row_number}")
                 regions.append(region)
@@ -93,7 +93,7 @@ def routellm_gsm8k(*, prices: PriceTable | None = None) -> Outcomes:
     responses. GSM8K has no categories: the regions are the terciles of the question's
     length in words (``short``, ``medium``, ``long``), a feature known at routing time."""
     file = data.path("routellm", "routellm/evals/gsm8k/gsm8k_responses.csv")
-    with open(file, newline="", encoding="utf-8") as handle:
+    with open(file, newline="", encoding="utf-8-sig") as handle:
         rows = list(csv.DictReader(handle))
     words = np.array([len(r["prompt"].split()) for r in rows])
     cuts = np.quantile(words, [1 / 3, 2 / 3])
@@ -128,12 +128,12 @@ def mt_bench(*, prices: PriceTable | None = None) -> Outcomes:
     from the conversation so far, output tokens from the judged answer."""
     folder = "routellm/evals/mt_bench/"
     questions = {}
-    with open(data.path("routellm", folder + "question.jsonl"), encoding="utf-8") as handle:
+    with open(data.path("routellm", folder + "question.jsonl"), encoding="utf-8-sig") as handle:
         for line in handle:
             q = json.loads(line)
             questions[q["question_id"]] = q
     cells: dict[tuple[int, int], dict[str, tuple[float, int, int]]] = {}
-    with open(data.path("routellm", folder + "judgements.jsonl"), encoding="utf-8") as handle:
+    with open(data.path("routellm", folder + "judgements.jsonl"), encoding="utf-8-sig") as handle:
         for line in handle:
             j = json.loads(line)
             qid, turn = j["question_id"], j["turn"]
@@ -155,7 +155,7 @@ def mt_bench(*, prices: PriceTable | None = None) -> Outcomes:
 
 def _matrix(file: Path) -> tuple[list[str], dict[str, list[str]]]:
     opener = gzip.open if file.suffix == ".gz" else open
-    with opener(file, "rt", newline="", encoding="utf-8") as handle:
+    with opener(file, "rt", newline="", encoding="utf-8-sig") as handle:
         reader = csv.reader(handle)
         header = next(reader)[1:]
         return header, {row[0]: row[1:] for row in reader}
@@ -176,7 +176,7 @@ def alpaca_eval(*, models: Sequence[str] | None = None,
         raise ValueError("preference and length matrices list different instructions")
     source = {}
     with gzip.open(data.path(folder, "annotations_long.csv.gz"), "rt", newline="",
-                   encoding="utf-8") as handle:
+                   encoding="utf-8-sig") as handle:
         for row in csv.DictReader(handle):
             source.setdefault(row["instruction"], row["dataset"])
     if models is None:

@@ -42,7 +42,7 @@ _TOKENS = ("input_tokens", "output_tokens")
 
 def _rows(path: Path) -> Iterator[tuple[int, dict[str, object]]]:
     if path.suffix.lower() in {".jsonl", ".ndjson"}:
-        with open(path, encoding="utf-8") as handle:
+        with open(path, encoding="utf-8-sig") as handle:
             for line_number, line in enumerate(handle, start=1):
                 if not line.strip():
                     continue
@@ -54,7 +54,7 @@ def _rows(path: Path) -> Iterator[tuple[int, dict[str, object]]]:
                     raise ValueError(f"{path}:{line_number}: expected a JSON object")
                 yield line_number, row
     elif path.suffix.lower() == ".csv":
-        with open(path, newline="", encoding="utf-8") as handle:
+        with open(path, newline="", encoding="utf-8-sig") as handle:
             reader = csv.DictReader(handle)
             missing = set(LONG_COLUMNS) - set(reader.fieldnames or ())
             if missing:
@@ -127,8 +127,14 @@ def _region(eval_name: str) -> str:
 
 
 def read_routerbench(path: str | Path, *, models: list[str] | None = None,
-                     name: str | None = None) -> Outcomes:
-    """Read RouterBench's pickle (``routerbench_0shot.pkl`` and the like); needs pandas."""
+                     name: str | None = None, trust_pickle: bool = False) -> Outcomes:
+    """Read RouterBench's pickle (``routerbench_0shot.pkl`` and the like); needs pandas.
+
+    Unpickling runs whatever code the file names, so it is refused unless ``trust_pickle``
+    says the file comes from a trusted source (the CLI's ``--trust-pickle``)."""
+    if not trust_pickle:
+        raise ValueError(f"{path}: refusing to unpickle a file, which can run arbitrary code; "
+                         "pass --trust-pickle (trust_pickle=True) if you trust its source")
     try:
         import pandas as pd
     except ImportError:

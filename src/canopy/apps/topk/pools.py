@@ -12,7 +12,8 @@ Loaders:
   ``[0, 1]`` or in percent. The scale is detected per column: a column whose values all lie in
   ``[0, 1]`` is read as fractions, one with any value above 1 as percent (all values must then
   lie in ``[0, 100]``). A percent column whose every value happens to be at most 1 would be
-  misread; pass ``scale="percent"`` for such a table.
+  misread; pass ``scale="percent"`` for such a table. A column where only a minority of the
+  non-zero values exceed 1 is ambiguous and refused, naming those rows.
 - :func:`open_llm_leaderboard`: the Open LLM Leaderboard v1 snapshot (1,291 models, ARC,
   HellaSwag, MMLU, TruthfulQA in percent); target one benchmark, features the other three.
 - :func:`can_ai_code`: can-ai-code junior-v2 results: one leaf per evaluation run (a model under
@@ -250,6 +251,12 @@ def _scores(source: Path | str, column: str, cells: Sequence[str], scale: Scale)
     if scale not in ("auto", "percent", "fraction"):
         raise ValueError(f"scale must be 'auto', 'percent' or 'fraction', got {scale!r}")
     percent = scale == "percent" or (scale == "auto" and values.max() > 1.0)
+    above = np.flatnonzero(values > 1.0)
+    if scale == "auto" and 0 < 2 * above.size < np.count_nonzero(values):
+        rows = ", ".join(str(row + 2) for row in above[:5])
+        raise ValueError(f"{source}: column {column!r} looks like fractions but rows {rows} "
+                         "hold values above 1; fix them, or pass scale='percent' if the "
+                         "column is in percent")
     high = 100.0 if percent else 1.0
     bad = np.flatnonzero((values < 0) | (values > high))
     if bad.size:
