@@ -65,7 +65,8 @@ def test_cli_replay_json_and_plot(tmp_path):
                                    "--policies", "lru,canopy,optimal", "--scenario", "shift",
                                    "--window", "10", "--json", "--plot", str(tmp_path / "f.png")])
     assert out.exit_code == 0, out.output
-    result = json.loads(out.output)
+    result = json.loads(out.stdout)
+    assert f"plot written to {tmp_path / 'f.png'}" in out.stderr
     cell = result["results"]["canopy"]["8"]
     assert set(cell) >= {"blocks_reused_per_request", "hit_ratio", "ttft_saved_ms",
                          "block_refs_per_s", "wall_block_refs_per_s", "recovery"}

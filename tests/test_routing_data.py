@@ -136,7 +136,8 @@ def test_cli_replay_json(tmp_path):
                                       "0 100 1000", "--seeds", "2", "--json", "--plot",
                                       str(figure)])
     assert result.exit_code == 0, result.output
-    summary = json.loads(result.output)
+    summary = json.loads(result.stdout)
+    assert "plot written to" in result.stderr
     assert set(summary["routers"]) >= {"regional", "flat", "category-oracle", "fixed:a"}
     points = summary["routers"]["regional"]["points"]
     assert [p["lambda"] for p in points] == [0.0, 100.0, 1000.0]
@@ -178,3 +179,20 @@ def test_mmlu_regional_router_claims(mirror):
     assert regional - regional_ci > flat + flat_ci
     assert regional > hull
     assert result.near_oracle("regional", 0.95)
+
+
+def test_cli_reads_a_pickle_only_when_trusted(tmp_path):
+    import pickle
+    app = typer.Typer()
+    register(app)
+    _Payload.target = str(tmp_path / "pwned")
+    path = tmp_path / "evil.pkl"
+    path.write_bytes(pickle.dumps(_Payload()))
+    refused = CliRunner().invoke(app, ["route", "replay", "--dataset", str(path)])
+    assert refused.exit_code != 0
+    assert "--trust-pickle" in str(refused.exception)
+    assert not (tmp_path / "pwned").exists()
+    trusted = CliRunner().invoke(app, ["route", "replay", "--dataset", str(path),
+                                       "--trust-pickle"])
+    assert (tmp_path / "pwned").exists()  # the flag is what lets the file's code run
+    assert trusted.exit_code != 0  # ... and the payload is still no RouterBench frame

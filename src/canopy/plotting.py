@@ -3,8 +3,11 @@ and, for a series identical to an earlier one, a small offset and "(= other)" in
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -39,3 +42,8 @@ def distinct_series(names: Sequence[str], ys: Sequence[Sequence[float]]) -> list
         label = name + (f" (= {', '.join(twins)})" if twins else "")
         styles.append(SeriesStyle(label, kwargs, 1 + 0.015 * len(twins)))
     return styles
+
+
+def announce_plot(path: str | os.PathLike[str]) -> None:
+    """Tell a CLI user where a figure went (on stderr, so ``--json`` output stays clean)."""
+    print(f"plot written to {Path(path).resolve()}", file=sys.stderr)

@@ -81,6 +81,9 @@ def replay_command(
         Console().print(table)
     if plot is not None:
         _plot(out, capacities, window, plot)
+        from canopy.plotting import announce_plot
+
+        announce_plot(plot)
 
 
 def _plot(out: dict, capacities: list[int], window: int, file: Path) -> None:

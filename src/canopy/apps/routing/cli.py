@@ -34,6 +34,8 @@ def replay_command(
                                             help="routellm-mmlu: 1, 2 or 3 levels"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
     plot: Annotated[Path | None, typer.Option("--plot", help="write the figure here")] = None,
+    trust_pickle: bool = typer.Option(False, "--trust-pickle",
+                                      help="read a .pkl data set (unpickling runs its code)"),
 ) -> None:
     """Replay routers on logged outcomes over a sweep of lambda."""
     from rich.console import Console
@@ -43,13 +45,15 @@ def replay_command(
     from canopy.apps.routing.replay import replay
 
     options = {} if region_depth is None else {"depth": region_depth}
-    outcomes = load(dataset, **options)
+    outcomes = load(dataset, trust_pickle=trust_pickle, **options)
     names = None if routers is None else [r.strip() for r in routers.split(",") if r.strip()]
     result = replay(outcomes, lambdas=_floats(lambdas), seeds=seeds, routers=names)
     if plot is not None:
         from canopy.apps.routing.plots import plot_replay
+        from canopy.plotting import announce_plot
 
         plot_replay(result, plot)
+        announce_plot(plot)
     summary = result.to_dict()
     if as_json:
         typer.echo(json.dumps(summary))

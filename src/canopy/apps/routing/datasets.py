@@ -234,14 +234,15 @@ DATASETS: dict[str, Callable[..., Outcomes]] = {
 }
 
 
-def load(dataset: str, **options: object) -> Outcomes:
+def load(dataset: str, *, trust_pickle: bool = False, **options: object) -> Outcomes:
     """A registered data set by name (:data:`DATASETS`, ``options`` go to its loader), or a
-    file: ``.pkl``/``.pickle`` as RouterBench, ``.csv``/``.jsonl`` as the long format."""
+    file: ``.pkl``/``.pickle`` as RouterBench (read only with ``trust_pickle``: unpickling
+    runs code), ``.csv``/``.jsonl`` as the long format."""
     if dataset in DATASETS:
         return DATASETS[dataset](**options)
     path = Path(dataset)
     if path.suffix.lower() in {".pkl", ".pickle"}:
-        return read_routerbench(path, **options)
+        return read_routerbench(path, trust_pickle=trust_pickle, **options)
     if path.suffix.lower() in {".csv", ".jsonl", ".ndjson"}:
         if not path.exists():
             raise FileNotFoundError(f"no such log file: {path}")

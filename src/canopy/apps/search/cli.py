@@ -25,6 +25,7 @@ from canopy.apps.search.report import (
     print_table,
     progress_bar,
 )
+from canopy.plotting import announce_plot
 
 __all__ = ["register", "search_app"]
 
@@ -77,6 +78,7 @@ def replay_command(
     if plot is not None:
         plot_accuracy(rows, plot, x="calls", title=f"{dataset}: accuracy vs calls",
                       xlabel="model calls per problem (mean spent)")
+        announce_plot(plot)
     if as_json:
         print_json({"dataset": dataset, "rm_cost": rm_cost, "orders": orders, "rows": rows})
     else:
@@ -144,6 +146,7 @@ def run_command(
     if plot is not None and rows:
         plot_accuracy(rows, plot, x="budget", title="GSM8K: accuracy vs budget",
                       xlabel="generation calls per question")
+        announce_plot(plot)
     meta = {"questions": result.completed, "requested": result.n_questions,
             "error": result.error, "http_calls": usage.calls, "cache_hits": usage.cache_hits,
             "prompt_tokens": usage.prompt_tokens,

@@ -23,6 +23,7 @@ from canopy.apps.search.report import (
     print_table,
     progress_bar,
 )
+from canopy.plotting import announce_plot
 
 __all__ = ["register", "trim_app"]
 
@@ -103,6 +104,7 @@ def run_command(
     if plot is not None and rows:
         plot_accuracy(rows, plot, x="tokens", title="BBH trimming: accuracy vs input tokens",
                       xlabel="mean input tokens per item")
+        announce_plot(plot)
     meta = {"items": run.completed, "requested": len(run.items), "error": run.error,
             "lam": lam, "learner": learner, "explore": explore, "kappa": kappa,
             "http_calls": usage.calls,
