@@ -16,7 +16,7 @@ import typer
 
 from canopy.data import DataNotFound
 
-app = typer.Typer(no_args_is_help=True, add_completion=False,
+app = typer.Typer(no_args_is_help=True, add_completion=False, rich_markup_mode="markdown",
                   help="Canopy: multi-fidelity tree bandits and their LLM-inference uses.")
 
 COMMAND_MODULES = (

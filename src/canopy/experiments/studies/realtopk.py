@@ -26,7 +26,7 @@ alongside (method ``tree``), the structural quantities the recall gain depends o
 of the budget each method actually spent is recorded too (a policy may stop early).
 
 The paper's pool is RouterEval's 1,000 models scored on 9 evaluation splits, which is not
-public in a usable form here (see the data mirror's SOURCES.md); its numbers are printed beside
+public in a usable form; its numbers are printed beside
 the Open LLM Leaderboard pool, the closest public pool of the same size, for comparison, not as
 the same experiment.
 """
