@@ -10,7 +10,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from canopy.apps.search.intervals import bootstrap_mean, paired_bootstrap
+from canopy.bootstrap import bootstrap_mean, paired_bootstrap
 from canopy.apps.search.replay import METHODS, LoggedProblem, load_logged, replay
 
 

@@ -9,7 +9,7 @@ import typer
 from rich.console import Console
 
 from canopy.apps.search.budget import check_budgets
-from canopy.apps.search.report import (
+from canopy.reporting import (
     BaseUrl,
     CacheDir,
     Json,

@@ -1,13 +1,14 @@
 """Numba kernels of the regional learners: per-(region, model) running moments pushed along
-the region's root-to-node chain, estimates that back off to the parent region and, at the
-root, to the whole pool, and the UCB and Thompson indices built on them.
+the region's root-to-node chain, estimates that share the parent region's statistics (and,
+at the root, the whole pool's), and the UCB and Thompson indices built on them.
 
-Back-off (hierarchical shrinkage). Walking the chain from the root down, a node's estimate
-for a model merges its own moments with the parent's estimate taken as a pseudo-sample of
-``w = min(kappa, n_eff(parent))`` observations (Chan's merge), so a region with little data
-leans on its parent and a region with much data on itself. The parent's estimate leaves out
-the data of the child on the chain, so nothing is counted twice. The effective count
-``n_eff = n + w`` enters the confidence radius: this is the data the region borrows.
+Sharing. Walking the chain from the root down, a node's estimate for a model merges its own
+moments with the parent's estimate taken as a pseudo-sample of ``w`` observations (Chan's
+merge), ``w`` given by the sharing rule (:func:`canopy.sharing.prior_weight`): all of the
+parent's until a test shows the node differs (then none), or the fixed back-off weight
+``min(kappa, n_eff(parent))``. The parent's estimate leaves out the data of the child on the
+chain, so nothing is counted twice. The effective count ``n_eff = n + w`` enters the
+confidence radius: this is the data the region borrows.
 
 Indices, for rewards ``r = quality - lambda * cost``. The reward has no useful a-priori
 range (a per-query cost can be many times its mean), so both indices scale with the
@@ -28,6 +29,8 @@ import math
 
 import numba
 import numpy as np
+
+from canopy.sharing import prior_weight
 
 UCB = 0
 THOMPSON = 1
@@ -50,7 +53,7 @@ def push(stats: np.ndarray, chain: np.ndarray, model: int, reward: float) -> Non
 
 
 @numba.njit(cache=True)
-def backoff(stats: np.ndarray, chain: np.ndarray, kappa: float, out: np.ndarray) -> None:
+def share(stats: np.ndarray, chain: np.ndarray, rule: np.ndarray, out: np.ndarray) -> None:
     """``out[m] = (n_eff, mean, variance)`` of each model at the chain's last node.
 
     At each ancestor the data of the child on the chain is taken out first (reverse Chan
@@ -78,7 +81,9 @@ def backoff(stats: np.ndarray, chain: np.ndarray, kappa: float, out: np.ndarray)
                     n, own_mean = rest, rest_mean
                 else:
                     n, own_mean, own_m2 = 0.0, 0.0, 0.0
-            w = min(kappa, eff)
+            own_var = own_m2 / n if n > 0.0 else 0.0
+            prior_var = m2 / eff if eff > 0.0 else 0.0
+            w = prior_weight(n, own_mean, own_var, eff, mean, prior_var, rule)
             prior_m2 = m2 * (w / eff) if eff > 0.0 else 0.0
             total = n + w
             if total > 0.0:
@@ -92,10 +97,10 @@ def backoff(stats: np.ndarray, chain: np.ndarray, kappa: float, out: np.ndarray)
 
 
 @numba.njit(cache=True)
-def scores(stats: np.ndarray, chain: np.ndarray, kind: int, kappa: float, explore: float,
-           z: np.ndarray, est: np.ndarray, out: np.ndarray) -> None:
+def scores(stats: np.ndarray, chain: np.ndarray, kind: int, rule: np.ndarray,
+           explore: float, z: np.ndarray, est: np.ndarray, out: np.ndarray) -> None:
     """Index of every model at the chain's last node into ``out`` (``est`` is scratch)."""
-    backoff(stats, chain, kappa, est)
+    share(stats, chain, rule, est)
     k = stats.shape[1]
     t = 0.0
     for m in range(k):
@@ -115,8 +120,8 @@ def scores(stats: np.ndarray, chain: np.ndarray, kind: int, kappa: float, explor
 
 @numba.njit(cache=True)
 def replay_learner(stats: np.ndarray, chains: np.ndarray, quality: np.ndarray,
-                   cost: np.ndarray, lam: float, kind: int, kappa: float, explore: float,
-                   z: np.ndarray) -> np.ndarray:
+                   cost: np.ndarray, lam: float, kind: int, rule: np.ndarray,
+                   explore: float, z: np.ndarray) -> np.ndarray:
     """Bandit replay: query ``i`` (in the given order) at ``chains[i]``; the learner sees only
     the chosen model's outcome. Returns the chosen model per query."""
     n, k = quality.shape
@@ -124,7 +129,7 @@ def replay_learner(stats: np.ndarray, chains: np.ndarray, quality: np.ndarray,
     index = np.empty(k)
     choices = np.empty(n, dtype=np.int64)
     for i in range(n):
-        scores(stats, chains[i], kind, kappa, explore, z[i], est, index)
+        scores(stats, chains[i], kind, rule, explore, z[i], est, index)
         best = 0
         for m in range(1, k):
             if index[m] > index[best]:
