@@ -140,7 +140,7 @@ def test_sharing_lets_small_categories_share_what_they_learn():
     outcomes = trim_outcomes(cats, correct, np.tile(tokens, (cats.size, 1)))
     separate = regional_bandit(outcomes, lam=2e-4, sharing="backoff", kappa=0.0, n_orders=10,
                                seed=1)
-    for sharing in ("test", "backoff"):
+    for sharing in ("anytime", "test", "backoff"):
         pooled = regional_bandit(outcomes, lam=2e-4, sharing=sharing, n_orders=10, seed=1)
         assert _reward(pooled, 2e-4) > _reward(separate, 2e-4) + 0.1, sharing
         assert pooled.choice_share[4] > 0.5 > separate.choice_share[4], sharing

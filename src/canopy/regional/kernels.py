@@ -30,7 +30,7 @@ import math
 import numba
 import numpy as np
 
-from canopy.sharing import prior_weight
+from canopy.sharing import prior_weights
 
 UCB = 0
 THOMPSON = 1
@@ -57,18 +57,21 @@ def share(stats: np.ndarray, chain: np.ndarray, rule: np.ndarray, out: np.ndarra
     """``out[m] = (n_eff, mean, variance)`` of each model at the chain's last node.
 
     At each ancestor the data of the child on the chain is taken out first (reverse Chan
-    merge), so a region's prior is its siblings' data, backed off further up: a region's own
-    observations are never counted twice."""
+    merge), so a region's prior is its siblings' data, shared further up: a region's own
+    observations are never counted twice. ``out`` carries the running prior (``m2`` in
+    place of the variance) down the chain."""
     k = stats.shape[1]
     depth = 0
     while depth < chain.size and chain[depth] >= 0:
         depth += 1
-    for m in range(k):
-        eff = 0.0
-        mean = 0.0
-        m2 = 0.0
-        for j in range(depth):
-            v = chain[j]
+    out[:] = 0.0
+    own = np.empty((k, 3))  # (n, mean, m2) of the node's own data
+    moments = np.empty((k, 3))  # (n, mean, variance) for the test: own, then prior
+    prior = np.empty((k, 3))
+    weight = np.empty(k)
+    for j in range(depth):
+        v = chain[j]
+        for m in range(k):
             n, own_mean, own_m2 = stats[v, m, COUNT], stats[v, m, MEAN], stats[v, m, M2]
             if j + 1 < depth:  # take the child's data out of this ancestor's
                 c = chain[j + 1]
@@ -81,19 +84,25 @@ def share(stats: np.ndarray, chain: np.ndarray, rule: np.ndarray, out: np.ndarra
                     n, own_mean = rest, rest_mean
                 else:
                     n, own_mean, own_m2 = 0.0, 0.0, 0.0
-            own_var = own_m2 / n if n > 0.0 else 0.0
-            prior_var = m2 / eff if eff > 0.0 else 0.0
-            w = prior_weight(n, own_mean, own_var, eff, mean, prior_var, rule)
+            own[m, 0], own[m, 1], own[m, 2] = n, own_mean, own_m2
+            moments[m, 0], moments[m, 1] = n, own_mean
+            moments[m, 2] = own_m2 / n if n > 0.0 else 0.0
+            eff = out[m, 0]
+            prior[m, 0], prior[m, 1] = eff, out[m, 1]
+            prior[m, 2] = out[m, 2] / eff if eff > 0.0 else 0.0
+        prior_weights(moments, prior, rule, weight)
+        for m in range(k):
+            n, own_mean, own_m2 = own[m, 0], own[m, 1], own[m, 2]
+            eff, mean, m2, w = out[m, 0], out[m, 1], out[m, 2], weight[m]
             prior_m2 = m2 * (w / eff) if eff > 0.0 else 0.0
             total = n + w
             if total > 0.0:
                 delta = own_mean - mean
-                mean = mean + delta * (n / total)
-                m2 = own_m2 + prior_m2 + delta * delta * (n * w / total)
-            eff = total
-        out[m, 0] = eff
-        out[m, 1] = mean
-        out[m, 2] = m2 / eff if eff > 0.0 else 0.0
+                out[m, 1] = mean + delta * (n / total)
+                out[m, 2] = own_m2 + prior_m2 + delta * delta * (n * w / total)
+            out[m, 0] = total
+    for m in range(k):
+        out[m, 2] = out[m, 2] / out[m, 0] if out[m, 0] > 0.0 else 0.0
 
 
 @numba.njit(cache=True)

@@ -78,32 +78,43 @@ class _Learner:
     _kind: int
 
     def __init__(self, models: Sequence[str], *, lam: float = 0.0,
-                 regions: Sequence[str] = (), sharing: str = "test", delta: float = 0.05,
+                 regions: Sequence[str] = (), sharing: str = "test", delta: float = 0.01,
                  kappa: float = 5.0, explore: float = 1.0,
                  seed: int | np.random.Generator | None = 0) -> None:
         self.models = check_models(models)
         self.lam = check_lam(lam)
-        self._rule = sharing_module.sharing_rule(sharing, delta=delta, kappa=kappa)
+        self._rule = sharing_module.sharing_rule(sharing, delta=delta, kappa=kappa,
+                                                 arms=len(self.models))
         if not isinstance(explore, (int, float)) or not math.isfinite(explore) or explore < 0:
             raise ValueError(f"explore must be finite and >= 0, got {explore!r}")
         self.sharing, self.delta, self.kappa = sharing, float(delta), float(kappa)
         self.explore = float(explore)
         self.rng = np.random.default_rng(seed)
         self.regions = RegionTree()
-        self._stats = np.zeros((1, len(self.models), 3))
-        self._chains = self.regions.ancestors()
+        self._set_tables(np.zeros((1, len(self.models), 3)))
         self._cost_max = 0.0
         for region in regions:
             self._node(region)
 
     # -- regions -----------------------------------------------------------------------
+    def _set_tables(self, stats: np.ndarray) -> None:
+        """Per-node moments and root-to-node chains, as views of arrays with room to grow."""
+        self._room, self._chain_room = stats, self.regions.ancestors()
+        self._stats, self._chains = self._room, self._chain_room
+
     def _node(self, region: str) -> int:
         node = self.regions.add(region)
         have = self._stats.shape[0]
-        if self.regions.n_nodes > have:  # new nodes: append their rows, rebuild nothing
-            new = self.regions.n_nodes - have
-            self._stats = np.concatenate([self._stats, np.zeros((new, *self._stats.shape[1:]))])
-            self._chains = np.concatenate([self._chains, self.regions.ancestors(have)])
+        if self.regions.n_nodes > have:  # new nodes: room doubles, so growth is linear
+            n = self.regions.n_nodes
+            if n > self._room.shape[0]:
+                room = np.zeros((2 * n, *self._stats.shape[1:]))
+                room[:have] = self._stats
+                chains = np.full((2 * n, self._chains.shape[1]), -1, dtype=np.int64)
+                chains[:have] = self._chains
+                self._room, self._chain_room = room, chains
+            self._chain_room[have:n] = self.regions.ancestors(have)
+            self._stats, self._chains = self._room[:n], self._chain_room[:n]
         return node
 
     def chain(self, region: str) -> np.ndarray:
@@ -177,21 +188,20 @@ class _Learner:
         if list(tree.paths) != regions:
             raise ValueError("saved regions are not in tree order")
         self.regions = tree
-        self._stats = stats.copy()
-        self._chains = tree.ancestors()
+        self._set_tables(stats.copy())
         self._observe_cost(check_observation(float(state.get("cost_max", 0.0)), 0.0))
 
 
 class RegionalRouter(_Learner):
     """Regional learner (UCB1-Tuned by default) sharing statistics along the region tree.
 
-    ``sharing`` is the rule of :mod:`canopy.sharing`: ``"test"`` (default; a region borrows
-    its parent's pool until a level-``delta`` test per look separates them), ``"anytime"``
-    (the time-uniform test: valid across looks, splits later) or ``"backoff"`` (the fixed
-    prior weight ``kappa``, for comparison)."""
+    ``sharing`` is the rule of :mod:`canopy.sharing`: ``"test"`` (default; a region is its
+    parent's pool until a level-``delta`` test per look separates them), ``"anytime"`` (a
+    time-uniform test: its level holds over the whole run, it splits much later) or
+    ``"backoff"`` (the fixed prior weight ``kappa``, for comparison)."""
 
     def __init__(self, models: Sequence[str], *, lam: float = 0.0,
-                 regions: Sequence[str] = (), learner: str = "ucb", sharing: str = "test",
+                 regions: Sequence[str] = (), learner: str = "ucb", sharing: str = "anytime",
                  delta: float = 0.05, kappa: float = 5.0, explore: float = 1.0,
                  seed: int | np.random.Generator | None = 0) -> None:
         kinds = {"ucb": kernels.UCB, "thompson": kernels.THOMPSON}
@@ -207,7 +217,7 @@ class ThompsonRouter(RegionalRouter):
     """The regional router with Gaussian Thompson sampling as its learner."""
 
     def __init__(self, models: Sequence[str], *, lam: float = 0.0,
-                 regions: Sequence[str] = (), sharing: str = "test", delta: float = 0.05,
+                 regions: Sequence[str] = (), sharing: str = "test", delta: float = 0.01,
                  kappa: float = 5.0, seed: int | np.random.Generator | None = 0) -> None:
         super().__init__(models, lam=lam, regions=regions, learner="thompson",
                          sharing=sharing, delta=delta, kappa=kappa, seed=seed)

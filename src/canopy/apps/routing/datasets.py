@@ -21,8 +21,8 @@ import numpy as np
 from canopy import data
 from canopy.apps.routing.logs import read_long, read_routerbench
 from canopy.apps.routing.mmlu_groups import SUBJECT_GROUPS
-from canopy.regional.outcomes import Outcomes
 from canopy.apps.routing.prices import PriceTable, estimate_tokens
+from canopy.regional.outcomes import Outcomes
 
 __all__ = [
     "ARENA_INPUT_TOKENS",

@@ -129,7 +129,7 @@ def _choices(router: str, outcomes: Outcomes, lam: float, order: np.ndarray,
         z = (np.random.default_rng([seed, 1]).standard_normal((n, k))
              if kind == kernels.THOMPSON else np.zeros((n, k)))
         use = np.zeros((n, 1), dtype=np.int64) if flat else chains[order]
-        rule = sharing_rule(sharing, delta=delta, kappa=kappa,
+        rule = sharing_rule(sharing, delta=delta, kappa=kappa, arms=k,
                             value_range=1.0 + lam * float(outcomes.cost.max()))
         return kernels.replay_learner(np.zeros((n_nodes, k, 3)), use,
                                       outcomes.quality[order], outcomes.cost[order], lam,
@@ -151,7 +151,7 @@ def _choices(router: str, outcomes: Outcomes, lam: float, order: np.ndarray,
 
 def replay(outcomes: Outcomes, *, lambdas: Sequence[float] | np.ndarray | None = None,
            seeds: int | Sequence[int] = 10, routers: Sequence[str] | None = None,
-           kappa: float = 5.0, explore: float = 1.0, delta: float = 0.05,
+           kappa: float = 5.0, explore: float = 1.0, delta: float = 0.01,
            checkpoints: int = 100) -> ReplayResult:
     """Replay every router at every lam over every seed's query order (``kappa`` is the
     back-off weight of ``regional-backoff``, ``delta`` the sharing test's level)."""

@@ -9,6 +9,7 @@ import typer
 from rich.console import Console
 
 from canopy.apps.search.budget import check_budgets
+from canopy.plotting import announce_plot
 from canopy.reporting import (
     BaseUrl,
     CacheDir,
@@ -25,7 +26,6 @@ from canopy.reporting import (
     print_table,
     progress_bar,
 )
-from canopy.plotting import announce_plot
 
 __all__ = ["register", "search_app"]
 

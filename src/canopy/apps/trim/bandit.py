@@ -16,8 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from canopy.regional.outcomes import Outcomes
-from canopy.regional.outcomes import category_choices, query_choices
+from canopy.regional.outcomes import Outcomes, category_choices, query_choices
 from canopy.regional.router import RegionalRouter
 
 __all__ = ["BanditOutcome", "category_oracle", "oracle", "regional_bandit", "trim_outcomes"]

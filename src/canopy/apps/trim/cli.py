@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from canopy.plotting import announce_plot
 from canopy.reporting import (
     BaseUrl,
     CacheDir,
@@ -23,7 +24,6 @@ from canopy.reporting import (
     print_table,
     progress_bar,
 )
-from canopy.plotting import announce_plot
 
 __all__ = ["register", "trim_app"]
 
@@ -58,7 +58,8 @@ def run_command(
         "--explore", help="UCB exploration constant (routing's explore).")] = 1.0,
     sharing: Annotated[str, typer.Option(
         "--sharing", help="How a task shares the pool of all tasks: test (until a test "
-        "separates them), anytime, or backoff (a fixed weight, --kappa).")] = "test",
+        "separates them), anytime (a time-uniform test), or backoff (a fixed weight, "
+        "--kappa).")] = "test",
     kappa: Annotated[float, typer.Option(
         "--kappa", help="Back-off weight of the pool of all tasks, in pseudo-items "
         "(--sharing backoff).")] = 5.0,
@@ -71,11 +72,11 @@ def run_command(
     """Collect every trim level's answer on BBH items, then compare the regional bandit
     with every fixed trim level (at matched tokens) and the per-task and per-item oracles."""
     from canopy import data
-    from canopy.regional.router import RegionalRouter
     from canopy.apps.trim.bbh import load_task
     from canopy.apps.trim.run import collect, summarise
     from canopy.apps.trim.trimmers import default_levels
     from canopy.llm.local import LocalServerError, open_endpoint
+    from canopy.regional.router import RegionalRouter
 
     console = Console(stderr=True)
     try:
