@@ -73,3 +73,34 @@ def test_proxy_load_1000(benchmark, tmp_path):
     benchmark.extra_info.update(summary)
     print(json.dumps(summary, indent=1))
     assert result.client_errors == [] and result.status == {200: 1000}
+
+
+def test_region_tree_insert_100k(benchmark):
+    """100,000 distinct two-level regions into a router: linear growth (issue 16.1)."""
+    from canopy.regional import RegionalRouter
+
+    paths = [f"group{i % 100}/task{i}" for i in range(100_000)]
+
+    def grow() -> int:
+        router = RegionalRouter(["a", "b"])
+        for path in paths:
+            router.chain(path)
+        return router.regions.n_nodes
+
+    assert benchmark.pedantic(grow, rounds=1, iterations=1) == 100_101
+
+
+def test_attack_region_header_refused(benchmark):
+    """The 8,000-level region header of issue 16.1, refused before any node is made."""
+    from canopy.regional import RegionTree
+
+    header = "x/" * 8000
+
+    def refuse() -> str:
+        try:
+            RegionTree().add(header)
+        except ValueError as error:
+            return str(error)
+        return ""
+
+    assert "characters" in benchmark(refuse)

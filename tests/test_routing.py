@@ -49,8 +49,9 @@ def test_region_tree_paths_and_ancestors():
     assert tree.node(" stem//physics/ ") == 2
     assert tree.nearest("stem/chemistry/organic") == tree.node("stem")
     assert tree.nearest("law") == 0
-    assert tree.ancestors()[2].tolist() == [0, 1, 2]
-    assert tree.ancestors()[4].tolist() == [0, 4, -1]
+    assert tree.chain(2) == (0, 1, 2)
+    assert tree.ancestors()[2].tolist()[:4] == [0, 1, 2, -1]
+    assert tree.ancestors()[4].tolist()[:3] == [0, 4, -1]
     with pytest.raises(KeyError, match="unknown region"):
         tree.node("law")
     with pytest.raises(TypeError, match="region"):
@@ -103,9 +104,13 @@ def test_constructor_validation():
         RegionalRouter("ab")
 
 
-def test_regional_router_learns_the_best_model_per_region():
+def test_backoff_router_learns_the_best_model_per_region():
+    """The fixed back-off explores every model in every region. (The tested sharing rules
+    take the pool's verdict on a model a region has not tried: here the pool drops ``cheap``
+    after three failures in ``hard/*``, so ``easy/*`` never learns it is best there; the
+    regions that differ on the models the pool plays split, see test_regional.py.)"""
     outcomes = synthetic()
-    router = RegionalRouter(MODELS, lam=0.3, seed=0)
+    router = RegionalRouter(MODELS, lam=0.3, sharing="backoff", seed=0)
     order = np.random.default_rng(1).permutation(outcomes.n_queries)
     picks: dict[str, list[str]] = {}
     for i in order:
@@ -122,7 +127,7 @@ def test_regional_router_learns_the_best_model_per_region():
 
 
 def test_backoff_uses_parent_data_for_a_new_region():
-    router = RegionalRouter(MODELS, lam=0.0, kappa=5.0)
+    router = RegionalRouter(MODELS, lam=0.0, sharing="backoff", kappa=5.0)
     for _ in range(50):
         router.update("hard/r0", "cheap", 0.0, 0.1)
         router.update("hard/r0", "strong", 1.0, 1.0)

@@ -10,8 +10,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from canopy.apps.search.intervals import bootstrap_mean, paired_bootstrap
 from canopy.apps.search.replay import METHODS, LoggedProblem, load_logged, replay
+from canopy.bootstrap import bootstrap_mean, paired_bootstrap
 
 
 @pytest.fixture

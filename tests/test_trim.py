@@ -128,19 +128,22 @@ def test_regret_to_the_per_task_oracle_shrinks_with_more_items():
     assert gaps[1] < 0.6 * gaps[0]
 
 
-def test_back_off_lets_small_categories_share_what_they_learn():
+def test_sharing_lets_small_categories_share_what_they_learn():
     """Eight categories of twelve items that share their best level (the live regime): the
-    pooled statistics (kappa > 0) find it far sooner than eight separate bandits (kappa 0)."""
+    shared statistics (the test's rule, and the fixed back-off) find it far sooner than eight
+    separate bandits (back-off weight 0)."""
     rng = np.random.default_rng(1)
     accuracy = np.array([0.1, 0.1, 0.05, 0.3, 0.6, 0.1, 0.1, 0.1])
     tokens = np.array([520.0, 380.0, 220.0, 50.0, 170.0, 270.0, 280.0, 230.0])
     cats = np.repeat([f"task{i}" for i in range(8)], 12)
     correct = (rng.random((cats.size, 8)) < accuracy).astype(float)
     outcomes = trim_outcomes(cats, correct, np.tile(tokens, (cats.size, 1)))
-    pooled = regional_bandit(outcomes, lam=2e-4, kappa=5.0, n_orders=10, seed=1)
-    separate = regional_bandit(outcomes, lam=2e-4, kappa=0.0, n_orders=10, seed=1)
-    assert _reward(pooled, 2e-4) > _reward(separate, 2e-4) + 0.1
-    assert pooled.choice_share[4] > 0.5 > separate.choice_share[4]
+    separate = regional_bandit(outcomes, lam=2e-4, sharing="backoff", kappa=0.0, n_orders=10,
+                               seed=1)
+    for sharing in ("anytime", "test", "backoff"):
+        pooled = regional_bandit(outcomes, lam=2e-4, sharing=sharing, n_orders=10, seed=1)
+        assert _reward(pooled, 2e-4) > _reward(separate, 2e-4) + 0.1, sharing
+        assert pooled.choice_share[4] > 0.5 > separate.choice_share[4], sharing
 
 
 def test_thompson_learner_also_finds_the_per_category_levels():

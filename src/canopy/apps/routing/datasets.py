@@ -1,5 +1,5 @@
 """Routing data sets read through the data registry (:func:`canopy.data.path`), each as
-:class:`~canopy.apps.routing.outcomes.Outcomes`.
+:class:`~canopy.regional.outcomes.Outcomes`.
 
 Costs are ``price table x tokens``: token counts are the offline estimate of
 :func:`~canopy.apps.routing.prices.estimate_tokens` (four characters a token) on the logged
@@ -21,8 +21,8 @@ import numpy as np
 from canopy import data
 from canopy.apps.routing.logs import read_long, read_routerbench
 from canopy.apps.routing.mmlu_groups import SUBJECT_GROUPS
-from canopy.apps.routing.outcomes import Outcomes
 from canopy.apps.routing.prices import PriceTable, estimate_tokens
+from canopy.regional.outcomes import Outcomes
 
 __all__ = [
     "ARENA_INPUT_TOKENS",

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from canopy.apps.routing.outcomes import Outcomes
+from canopy.regional.outcomes import Outcomes
 
 __all__ = ["LONG_COLUMNS", "read_long", "read_routerbench"]
 

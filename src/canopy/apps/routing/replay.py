@@ -15,15 +15,20 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from canopy.apps.routing import learners
 from canopy.apps.routing.frontier import aiq, mean_ci
-from canopy.apps.routing.outcomes import Outcomes
-from canopy.apps.routing.routers import category_choices, query_choices
+from canopy.regional import kernels
+from canopy.regional.outcomes import Outcomes, category_choices, query_choices
+from canopy.sharing import sharing_rule
 
 __all__ = ["LEARNERS", "ReplayResult", "default_lambdas", "default_routers", "replay"]
 
-LEARNERS = {"regional": (learners.UCB, False), "flat": (learners.UCB, True),
-            "thompson": (learners.THOMPSON, False), "flat-thompson": (learners.THOMPSON, True)}
+# name: (index, flat, sharing rule of canopy.sharing)
+LEARNERS = {"regional": (kernels.UCB, False, "test"),
+            "regional-anytime": (kernels.UCB, False, "anytime"),
+            "regional-backoff": (kernels.UCB, False, "backoff"),
+            "flat": (kernels.UCB, True, "test"),
+            "thompson": (kernels.THOMPSON, False, "test"),
+            "flat-thompson": (kernels.THOMPSON, True, "test")}
 REFERENCES = ("random", "category-oracle", "query-oracle")
 
 
@@ -115,18 +120,20 @@ class ReplayResult:
 
 
 def _choices(router: str, outcomes: Outcomes, lam: float, order: np.ndarray,
-             chains: np.ndarray, seed: int, kappa: float, explore: float) -> np.ndarray:
+             chains: np.ndarray, seed: int, kappa: float, explore: float,
+             delta: float) -> np.ndarray:
     n, k = outcomes.n_queries, outcomes.n_models
     if router in LEARNERS:
-        kind, flat = LEARNERS[router]
+        kind, flat, sharing = LEARNERS[router]
         n_nodes = 1 if flat else int(chains.max()) + 1
         z = (np.random.default_rng([seed, 1]).standard_normal((n, k))
-             if kind == learners.THOMPSON else np.zeros((1, k)))
+             if kind == kernels.THOMPSON else np.zeros((n, k)))
         use = np.zeros((n, 1), dtype=np.int64) if flat else chains[order]
-        z = z if kind == learners.THOMPSON else np.zeros((n, k))
-        return learners.replay_learner(np.zeros((n_nodes, k, 3)), use,
-                                       outcomes.quality[order], outcomes.cost[order], lam,
-                                       kind, kappa, explore, z)
+        rule = sharing_rule(sharing, delta=delta, kappa=kappa, arms=k,
+                            value_range=1.0 + lam * float(outcomes.cost.max()))
+        return kernels.replay_learner(np.zeros((n_nodes, k, 3)), use,
+                                      outcomes.quality[order], outcomes.cost[order], lam,
+                                      kind, rule, explore, z)
     if router == "random":
         return np.random.default_rng([seed, 2]).integers(k, size=n)
     if router == "category-oracle":
@@ -144,8 +151,10 @@ def _choices(router: str, outcomes: Outcomes, lam: float, order: np.ndarray,
 
 def replay(outcomes: Outcomes, *, lambdas: Sequence[float] | np.ndarray | None = None,
            seeds: int | Sequence[int] = 10, routers: Sequence[str] | None = None,
-           kappa: float = 5.0, explore: float = 1.0, checkpoints: int = 100) -> ReplayResult:
-    """Replay every router at every lam over every seed's query order."""
+           kappa: float = 5.0, explore: float = 1.0, delta: float = 0.01,
+           checkpoints: int = 100) -> ReplayResult:
+    """Replay every router at every lam over every seed's query order (``kappa`` is the
+    back-off weight of ``regional-backoff``, ``delta`` the sharing test's level)."""
     lambdas = default_lambdas(outcomes) if lambdas is None else np.asarray(lambdas, float)
     if lambdas.ndim != 1 or lambdas.size == 0 or not np.all(np.isfinite(lambdas)) or \
             np.any(lambdas < 0):
@@ -174,7 +183,7 @@ def replay(outcomes: Outcomes, *, lambdas: Sequence[float] | np.ndarray | None =
             top = region_means[order, best[order]]
             for ri, name in enumerate(routers):
                 chosen = _choices(name, outcomes, float(lam), order, chains, seed, kappa,
-                                  explore)
+                                  explore, delta)
                 quality[ri, li, si] = outcomes.quality[order, chosen].mean()
                 cost[ri, li, si] = outcomes.cost[order, chosen].mean()
                 gaps = np.cumsum(top - region_means[order[rows], chosen])

@@ -9,7 +9,8 @@ import typer
 from rich.console import Console
 
 from canopy.apps.search.budget import check_budgets
-from canopy.apps.search.report import (
+from canopy.plotting import announce_plot
+from canopy.reporting import (
     BaseUrl,
     CacheDir,
     Json,
@@ -25,7 +26,6 @@ from canopy.apps.search.report import (
     print_table,
     progress_bar,
 )
-from canopy.plotting import announce_plot
 
 __all__ = ["register", "search_app"]
 

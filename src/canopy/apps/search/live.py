@@ -43,7 +43,7 @@ from canopy.apps.search.gsm8k import (
     render_prompt,
 )
 from canopy.apps.search.guided import value_guided
-from canopy.apps.search.intervals import bootstrap_mean, paired_bootstrap
+from canopy.bootstrap import bootstrap_mean, paired_bootstrap
 from canopy.llm.client import LLMClient, LLMError
 from canopy.problem import Ledger
 

@@ -38,7 +38,7 @@ import numpy as np
 from scipy.stats import binom
 
 from canopy.apps.search.budget import check_budgets
-from canopy.apps.search.intervals import Interval, bootstrap_mean, paired_bootstrap
+from canopy.bootstrap import Interval, bootstrap_mean, paired_bootstrap
 from canopy.problem import Ledger
 
 __all__ = [

@@ -2,9 +2,9 @@
 bandit with trim levels as the arms and task categories as the regions, its per-category and
 per-item oracles.
 
-Trimming outcomes are routing :class:`~canopy.apps.routing.outcomes.Outcomes`: quality is
+Trimming outcomes are routing :class:`~canopy.regional.outcomes.Outcomes`: quality is
 correctness, cost is input tokens, so the reward is ``correct - lam * input_tokens``. The
-bandit is :class:`~canopy.apps.routing.routers.RegionalRouter` (UCB1-Tuned or Thompson per
+bandit is :class:`~canopy.regional.RegionalRouter` (UCB1-Tuned or Thompson per
 category, statistics backed off to the pool of all categories): items arrive in a seeded
 random order over all categories and it only ever sees the outcome of the level it played.
 """
@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from canopy.apps.routing.outcomes import Outcomes
-from canopy.apps.routing.routers import RegionalRouter, category_choices, query_choices
+from canopy.regional.outcomes import Outcomes, category_choices, query_choices
+from canopy.regional.router import RegionalRouter
 
 __all__ = ["BanditOutcome", "category_oracle", "oracle", "regional_bandit", "trim_outcomes"]
 
@@ -62,10 +62,13 @@ def trim_outcomes(categories: Sequence[object] | np.ndarray, correct: np.ndarray
 
 
 def regional_bandit(outcomes: Outcomes, *, lam: float, learner: str = "ucb",
-                    explore: float = 1.0, kappa: float = 5.0, n_orders: int = 20,
+                    explore: float = 1.0, sharing: str = "test", kappa: float = 5.0,
+                    n_orders: int = 20,
                     seed: int | np.random.Generator | None = 0) -> BanditOutcome:
     """Serve every item once with a fresh :class:`RegionalRouter` per random item order
-    (``n_orders`` orders); per item, the mean outcome of the levels it was served with."""
+    (``n_orders`` orders); per item, the mean outcome of the levels it was served with.
+    ``sharing`` is the router's rule between a task and the pool of all tasks
+    (:mod:`canopy.sharing`; ``kappa`` is the weight of ``"backoff"``)."""
     if n_orders < 1:
         raise ValueError(f"n_orders must be >= 1, got {n_orders}")
     rng = np.random.default_rng(seed)
@@ -75,7 +78,7 @@ def regional_bandit(outcomes: Outcomes, *, lam: float, learner: str = "ucb",
     plays = np.zeros((n_items, n_levels))
     for _ in range(n_orders):
         router = RegionalRouter(outcomes.models, lam=lam, regions=regions, learner=learner,
-                                kappa=kappa, explore=explore, seed=rng)
+                                sharing=sharing, kappa=kappa, explore=explore, seed=rng)
         for item in rng.permutation(n_items):
             region = outcomes.regions[item]
             level = outcomes.models.index(router.route(region))

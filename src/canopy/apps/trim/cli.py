@@ -8,7 +8,8 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from canopy.apps.search.report import (
+from canopy.plotting import announce_plot
+from canopy.reporting import (
     BaseUrl,
     CacheDir,
     Json,
@@ -23,7 +24,6 @@ from canopy.apps.search.report import (
     print_table,
     progress_bar,
 )
-from canopy.plotting import announce_plot
 
 __all__ = ["register", "trim_app"]
 
@@ -56,8 +56,13 @@ def run_command(
         "--learner", help="Regional learner: ucb or thompson.")] = "ucb",
     explore: Annotated[float, typer.Option(
         "--explore", help="UCB exploration constant (routing's explore).")] = 1.0,
+    sharing: Annotated[str, typer.Option(
+        "--sharing", help="How a task shares the pool of all tasks: test (until a test "
+        "separates them), anytime (a time-uniform test), or backoff (a fixed weight, "
+        "--kappa).")] = "test",
     kappa: Annotated[float, typer.Option(
-        "--kappa", help="Back-off weight of the pool of all tasks, in pseudo-items.")] = 5.0,
+        "--kappa", help="Back-off weight of the pool of all tasks, in pseudo-items "
+        "(--sharing backoff).")] = 5.0,
     seed: Seed = 0,
     cache_dir: CacheDir = None,
     timeout: Timeout = 120.0,
@@ -67,11 +72,11 @@ def run_command(
     """Collect every trim level's answer on BBH items, then compare the regional bandit
     with every fixed trim level (at matched tokens) and the per-task and per-item oracles."""
     from canopy import data
-    from canopy.apps.routing.routers import RegionalRouter
     from canopy.apps.trim.bbh import load_task
     from canopy.apps.trim.run import collect, summarise
     from canopy.apps.trim.trimmers import default_levels
     from canopy.llm.local import LocalServerError, open_endpoint
+    from canopy.regional.router import RegionalRouter
 
     console = Console(stderr=True)
     try:
@@ -83,7 +88,8 @@ def run_command(
         if orders < 1:
             raise ValueError(f"--orders must be >= 1, got {orders}")
         # the bandit's settings are checked before any call is spent
-        RegionalRouter(["check"], lam=lam, learner=learner, explore=explore, kappa=kappa)
+        RegionalRouter(["check"], lam=lam, learner=learner, explore=explore, sharing=sharing,
+                       kappa=kappa)
         folder = data.path("bbh")
         loaded = {name: load_task(folder, name, n=n, offset=offset) for name in names}
         levels = default_levels(budget_tokens=budget_tokens)
@@ -94,8 +100,8 @@ def run_command(
                 run = collect(client, loaded, levels, max_tokens=max_tokens, progress=update)
             usage = client.usage
             requests = server.request_count if server is not None else None
-        rows = summarise(run, lam=lam, learner=learner, explore=explore, kappa=kappa,
-                         n_orders=orders, seed=seed)
+        rows = summarise(run, lam=lam, learner=learner, explore=explore, sharing=sharing,
+                         kappa=kappa, n_orders=orders, seed=seed)
     except (ValueError, FileNotFoundError, LocalServerError) as error:
         raise cli_error(error) from None
     if run.error is not None:
@@ -106,7 +112,8 @@ def run_command(
                       xlabel="mean input tokens per item")
         announce_plot(plot)
     meta = {"items": run.completed, "requested": len(run.items), "error": run.error,
-            "lam": lam, "learner": learner, "explore": explore, "kappa": kappa,
+            "lam": lam, "learner": learner, "explore": explore, "sharing": sharing,
+            "kappa": kappa,
             "http_calls": usage.calls,
             "cache_hits": usage.cache_hits, "server_requests": requests}
     if as_json:

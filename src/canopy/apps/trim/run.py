@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from canopy.apps.search.intervals import bootstrap_mean, paired_bootstrap
 from canopy.apps.trim.bandit import category_oracle, oracle, regional_bandit, trim_outcomes
 from canopy.apps.trim.bbh import FewShotPrompt, Item, grade
 from canopy.apps.trim.trimmers import TrimLevel, approx_tokens, render_query
+from canopy.bootstrap import bootstrap_mean, paired_bootstrap
 from canopy.llm.client import LLMClient, LLMError
 
 __all__ = ["TrimRun", "collect", "summarise"]
@@ -86,7 +86,7 @@ def collect(client: LLMClient, tasks: Mapping[str, tuple[FewShotPrompt, Sequence
 
 
 def summarise(run: TrimRun, *, lam: float = 2e-4, learner: str = "ucb", explore: float = 1.0,
-              kappa: float = 5.0, n_orders: int = 20, seed: int = 0,
+              sharing: str = "test", kappa: float = 5.0, n_orders: int = 20, seed: int = 0,
               n_resamples: int = 2000) -> list[dict[str, object]]:
     """One row per policy (the adaptive regional bandit, every fixed level, the per-task and
     per-item oracles): accuracy with a bootstrap interval over items, mean achieved and
@@ -100,7 +100,7 @@ def summarise(run: TrimRun, *, lam: float = 2e-4, learner: str = "ucb", explore:
     outcomes = trim_outcomes([item.task for item in run.items[done]], correct, tokens,
                              levels=[level.name for level in run.levels])
     adaptive = regional_bandit(outcomes, lam=lam, learner=learner, explore=explore,
-                               kappa=kappa, n_orders=n_orders, seed=seed)
+                               sharing=sharing, kappa=kappa, n_orders=n_orders, seed=seed)
     adaptive_name = f"adaptive (regional {learner})"
     policies: list[tuple[str, np.ndarray, np.ndarray, object, float | None]] = [
         (adaptive_name, adaptive.correct, adaptive.tokens, None, None)]

@@ -1,9 +1,13 @@
-"""Region tree for routing: task categories as a tree of ``/``-separated paths.
+"""Region tree: task categories as a tree of ``/``-separated paths.
 
 A region path such as ``"stem/physics"`` names a node; every prefix (``"stem"``) is its
 parent region and the empty path is the root (the whole pool). Queries may sit at any node.
-The learners back their per-region statistics off along this tree (paper Section 5,
-"Routing": the depth-one or shallow case of the tree bandit).
+The regional learners share statistics along this tree (paper Section 5, "Routing": the
+depth-one or shallow case of the tree bandit).
+
+Paths are bounded (:data:`MAX_DEPTH` levels, :data:`MAX_LENGTH` characters): a region is a
+client-supplied string in the proxy, and every node costs memory in every learner. Insertion
+and the ancestor table are linear in the number of nodes.
 """
 
 from __future__ import annotations
@@ -12,14 +16,27 @@ from collections.abc import Iterable
 
 import numpy as np
 
-__all__ = ["RegionTree", "normalize_region"]
+__all__ = ["MAX_DEPTH", "MAX_LENGTH", "RegionTree", "normalize_region"]
+
+MAX_DEPTH = 16
+MAX_LENGTH = 256
 
 
 def normalize_region(region: str) -> str:
-    """``" STEM//physics/ "`` -> ``"STEM/physics"``; refuses a non-string."""
+    """``" STEM//physics/ "`` -> ``"STEM/physics"``; refuses a non-string, and a path deeper
+    than :data:`MAX_DEPTH` levels or longer than :data:`MAX_LENGTH` characters."""
     if not isinstance(region, str):
-        raise TypeError(f"region must be a string path such as 'stem/physics', got {region!r}")
-    return "/".join(part.strip() for part in region.split("/") if part.strip())
+        raise TypeError(f"region must be a string path such as 'stem/physics', got "
+                        f"{type(region).__name__}")
+    if len(region) > 4 * MAX_LENGTH:  # do not even split an absurd string
+        raise ValueError(f"region path has {len(region)} characters; at most {MAX_LENGTH}")
+    parts = [part.strip() for part in region.split("/") if part.strip()]
+    path = "/".join(parts)
+    if len(parts) > MAX_DEPTH:
+        raise ValueError(f"region path has {len(parts)} levels; at most {MAX_DEPTH}")
+    if len(path) > MAX_LENGTH:
+        raise ValueError(f"region path has {len(path)} characters; at most {MAX_LENGTH}")
+    return path
 
 
 class RegionTree:
@@ -34,6 +51,7 @@ class RegionTree:
         self._paths: list[str] = [""]
         self._parent: list[int] = [-1]
         self._depth: list[int] = [0]
+        self._chains: list[tuple[int, ...]] = [(0,)]
         for region in regions:
             self.add(region)
 
@@ -54,6 +72,7 @@ class RegionTree:
                 self._paths.append(prefix)
                 self._parent.append(node)
                 self._depth.append(end)
+                self._chains.append((*self._chains[node], child))
             node = child
         return node
 
@@ -92,16 +111,16 @@ class RegionTree:
     def max_depth(self) -> int:
         return max(self._depth)
 
-    def ancestors(self) -> np.ndarray:
-        """``(n_nodes, max_depth + 1)`` int64: root-to-node chains padded with ``-1``."""
-        table = np.full((self.n_nodes, self.max_depth + 1), -1, dtype=np.int64)
-        for node in range(self.n_nodes):
-            chain = []
-            walk = node
-            while walk >= 0:
-                chain.append(walk)
-                walk = self._parent[walk]
-            table[node, :len(chain)] = chain[::-1]
+    def chain(self, node: int) -> tuple[int, ...]:
+        """Nodes from the root down to ``node``."""
+        return self._chains[node]
+
+    def ancestors(self, start: int = 0) -> np.ndarray:
+        """``(n_nodes - start, MAX_DEPTH + 1)`` int64: root-to-node chains of the nodes from
+        ``start`` on, padded with ``-1``."""
+        table = np.full((self.n_nodes - start, MAX_DEPTH + 1), -1, dtype=np.int64)
+        for row, chain in enumerate(self._chains[start:]):
+            table[row, :len(chain)] = chain
         return table
 
     def __contains__(self, region: object) -> bool:

@@ -1,13 +1,14 @@
 """Numba kernels of the regional learners: per-(region, model) running moments pushed along
-the region's root-to-node chain, estimates that back off to the parent region and, at the
-root, to the whole pool, and the UCB and Thompson indices built on them.
+the region's root-to-node chain, estimates that share the parent region's statistics (and,
+at the root, the whole pool's), and the UCB and Thompson indices built on them.
 
-Back-off (hierarchical shrinkage). Walking the chain from the root down, a node's estimate
-for a model merges its own moments with the parent's estimate taken as a pseudo-sample of
-``w = min(kappa, n_eff(parent))`` observations (Chan's merge), so a region with little data
-leans on its parent and a region with much data on itself. The parent's estimate leaves out
-the data of the child on the chain, so nothing is counted twice. The effective count
-``n_eff = n + w`` enters the confidence radius: this is the data the region borrows.
+Sharing. Walking the chain from the root down, a node's estimate for a model merges its own
+moments with the parent's estimate taken as a pseudo-sample of ``w`` observations (Chan's
+merge), ``w`` given by the sharing rule (:func:`canopy.sharing.prior_weight`): all of the
+parent's until a test shows the node differs (then none), or the fixed back-off weight
+``min(kappa, n_eff(parent))``. The parent's estimate leaves out the data of the child on the
+chain, so nothing is counted twice. The effective count ``n_eff = n + w`` enters the
+confidence radius: this is the data the region borrows.
 
 Indices, for rewards ``r = quality - lambda * cost``. The reward has no useful a-priori
 range (a per-query cost can be many times its mean), so both indices scale with the
@@ -28,6 +29,8 @@ import math
 
 import numba
 import numpy as np
+
+from canopy.sharing import prior_weights
 
 UCB = 0
 THOMPSON = 1
@@ -50,22 +53,25 @@ def push(stats: np.ndarray, chain: np.ndarray, model: int, reward: float) -> Non
 
 
 @numba.njit(cache=True)
-def backoff(stats: np.ndarray, chain: np.ndarray, kappa: float, out: np.ndarray) -> None:
+def share(stats: np.ndarray, chain: np.ndarray, rule: np.ndarray, out: np.ndarray) -> None:
     """``out[m] = (n_eff, mean, variance)`` of each model at the chain's last node.
 
     At each ancestor the data of the child on the chain is taken out first (reverse Chan
-    merge), so a region's prior is its siblings' data, backed off further up: a region's own
-    observations are never counted twice."""
+    merge), so a region's prior is its siblings' data, shared further up: a region's own
+    observations are never counted twice. ``out`` carries the running prior (``m2`` in
+    place of the variance) down the chain."""
     k = stats.shape[1]
     depth = 0
     while depth < chain.size and chain[depth] >= 0:
         depth += 1
-    for m in range(k):
-        eff = 0.0
-        mean = 0.0
-        m2 = 0.0
-        for j in range(depth):
-            v = chain[j]
+    out[:] = 0.0
+    own = np.empty((k, 3))  # (n, mean, m2) of the node's own data
+    moments = np.empty((k, 3))  # (n, mean, variance) for the test: own, then prior
+    prior = np.empty((k, 3))
+    weight = np.empty(k)
+    for j in range(depth):
+        v = chain[j]
+        for m in range(k):
             n, own_mean, own_m2 = stats[v, m, COUNT], stats[v, m, MEAN], stats[v, m, M2]
             if j + 1 < depth:  # take the child's data out of this ancestor's
                 c = chain[j + 1]
@@ -78,24 +84,32 @@ def backoff(stats: np.ndarray, chain: np.ndarray, kappa: float, out: np.ndarray)
                     n, own_mean = rest, rest_mean
                 else:
                     n, own_mean, own_m2 = 0.0, 0.0, 0.0
-            w = min(kappa, eff)
+            own[m, 0], own[m, 1], own[m, 2] = n, own_mean, own_m2
+            moments[m, 0], moments[m, 1] = n, own_mean
+            moments[m, 2] = own_m2 / n if n > 0.0 else 0.0
+            eff = out[m, 0]
+            prior[m, 0], prior[m, 1] = eff, out[m, 1]
+            prior[m, 2] = out[m, 2] / eff if eff > 0.0 else 0.0
+        prior_weights(moments, prior, rule, weight)
+        for m in range(k):
+            n, own_mean, own_m2 = own[m, 0], own[m, 1], own[m, 2]
+            eff, mean, m2, w = out[m, 0], out[m, 1], out[m, 2], weight[m]
             prior_m2 = m2 * (w / eff) if eff > 0.0 else 0.0
             total = n + w
             if total > 0.0:
                 delta = own_mean - mean
-                mean = mean + delta * (n / total)
-                m2 = own_m2 + prior_m2 + delta * delta * (n * w / total)
-            eff = total
-        out[m, 0] = eff
-        out[m, 1] = mean
-        out[m, 2] = m2 / eff if eff > 0.0 else 0.0
+                out[m, 1] = mean + delta * (n / total)
+                out[m, 2] = own_m2 + prior_m2 + delta * delta * (n * w / total)
+            out[m, 0] = total
+    for m in range(k):
+        out[m, 2] = out[m, 2] / out[m, 0] if out[m, 0] > 0.0 else 0.0
 
 
 @numba.njit(cache=True)
-def scores(stats: np.ndarray, chain: np.ndarray, kind: int, kappa: float, explore: float,
-           z: np.ndarray, est: np.ndarray, out: np.ndarray) -> None:
+def scores(stats: np.ndarray, chain: np.ndarray, kind: int, rule: np.ndarray,
+           explore: float, z: np.ndarray, est: np.ndarray, out: np.ndarray) -> None:
     """Index of every model at the chain's last node into ``out`` (``est`` is scratch)."""
-    backoff(stats, chain, kappa, est)
+    share(stats, chain, rule, est)
     k = stats.shape[1]
     t = 0.0
     for m in range(k):
@@ -115,8 +129,8 @@ def scores(stats: np.ndarray, chain: np.ndarray, kind: int, kappa: float, explor
 
 @numba.njit(cache=True)
 def replay_learner(stats: np.ndarray, chains: np.ndarray, quality: np.ndarray,
-                   cost: np.ndarray, lam: float, kind: int, kappa: float, explore: float,
-                   z: np.ndarray) -> np.ndarray:
+                   cost: np.ndarray, lam: float, kind: int, rule: np.ndarray,
+                   explore: float, z: np.ndarray) -> np.ndarray:
     """Bandit replay: query ``i`` (in the given order) at ``chains[i]``; the learner sees only
     the chosen model's outcome. Returns the chosen model per query."""
     n, k = quality.shape
@@ -124,7 +138,7 @@ def replay_learner(stats: np.ndarray, chains: np.ndarray, quality: np.ndarray,
     index = np.empty(k)
     choices = np.empty(n, dtype=np.int64)
     for i in range(n):
-        scores(stats, chains[i], kind, kappa, explore, z[i], est, index)
+        scores(stats, chains[i], kind, rule, explore, z[i], est, index)
         best = 0
         for m in range(1, k):
             if index[m] > index[best]:

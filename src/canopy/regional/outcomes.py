@@ -1,5 +1,6 @@
 """Logged per-query outcomes: every model's quality and cost on every query, with the
-query's region. The common form all routing data loaders return."""
+query's region. The common form all routing and trimming data take, and the hindsight
+choices (per region, per query) their oracles and regret are measured against."""
 
 from __future__ import annotations
 
@@ -7,9 +8,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from canopy.apps.routing.regions import RegionTree, normalize_region
+from canopy.regional.regions import RegionTree, normalize_region
+from canopy.regional.router import check_lam
 
-__all__ = ["Outcomes"]
+__all__ = ["Outcomes", "category_choices", "query_choices"]
 
 
 @dataclass(frozen=True)
@@ -98,3 +100,28 @@ class Outcomes:
                 "regions": len(set(self.regions)),
                 "mean_quality": dict(zip(self.models, self.quality.mean(0).tolist(), strict=True)),
                 "mean_cost": dict(zip(self.models, self.cost.mean(0).tolist(), strict=True))}
+
+
+def category_choices(outcomes: Outcomes, lam: float) -> tuple[np.ndarray, np.ndarray]:
+    """Per-category oracle: ``(best model per query, region means of the reward)``.
+
+    The best model of a region maximises the mean of ``quality - lam * cost`` over the
+    region's queries (ties to the cheaper, then the lower index)."""
+    _, nodes = outcomes.region_tree()
+    reward = outcomes.reward(check_lam(lam))
+    n_nodes = int(nodes.max()) + 1
+    sums = np.zeros((n_nodes, outcomes.n_models))
+    np.add.at(sums, nodes, reward)
+    counts = np.bincount(nodes, minlength=n_nodes)[:, None]
+    means = np.divide(sums, counts, out=np.full_like(sums, -np.inf), where=counts > 0)
+    cost_sums = np.zeros_like(sums)
+    np.add.at(cost_sums, nodes, outcomes.cost)
+    best = np.lexsort((cost_sums.T, -means.T), axis=0)[0] if outcomes.n_models > 1 else \
+        np.zeros(n_nodes, dtype=np.int64)
+    return best[nodes], means[nodes]
+
+
+def query_choices(outcomes: Outcomes, lam: float) -> np.ndarray:
+    """Per-query oracle: the best model of each query (ties to the cheaper)."""
+    reward = outcomes.reward(check_lam(lam))
+    return np.lexsort((outcomes.cost.T, -reward.T), axis=0)[0]

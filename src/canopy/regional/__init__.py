@@ -1,0 +1,23 @@
+"""Regional learners: the depth-one (or shallow) tree bandit over a tree of task regions,
+sharing statistics between a region and its parent by a test (:mod:`canopy.sharing`). Model
+routing and prompt trimming are built on it (paper Section 5)."""
+
+from canopy._lazy import lazy_exports
+
+_EXPORTS = {
+    "Outcomes": "canopy.regional.outcomes",
+    "category_choices": "canopy.regional.outcomes",
+    "query_choices": "canopy.regional.outcomes",
+    "MAX_DEPTH": "canopy.regional.regions",
+    "MAX_LENGTH": "canopy.regional.regions",
+    "RegionTree": "canopy.regional.regions",
+    "normalize_region": "canopy.regional.regions",
+    "FlatRouter": "canopy.regional.router",
+    "RegionalRouter": "canopy.regional.router",
+    "Router": "canopy.regional.router",
+    "ThompsonRouter": "canopy.regional.router",
+}
+
+__all__ = sorted(_EXPORTS)
+
+lazy_exports(__name__, _EXPORTS)

@@ -1,0 +1,230 @@
+"""Regional learners on the router interface: ``route(region) -> model`` and
+``update(region, model, quality, cost)`` (paper Section 5, "Routing": regions are task
+categories, arms are models, reward is ``quality - lam * cost``). They are the depth-one (or
+shallow) tree bandit, used by routing and trimming alike.
+
+* :class:`RegionalRouter` - a learner per region that shares its parent region's statistics
+  until a test shows it differs (:mod:`canopy.sharing`; ``sharing="backoff"`` keeps the fixed
+  prior weight), on a region tree of bounded depth; ``learner="ucb"`` or ``"thompson"``.
+* :class:`FlatRouter` - the same learner with a single region (the structure-blind baseline).
+* :class:`ThompsonRouter` - the regional router with Thompson sampling.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable, Sequence
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+from canopy import sharing as sharing_module
+from canopy.regional import kernels
+from canopy.regional.regions import RegionTree
+from canopy.stats import check_observation
+
+__all__ = [
+    "FlatRouter",
+    "RegionalRouter",
+    "Router",
+    "ThompsonRouter",
+    "check_feedback",
+    "check_lam",
+    "check_models",
+]
+
+
+@runtime_checkable
+class Router(Protocol):
+    """What every router offers."""
+
+    models: tuple[str, ...]
+
+    def route(self, region: str, *, query: Hashable | None = None) -> str: ...
+
+    def update(self, region: str, model: str, quality: float, cost: float) -> None: ...
+
+
+def check_models(models: Sequence[str]) -> tuple[str, ...]:
+    if isinstance(models, str) or not all(isinstance(m, str) and m for m in models):
+        raise TypeError(f"models must be a sequence of non-empty names, got {models!r}")
+    models = tuple(models)
+    if not models:
+        raise ValueError("models is empty")
+    if len(set(models)) != len(models):
+        raise ValueError(f"models has repeated names: {models}")
+    return models
+
+
+def check_lam(lam: float) -> float:
+    if not isinstance(lam, (int, float)) or not math.isfinite(lam) or lam < 0:
+        raise ValueError(f"lam must be a finite number >= 0, got {lam!r}")
+    return float(lam)
+
+
+def check_feedback(models: Sequence[str], model: str, quality: float, cost: float
+                   ) -> tuple[int, float, float]:
+    """Validate one outcome: known model, quality in [0, 1], finite cost >= 0."""
+    if model not in models:
+        raise KeyError(f"unknown model {model!r}; known: {', '.join(models)}")
+    quality = check_observation(quality, 0.0, 1.0)
+    cost = check_observation(cost, 0.0)
+    return models.index(model), quality, cost
+
+
+class _Learner:
+    """Shared state of the learning routers: a region tree and per-node moments."""
+
+    _kind: int
+
+    def __init__(self, models: Sequence[str], *, lam: float = 0.0,
+                 regions: Sequence[str] = (), sharing: str = "test", delta: float = 0.01,
+                 kappa: float = 5.0, explore: float = 1.0,
+                 seed: int | np.random.Generator | None = 0) -> None:
+        self.models = check_models(models)
+        self.lam = check_lam(lam)
+        self._rule = sharing_module.sharing_rule(sharing, delta=delta, kappa=kappa,
+                                                 arms=len(self.models))
+        if not isinstance(explore, (int, float)) or not math.isfinite(explore) or explore < 0:
+            raise ValueError(f"explore must be finite and >= 0, got {explore!r}")
+        self.sharing, self.delta, self.kappa = sharing, float(delta), float(kappa)
+        self.explore = float(explore)
+        self.rng = np.random.default_rng(seed)
+        self.regions = RegionTree()
+        self._set_tables(np.zeros((1, len(self.models), 3)))
+        self._cost_max = 0.0
+        for region in regions:
+            self._node(region)
+
+    # -- regions -----------------------------------------------------------------------
+    def _set_tables(self, stats: np.ndarray) -> None:
+        """Per-node moments and root-to-node chains, as views of arrays with room to grow."""
+        self._room, self._chain_room = stats, self.regions.ancestors()
+        self._stats, self._chains = self._room, self._chain_room
+
+    def _node(self, region: str) -> int:
+        node = self.regions.add(region)
+        have = self._stats.shape[0]
+        if self.regions.n_nodes > have:  # new nodes: room doubles, so growth is linear
+            n = self.regions.n_nodes
+            if n > self._room.shape[0]:
+                room = np.zeros((2 * n, *self._stats.shape[1:]))
+                room[:have] = self._stats
+                chains = np.full((2 * n, self._chains.shape[1]), -1, dtype=np.int64)
+                chains[:have] = self._chains
+                self._room, self._chain_room = room, chains
+            self._chain_room[have:n] = self.regions.ancestors(have)
+            self._stats, self._chains = self._room[:n], self._chain_room[:n]
+        return node
+
+    def chain(self, region: str) -> np.ndarray:
+        """Root-to-region node chain (padded with -1) as the kernels read it."""
+        node = self._node(region)
+        return self._chains[node]
+
+    # -- learning ------------------------------------------------------------------------
+    def _observe_cost(self, cost: float) -> None:
+        """The anytime test needs the rewards' range, ``1 + lam * (largest cost seen)``."""
+        if cost > self._cost_max:
+            self._cost_max = cost
+            self._rule[sharing_module.RANGE] = 1.0 + self.lam * cost
+
+    def scores(self, region: str) -> np.ndarray:
+        """Each model's index in ``region`` (higher is routed first)."""
+        k = len(self.models)
+        z = self.rng.standard_normal(k) if self._kind == kernels.THOMPSON else np.zeros(k)
+        out = np.empty(k)
+        chain = self.chain(region)  # may grow the statistics: take it first
+        kernels.scores(self._stats, chain, self._kind, self._rule, self.explore, z,
+                       np.empty((k, 3)), out)
+        return out
+
+    def ranking(self, region: str) -> list[str]:
+        """Models from best to worst index (the fallback order of the proxy)."""
+        order = np.argsort(-self.scores(region), kind="stable")
+        return [self.models[int(m)] for m in order]
+
+    def route(self, region: str, *, query: Hashable | None = None) -> str:
+        return self.ranking(region)[0]
+
+    def update(self, region: str, model: str, quality: float, cost: float) -> None:
+        index, quality, cost = check_feedback(self.models, model, quality, cost)
+        chain = self.chain(region)  # may grow the statistics: take it first
+        self._observe_cost(cost)
+        kernels.push(self._stats, chain, index, quality - self.lam * cost)
+
+    def estimates(self) -> list[dict[str, object]]:
+        """Per (region, model): own count and mean reward, and the shared estimate with the
+        effective count it rests on."""
+        rows = []
+        est = np.empty((len(self.models), 3))
+        for node, path in enumerate(self.regions.paths):
+            kernels.share(self._stats, self._chains[node], self._rule, est)
+            for m, model in enumerate(self.models):
+                count, mean, _ = self._stats[node, m]
+                rows.append({"region": path or "/", "model": model, "count": int(count),
+                             "mean_reward": float(mean), "effective_count": float(est[m, 0]),
+                             "estimate": float(est[m, 1])})
+        return rows
+
+    # -- persistence ---------------------------------------------------------------------
+    def state(self) -> dict[str, object]:
+        """Everything learned, as plain data (region paths, moments, largest cost seen)."""
+        return {"models": list(self.models), "lam": self.lam,
+                "regions": list(self.regions.paths), "stats": self._stats.tolist(),
+                "cost_max": self._cost_max}
+
+    def load_state(self, state: dict[str, object]) -> None:
+        """Restore :meth:`state` output; refuses a state for other models or another lam."""
+        if list(state["models"]) != list(self.models):
+            raise ValueError(f"saved state is for models {state['models']}, not {self.models}")
+        if float(state["lam"]) != self.lam:
+            raise ValueError(f"saved state is for lam={state['lam']}, not {self.lam}")
+        stats = np.asarray(state["stats"], dtype=float)
+        regions = list(state["regions"])
+        if stats.shape != (len(regions), len(self.models), 3):
+            raise ValueError(f"saved stats have shape {stats.shape}")
+        tree = RegionTree(regions)
+        if list(tree.paths) != regions:
+            raise ValueError("saved regions are not in tree order")
+        self.regions = tree
+        self._set_tables(stats.copy())
+        self._observe_cost(check_observation(float(state.get("cost_max", 0.0)), 0.0))
+
+
+class RegionalRouter(_Learner):
+    """Regional learner (UCB1-Tuned by default) sharing statistics along the region tree.
+
+    ``sharing`` is the rule of :mod:`canopy.sharing`: ``"test"`` (default; a region is its
+    parent's pool until a level-``delta`` test per look separates them), ``"anytime"`` (a
+    time-uniform test: its level holds over the whole run, it splits much later) or
+    ``"backoff"`` (the fixed prior weight ``kappa``, for comparison)."""
+
+    def __init__(self, models: Sequence[str], *, lam: float = 0.0,
+                 regions: Sequence[str] = (), learner: str = "ucb", sharing: str = "anytime",
+                 delta: float = 0.05, kappa: float = 5.0, explore: float = 1.0,
+                 seed: int | np.random.Generator | None = 0) -> None:
+        kinds = {"ucb": kernels.UCB, "thompson": kernels.THOMPSON}
+        if learner not in kinds:
+            raise ValueError(f"learner must be one of {sorted(kinds)}, got {learner!r}")
+        self._kind = kinds[learner]
+        self.learner = learner
+        super().__init__(models, lam=lam, regions=regions, sharing=sharing, delta=delta,
+                         kappa=kappa, explore=explore, seed=seed)
+
+
+class ThompsonRouter(RegionalRouter):
+    """The regional router with Gaussian Thompson sampling as its learner."""
+
+    def __init__(self, models: Sequence[str], *, lam: float = 0.0,
+                 regions: Sequence[str] = (), sharing: str = "test", delta: float = 0.01,
+                 kappa: float = 5.0, seed: int | np.random.Generator | None = 0) -> None:
+        super().__init__(models, lam=lam, regions=regions, learner="thompson",
+                         sharing=sharing, delta=delta, kappa=kappa, seed=seed)
+
+
+class FlatRouter(RegionalRouter):
+    """The same learner with one region: every query is routed from the pool's statistics."""
+
+    def chain(self, region: str) -> np.ndarray:
+        return self._chains[0]
