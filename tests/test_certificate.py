@@ -70,10 +70,11 @@ def test_incremental_equals_batch(n):
 def test_result_exposes_minimiser_and_mean_lower_bound():
     rng = np.random.default_rng(0)
     probes = 0.5 + SIGMA * rng.standard_normal(1000)
-    result = certify(probes, 8, SIGMA)
+    result = certify(probes, 8, SIGMA, method="paper")
     assert result.bound == result.bounds.min()
     assert result.lam == result.lambdas[np.argmin(result.bounds)]
     assert result.mean_lower < result.mean
+    assert certify(probes[:1], 8, SIGMA, method="paper").bound == np.inf
     assert certify(probes[:1], 8, SIGMA).bound == np.inf
 
 
