@@ -601,7 +601,9 @@ class RunningCertificate:
                            mean_lower=float(mean_lower) * w + low, mean=float(mean_x) * w + low,
                            variance=float(var_x) * w * w, n=int(n), bounds=bounds * w,
                            lambdas=self.lambdas, sigma=self.sigma, z=float(self.z),
-                           method="paper", best_upper=float(bounds[best] + mean_lower) * w + low,
+                           method="paper",
+                           best_upper=(float(bounds[best] + mean_lower) * w + low if n >= 2
+                                       else math.inf),
                            value_range=self.value_range)
 
     def certificate(self) -> Certificate:
