@@ -189,7 +189,8 @@ class CertifiedTree:
         """Add one observation of ``node`` (a probe, or an evaluation if it is a leaf)."""
         node = self.tree.check_node(node)
         x = (_check_value(value) - self.low) / self.width
-        state = self._states[self._row(node)]
+        row = self._row(node)  # may grow the states array
+        state = self._states[row]
         sharp_push(state, x, self.push_setup)
         self._own[node] = own_bounds(state, self.setup, math.log(self.tree.n_leaves_under(node)))
         refresh_path(node, self._own, self._up, self._low, *self._tree_arrays)
