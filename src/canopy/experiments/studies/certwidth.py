@@ -14,12 +14,17 @@ median of ``bound - true bias`` (the width). Shapes, all in [0, 1]:
 - ``uniform``: leaf means drawn uniformly from [0, 1].
 
 ``seeds`` plays no role beyond seeding (one seed is the whole table); the trials are the
-Monte Carlo.
+Monte Carlo. ``canopy run certificate`` runs it; ``python -m
+canopy.experiments.studies.certwidth DIR/certificate/results.json`` prints the width table
+(one block per shape: rows m, columns n, cells ``paper / betting / order / sharp``) and the
+lowest coverage of each method.
 """
 
 from __future__ import annotations
 
 import math
+import json
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -156,5 +161,40 @@ STUDY = Study(
     cells=cells,
     run_cell=run_cell,
     headlines=headlines,
-    panels=(Panel("median width", "n", log_x=True, title="median bound - true bias"),),
+    panels=(Panel("median width", "n", log_x=True, title="median bound - true bias, m = 16",
+                  methods=tuple(f"{m} / {s} / m=16" for m in METHODS
+                                for s in ("flat", "one-spike"))),),
 )
+
+
+def width_table(rows: Sequence[Row] | Sequence[dict[str, Any]]) -> str:
+    """Markdown width tables (median bound minus true bias) and each method's lowest
+    coverage, from the study's rows (:class:`Row` s or their ``results.json`` dicts)."""
+    table: dict[tuple[str, str, int, float], float] = {}
+    lowest: dict[str, float] = {}
+    for row in rows:
+        item = row if isinstance(row, dict) else row.__dict__
+        method, shape, m = item["method"].split(" / ")
+        key = (method, shape, int(m[2:]), float(item["x"]))
+        if item["metric"] == "median width":
+            table[key] = item["mean"]
+        elif item["metric"] == "coverage":
+            lowest[method] = min(lowest.get(method, 1.0), item["mean"])
+    methods = [m for m in METHODS if m in lowest]
+    ns = sorted({k[3] for k in table})
+    out = []
+    for shape in [s for s in SHAPES if any(k[1] == s for k in table)]:
+        out += [f"**{shape}** (cells: {' / '.join(methods)})", "",
+                "| m | " + " | ".join(f"n={n:g}" for n in ns) + " |",
+                "|---|" + "---|" * len(ns)]
+        for m in sorted({k[2] for k in table if k[1] == shape}):
+            cells = [" / ".join(f"{table.get((meth, shape, m, n), math.nan):.2f}"
+                                for meth in methods) for n in ns]
+            out.append(f"| {m} | " + " | ".join(cells) + " |")
+        out.append("")
+    out.append("lowest coverage: " + ", ".join(f"{m} {lowest[m]:.4f}" for m in methods))
+    return "\n".join(out)
+
+
+if __name__ == "__main__":  # pragma: no cover - a reporting entry point
+    print(width_table(json.loads(open(sys.argv[1]).read())["rows"]))
