@@ -22,8 +22,8 @@ lowest coverage of each method.
 
 from __future__ import annotations
 
-import math
 import json
+import math
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
