@@ -112,3 +112,28 @@ def test_bad_observations_are_refused():
         ct.update_many([1, 2], [0.5])
     with pytest.raises(TypeError, match="Tree"):
         CertifiedTree("tree", SIGMA)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("policy_name", ["TopKSound", "TopKBeam"])
+def test_identification_policies_use_the_composed_certificate(policy_name):
+    from canopy import policies
+    from canopy.instances import tree_lipschitz
+    from canopy.run import run
+
+    covered = 0
+    for seed in range(4):
+        problem = tree_lipschitz(4, 3, sigma=SIGMA, probe_cost=0.05, seed=seed)
+        policy = getattr(policies, policy_name)(spread="certified", lipschitz=1.0, k=2)
+        run(policy, problem, budget=300.0, seed=seed, k=2)
+        tree = problem.spec.tree
+        bias = tree.subtree_max(problem.means) - tree.subtree_means(problem.means)
+        probed = np.flatnonzero(policy._node_n > 1)
+        assert probed.size > 5
+        bounds = policy._certified(probed)
+        assert np.all(bounds <= 1.0 + 1e-12)  # the value range caps every composed bound
+        covered += bool(np.all(bounds >= bias[probed] - 1e-12))
+    assert covered == 4
+    paper = getattr(policies, policy_name)(spread="certified", lipschitz=1.0,
+                                           certificate="paper")
+    run(paper, tree_lipschitz(4, 3, sigma=SIGMA, probe_cost=0.05, seed=0), budget=100.0, seed=0)
+    assert paper._ctree is None
