@@ -23,7 +23,7 @@ from canopy.tree import LazyTree, Tree
 
 VARIANTS = {
     "assumed": dict(spread="assumed"),
-    "certified": dict(spread="certified"),
+    "certified": dict(spread="certified", certificate="paper"),
     "hybrid": dict(spread="hybrid"),
     "estimated": dict(spread="estimated"),
     "always": dict(expand="always"),
@@ -63,8 +63,8 @@ def test_certified_at_or_below_too_tight_assumed_lipschitz():
     for seed in range(6):
         problem = heterogeneous_smoothness(4, 4, seed=seed)
         tight.append(regret_curve(OptimisticDescent(lipschitz=0.05), problem, n, seed)[0][-1])
-        certified.append(
-            regret_curve(OptimisticDescent(spread="certified"), problem, n, seed)[0][-1])
+        certified.append(regret_curve(OptimisticDescent(spread="certified", certificate="paper"),
+                                      problem, n, seed)[0][-1])
     assert np.mean(certified) <= np.mean(tight)
 
 
@@ -123,7 +123,7 @@ def test_refine_and_certified_store_fewer_nodes_than_full_resolution():
     n = 12_000
     rows = {}
     for name, kwargs in {"fixed": dict(expand="fixed", max_depth=4), "refine": {},
-                         "certified": dict(spread="certified")}.items():
+                         "certified": dict(spread="certified", certificate="paper")}.items():
         regrets, stored = [], []
         for seed in range(3):
             policy = OptimisticDescent(**kwargs)
@@ -136,6 +136,28 @@ def test_refine_and_certified_store_fewer_nodes_than_full_resolution():
         regret, stored = rows[name]
         assert stored < full_stored / 3
         assert regret < 1.1 * full_regret
+
+
+def test_composed_certified_spread_covers_every_explored_node_and_beats_uniform():
+    """The composed certificate (the default ``certificate="sharp"``): at the end of a run,
+    every explored node's spread is at least its true aggregation bias (delta 0.05 split over
+    the tree's nodes), and the play still beats uniform."""
+    n = 12_000
+    finals, uniform = [], []
+    for seed in range(3):
+        problem = tree_lipschitz(4, 4, seed=seed)
+        policy = OptimisticDescent(spread="certified")
+        curve, _ = regret_curve(policy, problem, n, seed)
+        finals.append(curve[-1])
+        uniform.append(n * (problem.mu_star - problem.value(0)))
+        tree = problem.spec.tree
+        bias = tree.subtree_max(problem.means) - tree.subtree_means(problem.means)
+        used = int(policy._ctl[ex.M_USED])
+        rows = np.flatnonzero(policy._fs[:used, ex.COUNT] >= 2)
+        assert rows.size > 20
+        nodes = policy._ist[rows, ex.NODE]
+        assert np.all(policy._fs[rows, ex.SPREAD] >= bias[nodes] - 1e-12)
+    assert np.mean(finals) < 0.95 * np.mean(uniform)
 
 
 def test_memory_bounded_on_infinite_depth():

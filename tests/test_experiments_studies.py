@@ -16,7 +16,8 @@ from canopy.experiments.studies.theorylink import near_optimality_dimension
 from canopy.problem import LeafMeans
 from canopy.tree import Tree
 
-SYNTHETIC = ("fidelity", "memory", "violations", "compression", "ablation", "theorylink")
+SYNTHETIC = ("fidelity", "memory", "violations", "compression", "ablation", "theorylink",
+             "certificate")
 
 TINY = {
     "fidelity": {"ratios": "0.05,1", "budgets": "150", "budget": "150"},
@@ -25,6 +26,8 @@ TINY = {
     "compression": {"horizons": "300,600"},
     "ablation": {"horizon": "600", "assumed": "0.1,1"},
     "theorylink": {"checkpoints": "100,200,400", "depth": "6"},
+    "certificate": {"leaves": "4,64", "probes": "16,256", "trials": "40",
+                    "methods": "paper,sharp", "shapes": "flat,one-spike"},
 }
 
 
@@ -62,8 +65,11 @@ def test_tiny_study_summarises_and_writes_outputs(tiny_runs, name):
 
 def test_identification_scores_are_proportions(tiny_runs):
     _, runs = tiny_runs
+    metrics = set()
     for m in runs["fidelity"].measurements:
-        assert m.metric == "recall@5" and 0 <= m.value <= 1
+        assert m.metric in ("recall@5", "pruned fraction") and 0 <= m.value <= 1
+        metrics.add(m.metric)
+    assert metrics == {"recall@5", "pruned fraction"}
     accuracy = [m.value for m in runs["violations"].measurements if m.metric == "top-1 accuracy"]
     assert set(accuracy) <= {0.0, 1.0}
     recovered = [m.value for m in runs["violations"].measurements if m.metric == "recovered K"]
@@ -89,6 +95,15 @@ def test_regret_grows_with_the_horizon_and_memory_stays_bounded(tiny_runs):
             assert row.mean <= tree.mean * 3 + 1  # stored: at most the tree plus one block
 
 
+def test_certificate_study_covers_and_the_default_is_narrower(tiny_runs):
+    _, runs = tiny_runs
+    rows = runs["certificate"].rows
+    coverage = [r.mean for r in rows if r.metric == "coverage"]
+    assert coverage and min(coverage) >= 0.95
+    width = {r.method: r.mean for r in rows if r.metric == "median width" and r.x == 256}
+    assert width["sharp / flat / m=4"] < 0.5 * width["paper / flat / m=4"]
+
+
 def test_near_optimality_dimension_on_hand_made_functions():
     tree = Tree.complete(2, 8)
     flat = LeafMeans(tree, np.full(tree.n_leaves, 0.5))
@@ -108,6 +123,7 @@ def test_near_optimality_dimension_on_hand_made_functions():
     ("compression", {"lipschitz": "-1"}, "lipschitz must be a finite number > 0"),
     ("memory", {"sigma": "-0.1"}, "sigma must be a finite number >= 0"),
     ("ablation", {"horizon": "0"}, "horizon must be >= 1"),
+    ("certificate", {"methods": "magic"}, "unknown method"),
 ])
 def test_bad_study_configuration_fails_before_work(tmp_path, name, overrides, message):
     with pytest.raises(ValueError, match=message):

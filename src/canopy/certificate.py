@@ -1,27 +1,40 @@
-"""The aggregation-bias certificate (Algorithm 1, Theorem 1, Appendix A) and violation flags.
+"""The aggregation-bias certificate (Algorithm 1, Theorem 1, Appendix A), sharper valid
+variants of it, and violation flags. See ``docs/certificate.md``.
 
-From ``n`` random-path probes ``X_i = mu(L_i) + eta_i`` of a node with ``m`` leaves, noise
-``eta ~ N(0, sigma^2)``, the certificate returns
+From ``n`` random-path probes ``X_i = mu(L_i) + eta_i`` of a node with ``m`` leaves, leaf means
+in ``value_range = [a, b]`` and noise ``eta ~ N(0, sigma^2)``, a certificate is an upper
+bound on the aggregation bias ``max_x mu(x) - f(v)`` of Eq. (2). Four methods:
 
-    bound = min over lambda in grid of
-            (1/lambda) [log m + log G_up(lambda) - lambda^2 sigma^2 / 2] - (mean(X) - eps_n)
+- ``"paper"``: Algorithm 1 exactly as Appendix A writes it (empirical-Bernstein bounds on
+  probes truncated to ``[a - z sigma, b + z sigma]``, ``delta`` split over ``|grid| + 1``
+  slices; valid with probability ``1 - delta - 2 n Phibar(z)``). Kept for reproduction.
+- ``"betting"``: the same log-sum-exp / deconvolution argument, with the empirical-Bernstein
+  steps replaced by the predictable-plug-in betting bounds of Waudby-Smith and Ramdas (2023,
+  Thm. 2; anytime-valid) for both the MGF slices and the mean slice. Truncation is paid
+  exactly instead of by a range event: clipping changes ``E X`` by at most
+  ``sigma (phi(z) - z Phibar(z))`` and ``E e^{lambda X}`` by at most
+  ``e^{lambda b} [e^{lambda^2 sigma^2/2} Phibar(z - lambda sigma) - e^{lambda z sigma}
+  Phibar(z)]``, both added to the bounds, so the level is ``1 - delta`` with no ``n`` term.
+- ``"order"``: an order-statistic bound. For ``c`` in a small grid let ``u = Phi^{-1}(1-c)``;
+  each probe lands on the best leaf and has noise above ``sigma u`` with probability at least
+  ``c / m``, so ``#{X_i >= mu* + sigma u}`` dominates ``Bin(n, c/m)``; with ``k`` the largest
+  count such that ``P(Bin(n, c/m) <= k - 1) <= delta'``, ``mu* <= X_(k) - sigma u`` (``X_(k)``
+  the k-th largest probe, read from a 256-bin histogram as the upper edge of its bin), and
+  ``+inf`` when no ``k`` exists (``n`` below about ``m ln(1/delta') / c``: the needle fact).
+- ``"sharp"`` (default): the union of both (``delta / 4`` to the mean slice, ``delta / 2`` to
+  the order grid, ``delta / 4`` to the MGF grid) and the value-range bound ``b``; the upper
+  bound on ``mu*`` is the minimum of all of them, minus the shared lower bound on ``f(v)``.
 
-where probes are truncated to ``[-z sigma, 1 + z sigma]``, ``G_up`` is the empirical-Bernstein
-upper bound on ``E exp(lambda X)`` with range ``exp(lambda X_max)``, ``eps_n`` the
-empirical-Bernstein lower radius on the mean, and ``delta`` is split over ``|grid| + 1``
-slices. With probability at least ``1 - delta - 2 n Phibar(z)`` it is at least the aggregation
-bias ``max_x mu(x) - f(v)`` of Eq. (2).
+The new methods work in the unit scale ``(X - a) / (b - a)``; everything is a running state
+(:func:`sharp_push`), so :class:`RunningCertificate` gives the same bound as :func:`certify`
+on the same samples. The betting slices are valid at every ``n`` simultaneously; the
+order-statistic slices (and ``"paper"``) hold at each fixed ``n``.
 
-Everything is computed from running moments (Welford, per grid point), so the incremental form
-(:class:`RunningCertificate`, O(|grid|) memory per node) gives the same bound as the batch form
-(:func:`certify`) on the same samples. Exponentials are shifted by ``lambda X_max`` so no grid
-point overflows.
-
-On the grid. Truncation makes the factorisation ``E e^{lambda X} = M_mu M_eta`` of Step 2 exact
-only on the range event; for ``lambda sigma > z`` the deconvolution term ``- lambda sigma^2 / 2``
-outruns the truncated moment and the bound falls without limit, below the true bias. The default
-grid therefore stops at ``lambda = z / sigma``, where the bound is still at least
-``1 + z sigma / 2 - (mean - eps) >= 1 - f(v)``. A user grid past that point is refused.
+On the paper's grid. Truncation makes the factorisation ``E e^{lambda X} = M_mu M_eta`` of
+Step 2 exact only on the range event; for ``lambda sigma > z`` the deconvolution term
+``- lambda sigma^2 / 2`` outruns the truncated moment and the paper's bound falls without
+limit, below the true bias. Every grid therefore stops at ``lambda = z / sigma``; a user grid
+past that point is refused.
 """
 
 from __future__ import annotations
@@ -35,6 +48,8 @@ import numpy as np
 from canopy.stats import merge_moments, std_lower_bound
 
 __all__ = [
+    "DEFAULT_METHOD",
+    "METHODS",
     "Certificate",
     "RunningCertificate",
     "certify",
@@ -42,7 +57,13 @@ __all__ = [
     "is_violation",
 ]
 
+METHODS = ("paper", "betting", "order", "sharp")
+DEFAULT_METHOD = "sharp"
 DEFAULT_GRID_SIZE = 16
+SHARP_GRID_SIZE = 8
+ORDER_LEVELS = (0.05, 0.2, 0.5, 0.8, 0.95)
+HIST_BINS = 256
+BET_CAP = 0.75  # largest bet of the betting slices (Waudby-Smith and Ramdas use 1/2 to 3/4)
 
 
 def default_lambdas(sigma: float, z: float = 3.0, size: int = DEFAULT_GRID_SIZE) -> np.ndarray:
@@ -53,18 +74,22 @@ def default_lambdas(sigma: float, z: float = 3.0, size: int = DEFAULT_GRID_SIZE)
 
 @dataclass(frozen=True)
 class Certificate:
-    """Result of Algorithm 1 at one node.
+    """A certificate at one node.
 
     Attributes:
-        bound: the certified upper bound on the aggregation bias (min over the grid).
-        lam: the minimising lambda.
-        mean_lower: ``mean - eps_n``, the lower confidence bound on the subtree value f(v).
-        mean: the mean of the truncated probes.
+        bound: the certified upper bound on the aggregation bias.
+        lam: the minimising lambda of the MGF grid (``nan`` when the method has none).
+        mean_lower: the lower confidence bound on the subtree value f(v).
+        mean: the mean of the (truncated) probes.
         variance: their sample variance (``n - 1`` denominator).
         n: number of probes.
-        bounds: ``U(lambda)`` at every grid point.
+        bounds: the MGF bound ``U(lambda)`` at every grid point (empty for ``"order"``).
         lambdas: the grid.
         sigma, z: the noise scale and truncation level used.
+        method: the method (:data:`METHODS`).
+        best_upper: the upper confidence bound on the best leaf value ``mu*``
+            (``bound = best_upper - mean_lower``, clipped at 0, for the new methods).
+        value_range: the declared range ``(a, b)`` of the leaf means.
     """
 
     bound: float
@@ -77,17 +102,20 @@ class Certificate:
     lambdas: np.ndarray
     sigma: float
     z: float
+    method: str = "paper"
+    best_upper: float = math.nan
+    value_range: tuple[float, float] = (0.0, 1.0)
 
     def spread_lower(self, delta: float) -> float:
         """One-sided lower confidence bound (level ``delta``) on the within-cell standard
         deviation of the leaf means, noise-deconvolved: ``sqrt(max(s_low^2 - sigma^2, 0))``
         with ``s_low`` the lower bound on the probes' standard deviation.
 
-        Clipping to ``[-z sigma, 1 + z sigma]`` is 1-Lipschitz, so it can only shrink the
+        Clipping to ``[a - z sigma, b + z sigma]`` is 1-Lipschitz, so it can only shrink the
         variance: a lower bound on the truncated probes' deviation is one on the raw probes'.
         """
-        std_low = float(std_lower_bound(self.variance, self.n, delta,
-                                        1.0 + 2.0 * self.z * self.sigma))
+        width = self.value_range[1] - self.value_range[0] + 2.0 * self.z * self.sigma
+        std_low = float(std_lower_bound(self.variance, self.n, delta, width))
         return math.sqrt(max(std_low * std_low - self.sigma * self.sigma, 0.0))
 
 
@@ -99,17 +127,49 @@ def is_violation(certificate: Certificate, floor: float, delta: float) -> bool:
     return certificate.spread_lower(delta) > floor
 
 
-def _check_setup(n_leaves: int, sigma: float, delta: float, z: float,
-                 lambdas: np.ndarray | None) -> np.ndarray:
-    if isinstance(n_leaves, bool) or int(n_leaves) != n_leaves or n_leaves < 1:
+# ---------------------------------------------------------------------- checks
+def check_n_leaves(n_leaves: object) -> int:
+    """``n_leaves`` as an int >= 1, or a ``ValueError``/``TypeError`` naming it."""
+    if isinstance(n_leaves, bool) or not isinstance(n_leaves, (int, float, np.integer,
+                                                               np.floating)):
+        raise TypeError(f"n_leaves must be a positive integer, got {n_leaves!r}")
+    if not math.isfinite(n_leaves) or int(n_leaves) != n_leaves or n_leaves < 1:
         raise ValueError(f"n_leaves must be a positive integer, got {n_leaves!r}")
+    return int(n_leaves)
+
+
+def check_value_range(value_range: object) -> tuple[float, float]:
+    """A finite ``(low, high)`` pair with ``low < high``."""
+    try:
+        low, high = (float(v) for v in value_range)  # type: ignore[union-attr]
+    except (TypeError, ValueError):
+        raise ValueError(f"value_range must be a (low, high) pair, got {value_range!r}") from None
+    if not (math.isfinite(low) and math.isfinite(high) and low < high):
+        raise ValueError(f"value_range must be finite with low < high, got {value_range!r}")
+    return low, high
+
+
+def _check_setup(n_leaves: int, sigma: float, delta: float, z: float,
+                 lambdas: np.ndarray | None, method: str = "paper",
+                 value_range: object = (0.0, 1.0)) -> np.ndarray:
+    """Validate the arguments; returns the MGF grid in the caller's units."""
+    check_n_leaves(n_leaves)
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     if not (math.isfinite(sigma) and sigma >= 0):
         raise ValueError(f"sigma must be finite and >= 0, got {sigma}")
     if not 0.0 < delta < 1.0:
         raise ValueError(f"delta must be in (0, 1), got {delta}")
     if not (math.isfinite(z) and z > 0):
         raise ValueError(f"z must be finite and > 0, got {z}")
-    grid = default_lambdas(sigma, z) if lambdas is None else np.asarray(lambdas, dtype=float)
+    low, high = check_value_range(value_range)
+    width = high - low
+    if lambdas is not None:
+        grid = np.asarray(lambdas, dtype=float)
+    elif method == "paper":
+        grid = default_lambdas(sigma / width, z) / width
+    else:
+        grid = sharp_lambdas(sigma / width, z) / width
     if grid.ndim != 1 or grid.size == 0 or not np.all(np.isfinite(grid)) or np.any(grid <= 0):
         raise ValueError("lambdas must be a non-empty 1-D array of finite positive numbers")
     if sigma > 0 and np.any(grid * sigma > z * (1 + 1e-12)):
@@ -120,43 +180,284 @@ def _check_setup(n_leaves: int, sigma: float, delta: float, z: float,
     return grid
 
 
-def _check_samples(samples: np.ndarray) -> np.ndarray:
-    x = np.asarray(samples, dtype=float).ravel()
+def _check_samples(samples: object) -> np.ndarray:
+    raw = np.asarray(samples)
+    if np.iscomplexobj(raw):
+        raise TypeError("samples must be real numbers, got complex values")
+    if raw.dtype == object or raw.dtype.kind in "USV":
+        raise TypeError(f"samples must be real numbers, got dtype {raw.dtype}")
+    x = raw.astype(float).ravel()
     if x.size and not np.all(np.isfinite(x)):
         bad = int(np.flatnonzero(~np.isfinite(x))[0])
         raise ValueError(f"samples[{bad}] = {x[bad]} is not finite")
     return x
 
 
-def certify(samples: np.ndarray, n_leaves: int, sigma: float, *, delta: float = 0.05,
-            lambdas: np.ndarray | None = None, z: float = 3.0) -> Certificate:
-    """Algorithm 1 on a batch of probes of one node with ``n_leaves`` leaves."""
-    grid = _check_setup(n_leaves, sigma, delta, z, lambdas)
-    x = np.clip(_check_samples(samples), -z * sigma, 1.0 + z * sigma)
-    n = x.size
-    x_max = 1.0 + z * sigma
-    if n == 0:
-        mean_x, var_x = math.nan, math.nan
-        mean_y = np.full(grid.size, math.nan)
-        var_y = np.full(grid.size, math.nan)
+def _check_value(value: object) -> float:
+    if isinstance(value, (complex, np.complexfloating)):
+        raise TypeError(f"probe value {value!r} is complex; probes are real numbers")
+    try:
+        number = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise TypeError(f"probe value {value!r} is not a real number") from None
+    if not math.isfinite(number):
+        raise ValueError(f"probe value {value!r} is not finite")
+    return number
+
+
+# ---------------------------------------------------------------------- the new methods
+def sharp_lambdas(sigma: float, z: float = 3.0, size: int = SHARP_GRID_SIZE) -> np.ndarray:
+    """The MGF grid of the new methods in unit scale: ``size`` geometric points from
+    ``z / (64 sigma)`` to ``z / sigma`` (to 1000 when ``sigma == 0``)."""
+    top = z / sigma if sigma > 0 else 1000.0
+    return np.geomspace(top / 64.0, top, size)
+
+
+def _gauss_tail(x: np.ndarray | float) -> np.ndarray:
+    """``Phibar(x) = P(N(0, 1) > x)``."""
+    from scipy.special import ndtr
+
+    return ndtr(-np.asarray(x, dtype=float))
+
+
+def _gauss_quantile(p: np.ndarray) -> np.ndarray:
+    from scipy.special import ndtri
+
+    return ndtri(np.asarray(p, dtype=float))
+
+
+# setup layout (unit scale): scalars, then lambdas[K], mgf corrections[K], levels[C],
+# sigma * u of each level[C]
+(S_SIGMA, S_Z, S_LOGA_MEAN, S_LOGA_MGF, S_LOGD_ORD, S_MEAN_CORR, S_K, S_C, S_H) = range(9)
+N_SETUP = 9
+SLICE = 5  # per betting slice: sum x, sum of squared deviations, sum lam, sum lam x, sum v psi
+
+
+def sharp_setup(sigma: float, delta: float, z: float, method: str,
+                lambdas: np.ndarray | None = None) -> np.ndarray:
+    """The packed setup array of a new method in unit scale (``sigma`` and ``lambdas``
+    already divided by / multiplied with the value range's width)."""
+    use_mgf = method in ("betting", "sharp")
+    use_order = method in ("order", "sharp")
+    grid = (sharp_lambdas(sigma, z) if lambdas is None else np.asarray(lambdas, float)
+            ) if use_mgf else np.zeros(0)
+    if use_order:
+        levels = np.array(ORDER_LEVELS) if sigma > 0 else np.ones(1)
     else:
-        y = np.exp(np.multiply.outer(x - x_max, grid))
-        mean_x = float(x.mean())
-        mean_y = y.mean(axis=0)
-        var_x = float(x.var(ddof=1)) if n > 1 else 0.0
-        var_y = y.var(axis=0, ddof=1) if n > 1 else np.zeros(grid.size)
-    return _finish(n, mean_x, var_x, mean_y, var_y, grid, int(n_leaves), sigma, delta, z)
+        levels = np.zeros(0)
+    k, c = grid.size, levels.size
+    if method == "sharp":
+        d_mean, d_mgf, d_ord = delta / 4.0, delta / 4.0 / k, delta / 2.0 / c
+    elif method == "betting":
+        d_mean = d_mgf = delta / (k + 1.0)
+        d_ord = 1.0
+    else:
+        d_mean = d_ord = delta / (c + 1.0)
+        d_mgf = 1.0
+    out = np.zeros(N_SETUP + 2 * k + 2 * c)
+    tail_z = float(_gauss_tail(z))
+    out[S_SIGMA], out[S_Z] = sigma, z
+    out[S_LOGA_MEAN], out[S_LOGA_MGF] = math.log(1.0 / d_mean), math.log(1.0 / d_mgf)
+    out[S_LOGD_ORD] = math.log(d_ord)
+    out[S_MEAN_CORR] = sigma * (math.exp(-0.5 * z * z) / math.sqrt(2 * math.pi) - z * tail_z)
+    out[S_K], out[S_C], out[S_H] = k, c, HIST_BINS
+    out[N_SETUP:N_SETUP + k] = grid
+    ls = grid * sigma
+    with np.errstate(over="ignore"):
+        corr = np.exp(0.5 * ls * ls - ls * z) * _gauss_tail(z - ls) - tail_z
+    out[N_SETUP + k:N_SETUP + 2 * k] = np.maximum(corr, 0.0)
+    out[N_SETUP + 2 * k:N_SETUP + 2 * k + c] = levels
+    out[N_SETUP + 2 * k + c:] = sigma * _gauss_quantile(1.0 - levels) if sigma > 0 else 0.0
+    return out
 
 
-def _finish(n: int, mean_x: float, var_x: float, mean_y: np.ndarray, var_y: np.ndarray,
-            grid: np.ndarray, n_leaves: int, sigma: float, delta: float,
-            z: float) -> Certificate:
-    bounds, mean_lower = bound_curve(n, mean_x, var_x, mean_y, var_y, grid,
-                                     math.log(n_leaves), sigma, delta, z)
-    best = int(np.argmin(bounds))
-    return Certificate(bound=float(bounds[best]), lam=float(grid[best]),
-                       mean_lower=float(mean_lower), mean=float(mean_x), variance=float(var_x),
-                       n=int(n), bounds=bounds, lambdas=grid, sigma=float(sigma), z=float(z))
+def sharp_width(setup: np.ndarray) -> int:
+    """Length of the running state of a new method: ``[n, mean, m2]``, one betting slice for
+    the mean and one per lambda, then the histogram (``H`` bins and an overflow bin)."""
+    k, h = int(setup[S_K]), int(setup[S_H])
+    return 3 + SLICE * (1 + k) + (h + 1 if setup[S_C] > 0 else 0)
+
+
+@numba.njit(cache=True)
+def _bet_push(state: np.ndarray, o: int, t: float, x: float, log_a: float) -> None:
+    """Waudby-Smith and Ramdas' predictable plug-in bet (their Eq. 13-14, CS tuning) on
+    ``x`` in [0, 1], the ``t``-th value of the slice at ``state[o:o + 5]``."""
+    mu_prev = (0.5 + state[o]) / t
+    var_prev = (0.25 + state[o + 1]) / t
+    lam = min(math.sqrt(2.0 * log_a / (var_prev * t * math.log(1.0 + t))), BET_CAP)
+    v = 4.0 * (x - mu_prev) * (x - mu_prev)
+    state[o + 2] += lam
+    state[o + 3] += lam * x
+    state[o + 4] += v * (-math.log(1.0 - lam) - lam) / 4.0
+    state[o] += x
+    mu_now = (0.5 + state[o]) / (t + 1.0)
+    state[o + 1] += (x - mu_now) * (x - mu_now)
+
+
+@numba.njit(cache=True)
+def _bet_lower(state: np.ndarray, o: int, log_a: float) -> float:
+    """The slice's lower confidence bound on the mean (in [0, 1])."""
+    if state[o + 2] <= 0.0:
+        return 0.0
+    return max((state[o + 3] - log_a - state[o + 4]) / state[o + 2], 0.0)
+
+
+@numba.njit(cache=True)
+def sharp_push(state: np.ndarray, x: float, setup: np.ndarray) -> None:
+    """Add one probe, already in unit scale, to a new method's running state."""
+    sigma, z = setup[S_SIGMA], setup[S_Z]
+    k, c, h = int(setup[S_K]), int(setup[S_C]), int(setup[S_H])
+    bottom, top = -z * sigma, 1.0 + z * sigma
+    width = top - bottom
+    xc = min(max(x, bottom), top)
+    state[0] += 1.0
+    t = state[0]
+    d = xc - state[1]
+    state[1] += d / t
+    state[2] += d * (xc - state[1])
+    _bet_push(state, 3, t, (xc - bottom) / width, setup[S_LOGA_MEAN])
+    for i in range(k):
+        lam = setup[N_SETUP + i]
+        _bet_push(state, 3 + SLICE * (1 + i), t, 1.0 - math.exp(lam * (xc - top)),
+                  setup[S_LOGA_MGF])
+    if c > 0:
+        hist = 3 + SLICE * (1 + k)
+        if x > top:
+            j = h
+        else:
+            j = min(max(int((xc - bottom) / width * h), 0), h - 1)
+        state[hist + j] += 1.0
+
+
+@numba.njit(cache=True)
+def binomial_rank(n: float, p: float, log_delta: float) -> int:
+    """The largest ``k`` with ``P(Bin(n, p) <= k - 1) <= delta`` (0 when none)."""
+    if p >= 1.0:
+        return int(n)
+    if p <= 0.0:
+        return 0
+    log_pmf = n * math.log1p(-p)
+    log_cdf = log_pmf
+    if log_cdf > log_delta:
+        return 0
+    step = math.log(p) - math.log1p(-p)
+    j = 0
+    while j < n:
+        log_pmf += math.log(n - j) - math.log(j + 1.0) + step
+        j += 1
+        hi = max(log_cdf, log_pmf)
+        log_cdf = hi + math.log(math.exp(log_cdf - hi) + math.exp(log_pmf - hi))
+        if log_cdf > log_delta:
+            return j
+    return int(n)
+
+
+@numba.njit(cache=True)
+def sharp_curve(state: np.ndarray, setup: np.ndarray, log_m: float
+                ) -> tuple[np.ndarray, np.ndarray, float]:
+    """Upper bounds on ``mu*`` per lambda and per order level, and the lower bound on
+    ``f(v)``, all in unit scale, from a running state (``inf``/0 below two probes)."""
+    sigma, z = setup[S_SIGMA], setup[S_Z]
+    k, c, h = int(setup[S_K]), int(setup[S_C]), int(setup[S_H])
+    mgf = np.full(k, np.inf)
+    order = np.full(c, np.inf)
+    n = state[0]
+    if n < 2.0:
+        return mgf, order, 0.0
+    bottom, top = -z * sigma, 1.0 + z * sigma
+    width = top - bottom
+    mean_lower = max(bottom + width * _bet_lower(state, 3, setup[S_LOGA_MEAN])
+                     - setup[S_MEAN_CORR], 0.0)
+    for i in range(k):
+        lam = setup[N_SETUP + i]
+        corr = setup[N_SETUP + k + i]
+        g = max(1.0 - _bet_lower(state, 3 + SLICE * (1 + i), setup[S_LOGA_MGF]), 0.0) + corr
+        if g > 0.0:
+            mgf[i] = (log_m + lam * top + math.log(g) - 0.5 * lam * lam * sigma * sigma) / lam
+    if c > 0:
+        hist = 3 + SLICE * (1 + k)
+        m = math.exp(log_m)
+        for i in range(c):
+            level = setup[N_SETUP + 2 * k + i]
+            rank = binomial_rank(n, level / m, setup[S_LOGD_ORD])
+            if rank < 1:
+                continue
+            seen = 0.0
+            for j in range(h, -1, -1):
+                seen += state[hist + j]
+                if seen >= rank:
+                    if j < h:
+                        order[i] = bottom + (j + 1.0) * width / h - setup[N_SETUP + 2 * k + c + i]
+                    break
+    return mgf, order, mean_lower
+
+
+@numba.njit(cache=True)
+def sharp_bounds(state: np.ndarray, setup: np.ndarray, log_m: float) -> tuple[float, float]:
+    """``(upper bound on mu*, lower bound on f(v))`` in unit scale: the minimum over the
+    method's bounds and the value range's top 1."""
+    mgf, order, mean_lower = sharp_curve(state, setup, log_m)
+    upper = 1.0
+    for i in range(mgf.size):
+        upper = min(upper, mgf[i])
+    for i in range(order.size):
+        upper = min(upper, order[i])
+    return upper, mean_lower
+
+
+@numba.njit(cache=True)
+def sharp_bound(state: np.ndarray, setup: np.ndarray, log_m: float) -> float:
+    """The certified bias bound in unit scale (``inf`` below two probes)."""
+    if state[0] < 2.0:
+        return np.inf
+    upper, mean_lower = sharp_bounds(state, setup, log_m)
+    return max(upper - mean_lower, 0.0)
+
+
+@numba.njit(cache=True)
+def sharp_batch(samples: np.ndarray, setup: np.ndarray, log_m: float,
+                width: int) -> np.ndarray:
+    """The bias bound of every row of ``samples`` (one cell's probes per row, unit scale)."""
+    out = np.empty(samples.shape[0])
+    state = np.zeros(width)
+    for r in range(samples.shape[0]):
+        state[:] = 0.0
+        for i in range(samples.shape[1]):
+            sharp_push(state, samples[r, i], setup)
+        out[r] = sharp_bound(state, setup, log_m)
+    return out
+
+
+class _Scale:
+    """The affine map of a value range onto the unit scale."""
+
+    def __init__(self, value_range: tuple[float, float]) -> None:
+        self.low, self.high = value_range
+        self.width = self.high - self.low
+
+    def to_unit(self, x: np.ndarray) -> np.ndarray:
+        return (x - self.low) / self.width
+
+
+def certify(samples: np.ndarray, n_leaves: int, sigma: float, *, delta: float = 0.05,
+            method: str = DEFAULT_METHOD, lambdas: np.ndarray | None = None, z: float = 3.0,
+            value_range: tuple[float, float] = (0.0, 1.0)) -> Certificate:
+    """The certificate of one node with ``n_leaves`` leaves from a batch of its probes.
+
+    ``method="paper"`` is Algorithm 1 exactly; the default ``"sharp"`` is the sharpest valid
+    method (module docstring). ``value_range`` is the range ``(a, b)`` of the leaf means (the
+    paper's ``[0, 1]`` by default). An empty batch, complex values or a non-finite
+    ``n_leaves`` are refused."""
+    grid = _check_setup(n_leaves, sigma, delta, z, lambdas, method, value_range)
+    x = _check_samples(samples)
+    if x.size == 0:
+        raise ValueError("samples is empty: a certificate needs at least one probe")
+    running = RunningCertificate(n_leaves, sigma, delta=delta, method=method, lambdas=grid,
+                                 z=z, value_range=value_range)
+    if method == "paper":
+        return running._paper_batch(x)
+    running.update_many(x)
+    return running.certificate()
 
 
 @numba.njit(cache=True)
@@ -223,15 +524,29 @@ def state_bound(state: np.ndarray, lambdas: np.ndarray, log_m: float, sigma: flo
 
 
 class RunningCertificate:
-    """Incremental form of Algorithm 1 at one node: O(|grid|) running moments, updated one
-    probe (or one batch) at a time, giving the same bound as :func:`certify` on the same
-    samples."""
+    """Incremental certificate at one node: a running state updated one probe (or one
+    batch) at a time, giving the same bound as :func:`certify` on the same samples.
+    ``method="paper"`` keeps O(|grid|) running moments (Algorithm 1); the new methods keep
+    one betting slice per grid point and a 256-bin histogram."""
 
     def __init__(self, n_leaves: int, sigma: float, *, delta: float = 0.05,
-                 lambdas: np.ndarray | None = None, z: float = 3.0) -> None:
-        self.lambdas = _check_setup(n_leaves, sigma, delta, z, lambdas)
-        self.n_leaves, self.sigma, self.delta, self.z = int(n_leaves), float(sigma), delta, z
-        self.state = np.zeros(3 + 2 * self.lambdas.size)
+                 method: str = DEFAULT_METHOD, lambdas: np.ndarray | None = None,
+                 z: float = 3.0, value_range: tuple[float, float] = (0.0, 1.0)) -> None:
+        grid = _check_setup(n_leaves, sigma, delta, z, lambdas, method, value_range)
+        self.n_leaves, self.sigma, self.delta, self.z = check_n_leaves(n_leaves), float(sigma), \
+            delta, z
+        self.method = method
+        self.value_range = check_value_range(value_range)
+        self._scale = _Scale(self.value_range)
+        self._unit_sigma = self.sigma / self._scale.width
+        self.lambdas = grid
+        if method == "paper":
+            self._unit_lambdas = grid * self._scale.width
+            self.state = np.zeros(3 + 2 * grid.size)
+        else:
+            self.setup = sharp_setup(self._unit_sigma, delta, z, method,
+                                     grid * self._scale.width)
+            self.state = np.zeros(sharp_width(self.setup))
 
     @property
     def n(self) -> int:
@@ -239,18 +554,23 @@ class RunningCertificate:
 
     def update(self, value: float) -> None:
         """Add one probe."""
-        number = float(value)
-        if not math.isfinite(number):
-            raise ValueError(f"probe value {value!r} is not finite")
-        welford_push(self.state, number, self.lambdas, self.sigma, self.z)
+        number = self._scale.to_unit(_check_value(value))
+        if self.method == "paper":
+            welford_push(self.state, number, self._unit_lambdas, self._unit_sigma, self.z)
+        else:
+            sharp_push(self.state, number, self.setup)
 
     def update_many(self, values: np.ndarray) -> None:
-        """Add a batch of probes (merged with Chan's pairwise formula)."""
-        x = np.clip(_check_samples(values), -self.z * self.sigma, 1.0 + self.z * self.sigma)
+        """Add a batch of probes."""
+        x = self._scale.to_unit(_check_samples(values))
         if x.size == 0:
             return
+        if self.method != "paper":
+            _push_all(self.state, x, self.setup)
+            return
+        x = np.clip(x, -self.z * self._unit_sigma, 1.0 + self.z * self._unit_sigma)
         k = self.lambdas.size
-        y = np.exp(np.multiply.outer(x - (1.0 + self.z * self.sigma), self.lambdas))
+        y = np.exp(np.multiply.outer(x - (1.0 + self.z * self._unit_sigma), self._unit_lambdas))
         n_a, n_b = float(self.state[0]), float(x.size)
         for mean_at, m2_at, batch in ((slice(1, 2), slice(2, 3), x[:, None]),
                                       (slice(3, 3 + k), slice(3 + k, 3 + 2 * k), y)):
@@ -260,11 +580,58 @@ class RunningCertificate:
                 n_b, batch_mean, ((batch - batch_mean) ** 2).sum(axis=0))
         self.state[0] = n_a + n_b
 
+    def _paper_batch(self, x: np.ndarray) -> Certificate:
+        """Algorithm 1 on a batch (moments computed in one pass, as before)."""
+        u = np.clip(self._scale.to_unit(x), -self.z * self._unit_sigma,
+                    1.0 + self.z * self._unit_sigma)
+        n, grid = u.size, self._unit_lambdas
+        y = np.exp(np.multiply.outer(u - (1.0 + self.z * self._unit_sigma), grid))
+        var_x = float(u.var(ddof=1)) if n > 1 else 0.0
+        var_y = y.var(axis=0, ddof=1) if n > 1 else np.zeros(grid.size)
+        return self._paper_finish(n, float(u.mean()), var_x, y.mean(axis=0), var_y)
+
+    def _paper_finish(self, n: int, mean_x: float, var_x: float, mean_y: np.ndarray,
+                      var_y: np.ndarray) -> Certificate:
+        bounds, mean_lower = bound_curve(n, mean_x, var_x, mean_y, var_y, self._unit_lambdas,
+                                         math.log(self.n_leaves), self._unit_sigma, self.delta,
+                                         self.z)
+        best = int(np.argmin(bounds))
+        w, low = self._scale.width, self._scale.low
+        return Certificate(bound=float(bounds[best]) * w, lam=float(self.lambdas[best]),
+                           mean_lower=float(mean_lower) * w + low, mean=float(mean_x) * w + low,
+                           variance=float(var_x) * w * w, n=int(n), bounds=bounds * w,
+                           lambdas=self.lambdas, sigma=self.sigma, z=float(self.z),
+                           method="paper",
+                           best_upper=(float(bounds[best] + mean_lower) * w + low if n >= 2
+                                       else math.inf),
+                           value_range=self.value_range)
+
     def certificate(self) -> Certificate:
         """The certificate on all probes so far."""
-        k = self.lambdas.size
         n = self.n
         denom = max(n - 1, 1)
-        return _finish(n, float(self.state[1]) if n else math.nan, float(self.state[2]) / denom,
-                       self.state[3:3 + k].copy(), self.state[3 + k:] / denom, self.lambdas,
-                       self.n_leaves, self.sigma, self.delta, self.z)
+        mean_x = float(self.state[1]) if n else math.nan
+        if self.method == "paper":
+            k = self.lambdas.size
+            return self._paper_finish(n, mean_x, float(self.state[2]) / denom,
+                                      self.state[3:3 + k].copy(), self.state[3 + k:] / denom)
+        log_m = math.log(self.n_leaves)
+        mgf, order, mean_lower = sharp_curve(self.state, self.setup, log_m)
+        upper = min(1.0, float(mgf.min(initial=np.inf)), float(order.min(initial=np.inf)))
+        w, low = self._scale.width, self._scale.low
+        bound = max(upper - mean_lower, 0.0) * w if n >= 2 else math.inf
+        best = int(np.argmin(mgf)) if mgf.size else -1
+        return Certificate(bound=bound, lam=float(self.lambdas[best]) if best >= 0 else math.nan,
+                           mean_lower=mean_lower * w + low if n >= 2 else -math.inf,
+                           mean=mean_x * w + low, variance=float(self.state[2]) / denom * w * w,
+                           n=n, bounds=(mgf - mean_lower) * w,
+                           lambdas=self.lambdas if mgf.size else np.zeros(0),
+                           sigma=self.sigma, z=float(self.z), method=self.method,
+                           best_upper=upper * w + low if n >= 2 else math.inf,
+                           value_range=self.value_range)
+
+
+@numba.njit(cache=True)
+def _push_all(state: np.ndarray, x: np.ndarray, setup: np.ndarray) -> None:
+    for i in range(x.size):
+        sharp_push(state, x[i], setup)

@@ -3,9 +3,12 @@
 The explored tree lives in two packed arrays that grow by capacity doubling, so memory follows
 the explored nodes and never the full tree:
 
-- ``fs`` (float64, one row a node): the columns named ``MEAN .. M2`` below (``M2``: the running
-  sum of squared deviations of the node's own probes), then (for the certified and hybrid
-  spreads) the node's packed certificate state ``[n, mean, m2, mean_y[k], m2_y[k]]``;
+- ``fs`` (float64, one row a node): the columns named ``MEAN .. CLOW`` below (``M2``: the
+  running sum of squared deviations of the node's own probes), then (for the certified and
+  hybrid spreads) the node's packed certificate state: Algorithm 1's
+  ``[n, mean, m2, mean_y[k], m2_y[k]]`` with ``certificate="paper"``, else the running state
+  of :func:`canopy.certificate.sharp_push`, whose bounds are composed up the explored tree
+  as :mod:`canopy.certified_tree` does (``P_TREECERT``);
 - ``ist`` (int64, one row a node): the columns named ``NODE .. ISLEAF``, and ``FREE``, a stack
   of freed child blocks (its first ``n_free`` entries).
 
@@ -32,18 +35,21 @@ import math
 import numba
 import numpy as np
 
-from canopy.certificate import state_bound, welford_push
+from canopy.certificate import sharp_push, state_bound, welford_push
+from canopy.certified_tree import combine, own_bounds
 
-# float columns of ``fs``
-MEAN, COUNT, SPREAD, UPPER, BVAL, LHAT, SCALE, FLOOR, SUBN, LOGM, M2 = range(11)
-N_FLOAT = 11
+# float columns of ``fs`` (OUP/OLOW: a node's own certified upper bound on its best leaf and
+# lower bound on its value, CUP/CLOW: the same composed up the explored tree, unit scale)
+MEAN, COUNT, SPREAD, UPPER, BVAL, LHAT, SCALE, FLOOR, SUBN, LOGM, M2, OUP, OLOW, CUP, CLOW = (
+    range(15))
+N_FLOAT = 15
 # int columns of ``ist``
 NODE, LEVEL, PARENT, FIRST, NKIDS, INST, ISLEAF, FREE = range(8)
 N_INT = 8
 # parameters at the start of ``ctl``
 (P_C, P_DELTA, P_SIGMA, P_Z, P_SPREAD, P_EXPAND, P_MAXDEPTH, P_PATH, P_ARITY, P_MAXNODES,
- P_DEPTHM) = range(11)
-N_PARAMS = 11
+ P_DEPTHM, P_TREECERT, P_LOW, P_WIDTH) = range(14)
+N_PARAMS = 14
 # counters in ``ctl`` (after the parameters)
 M_USED, M_STORED, M_PEAK, M_NFREE, M_ROUNDS, M_DEEPEST = range(N_PARAMS, N_PARAMS + 6)
 INST0 = N_PARAMS + 6  # then (L, rho, t) per schedule
@@ -109,6 +115,14 @@ def _spread(v: int, fs: np.ndarray, ctl: np.ndarray, lambdas: np.ndarray) -> flo
         return _estimated(v, fs, ctl[P_SIGMA])
     sigma, delta, z = ctl[P_SIGMA], ctl[P_DELTA], ctl[P_Z]
     state = fs[v, N_FLOAT:]
+    if ctl[P_TREECERT] > 0:
+        width = ctl[P_WIDTH]
+        bound = max(fs[v, CUP] - fs[v, CLOW], 0.0) * width
+        if mode == CERTIFIED:
+            return bound
+        if spread_lower(state, sigma / width, delta, z) * width > floor:
+            return max(floor, bound)
+        return floor
     own = state_bound(state, lambdas, fs[v, LOGM], sigma, delta, z)
     if mode == CERTIFIED:
         return min(1.0, own, fs[v, LHAT] * fs[v, SCALE])
@@ -123,11 +137,13 @@ def _log_t(v: int, ist: np.ndarray, ctl: np.ndarray) -> float:
 
 
 @numba.njit(cache=True)
-def _upper(v: int, fs: np.ndarray, c: float, log_t: float) -> float:
+def _upper(v: int, fs: np.ndarray, ctl: np.ndarray, log_t: float) -> float:
+    """Eq. (4)'s ``U(v)``."""
     count = fs[v, COUNT]
     if count <= 0.0:
         return np.inf
-    return fs[v, MEAN] + c * math.sqrt(2.0 * log_t / count) + fs[v, SPREAD]
+    upper = fs[v, MEAN] + ctl[P_C] * math.sqrt(2.0 * log_t / count) + fs[v, SPREAD]
+    return upper
 
 
 @numba.njit(cache=True)
@@ -164,10 +180,9 @@ def _finish(v: int, fs: np.ndarray, ist: np.ndarray, ctl: np.ndarray) -> int:
     """Refresh ``U`` and ``B`` from ``v`` up to its root, then descend for the next round
     (schedules take rounds in turn). Returns the row to play next."""
     log_t = _log_t(v, ist, ctl)
-    c = ctl[P_C]
     a = v
     while a >= 0:
-        fs[a, UPPER] = _upper(a, fs, c, log_t)
+        fs[a, UPPER] = _upper(a, fs, ctl, log_t)
         _refresh_b(a, fs, ist)
         a = ist[a, PARENT]
     n_inst = (ctl.size - INST0) // 3
@@ -192,6 +207,36 @@ def _wants_split(v: int, fs: np.ndarray, ist: np.ndarray, ctl: np.ndarray) -> bo
 
 
 @numba.njit(cache=True)
+def _compose(a: int, fs: np.ndarray, ist: np.ndarray, ctl: np.ndarray) -> None:
+    """Composed bounds of row ``a`` from its own and its explored children's
+    (:func:`canopy.certified_tree.combine`); children weigh ``m_c / m_a`` (``1 / arity`` on a
+    lazy tree)."""
+    kid_up, kid_low = 1.0, 0.0
+    first = ist[a, FIRST]
+    if first >= 0:
+        kid_up = -np.inf
+        arity = ctl[P_ARITY]
+        for j in range(ist[a, NKIDS]):
+            c = first + j
+            kid_up = max(kid_up, fs[c, CUP])
+            weight = 1.0 / arity if arity > 0 else math.exp(fs[c, LOGM] - fs[a, LOGM])
+            kid_low += weight * fs[c, CLOW]
+    fs[a, CUP], fs[a, CLOW] = combine(fs[a, OUP], fs[a, OLOW], kid_up, kid_low)
+
+
+@numba.njit(cache=True)
+def _compose_path(v: int, fs: np.ndarray, ist: np.ndarray, ctl: np.ndarray,
+                  setup: np.ndarray) -> None:
+    """Refresh the composed bounds, and the certified spreads, of ``v``'s ancestors."""
+    _compose(v, fs, ist, ctl)
+    a = ist[v, PARENT]
+    while a >= 0:
+        _compose(a, fs, ist, ctl)
+        fs[a, SPREAD] = _spread(a, fs, ctl, setup)
+        a = ist[a, PARENT]
+
+
+@numba.njit(cache=True)
 def observe(v: int, x: float, fs: np.ndarray, ist: np.ndarray, ctl: np.ndarray,
             lambdas: np.ndarray) -> int:
     """Fold observation ``x`` of row ``v`` into the explored tree and descend for the next
@@ -209,7 +254,12 @@ def observe(v: int, x: float, fs: np.ndarray, ist: np.ndarray, ctl: np.ndarray,
             fs[a, MEAN] += d / fs[a, COUNT]
             fs[a, M2] += d * (x - fs[a, MEAN])
         a = ist[a, PARENT]
-    if fs.shape[1] > N_FLOAT:
+    if ctl[P_TREECERT] > 0:
+        state = fs[v, N_FLOAT:]
+        sharp_push(state, (x - ctl[P_LOW]) / ctl[P_WIDTH], lambdas)
+        fs[v, OUP], fs[v, OLOW] = own_bounds(state, lambdas, fs[v, LOGM])
+        _compose_path(v, fs, ist, ctl, lambdas)
+    elif fs.shape[1] > N_FLOAT:
         welford_push(fs[v, N_FLOAT:], x, lambdas, ctl[P_SIGMA], ctl[P_Z])
     fs[v, SPREAD] = _spread(v, fs, ctl, lambdas)
     if _wants_split(v, fs, ist, ctl):
@@ -246,7 +296,12 @@ def _prune_one(keep: int, fs: np.ndarray, ist: np.ndarray, ctl: np.ndarray) -> b
     ctl[M_NFREE] += 1.0
     ctl[M_STORED] -= ist[target, NKIDS]
     ist[target, FIRST] = -1
-    fs[target, UPPER] = _upper(target, fs, ctl[P_C], _log_t(target, ist, ctl))
+    if ctl[P_TREECERT] > 0:
+        a = target
+        while a >= 0:
+            _compose(a, fs, ist, ctl)
+            a = ist[a, PARENT]
+    fs[target, UPPER] = _upper(target, fs, ctl, _log_t(target, ist, ctl))
     a = target
     while a >= 0:
         _refresh_b(a, fs, ist)
@@ -288,7 +343,7 @@ def split(v: int, fs: np.ndarray, ist: np.ndarray, ctl: np.ndarray, child_ptr: n
     arity = int(ctl[P_ARITY])
     inherited = fs[v, SPREAD] / fs[v, SCALE]
     mode = int(ctl[P_SPREAD])
-    inherits = mode == CERTIFIED or mode == ESTIMATED
+    inherits = (mode == CERTIFIED and ctl[P_TREECERT] == 0) or mode == ESTIMATED
     for j in range(n_kids):
         w = first + j
         node = _kid_node(v, ist, arity, child_ptr, child_ids, j)
@@ -314,5 +369,8 @@ def split(v: int, fs: np.ndarray, ist: np.ndarray, ctl: np.ndarray, child_ptr: n
         fs[w, UPPER] = np.inf
         fs[w, BVAL] = np.inf
         fs[w, SPREAD] = min(1.0, inherited * fs[w, SCALE]) if inherits else fs[w, FLOOR]
+        if ctl[P_TREECERT] > 0:
+            fs[w, OUP] = fs[w, CUP] = 1.0
+            fs[w, SPREAD] = ctl[P_WIDTH] if mode == CERTIFIED else fs[w, FLOOR]
     ist[v, FIRST] = first
     return _finish(v, fs, ist, ctl)

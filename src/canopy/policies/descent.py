@@ -30,7 +30,14 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from canopy.certificate import default_lambdas
+from canopy.certificate import (
+    DEFAULT_METHOD,
+    METHODS,
+    check_value_range,
+    default_lambdas,
+    sharp_setup,
+    sharp_width,
+)
 from canopy.policies import _explored as ex
 from canopy.policies._validate import check_positive, check_rho, check_unit
 from canopy.policies.base import Policy, check_k
@@ -83,7 +90,8 @@ class ExploredTreePolicy(Policy):
     # ------------------------------------------------------------------ setup
     def _begin(self, *, schedules: Sequence[tuple[float, float | None]], spread: str,
                expand: str, max_depth: int | None, path_stats: bool, c: float,
-               delta: float = 0.05, z: float = 3.0, max_nodes: int = 0) -> None:
+               delta: float = 0.05, z: float = 3.0, max_nodes: int = 0,
+               certificate: str = "paper") -> None:
         spec = self.spec_
         tree = spec.tree
         lazy = isinstance(tree, LazyTree)
@@ -109,6 +117,8 @@ class ExploredTreePolicy(Policy):
         ctl[ex.P_MAXNODES] = max_nodes
         ctl[ex.P_DEPTHM] = (min(depth_cap, math.ceil(math.log(rounds, tree.arity)))
                             if lazy else 0.0)
+        low, high = spec_value_range(spec)
+        ctl[ex.P_LOW], ctl[ex.P_WIDTH] = low, high - low
         for i, (lip, rho) in enumerate(schedules):
             ctl[ex.INST0 + 3 * i:ex.INST0 + 3 * i + 2] = (lip, default_rho if rho is None else rho)
         ctl[ex.M_USED] = ctl[ex.M_STORED] = ctl[ex.M_PEAK] = n_inst
@@ -116,8 +126,17 @@ class ExploredTreePolicy(Policy):
         self._lazy = lazy
         self._max_kids = branching
         certified = spread in ("certified", "hybrid")
-        self._lambdas = default_lambdas(spec.sigma, z) if certified else np.ones(1)
-        width = ex.N_FLOAT + (3 + 2 * self._lambdas.size if certified else 0)
+        tree_cert = certified and certificate != "paper"
+        ctl[ex.P_TREECERT] = 1.0 if tree_cert else 0.0
+        if tree_cert:
+            # Corollary 1: delta split evenly over every node the explored tree may hold
+            nodes = tree.n_nodes_to_level(int(ctl[ex.P_DEPTHM])) if lazy else tree.n_nodes
+            self._lambdas = sharp_setup(spec.sigma / (high - low), delta / nodes, z, certificate)
+            state = sharp_width(self._lambdas)
+        else:
+            self._lambdas = default_lambdas(spec.sigma, z) if certified else np.ones(1)
+            state = 3 + 2 * self._lambdas.size if certified else 0
+        width = ex.N_FLOAT + state
         capacity = max(_INITIAL_CAPACITY, 2 * n_inst + branching)
         self._fs = np.zeros((capacity, width))
         self._ist = np.zeros((capacity, ex.N_INT), dtype=np.int64)
@@ -131,8 +150,10 @@ class ExploredTreePolicy(Policy):
         for i, (lip, _) in enumerate(schedules):
             self._ist[i] = (0, 0, -1, -1, root_kids, i, 0 if lazy or root_kids else 1, 0)
             start_spread = 1.0 if spread in ("certified", "estimated") else lip
+            if tree_cert and spread == "certified":
+                start_spread = high - low
             self._fs[i, :ex.N_FLOAT] = (0.0, 0.0, start_spread, np.inf, np.inf, 1.0, 1.0, lip,
-                                        0.0, root_log_m, 0.0)
+                                        0.0, root_log_m, 0.0, 1.0, 0.0, 1.0, 0.0)
         self._forest = n_inst > 1
         self._plain = not (self._forest or lazy)
         self._kernel_args = (self._fs, self._ist, ctl, self._lambdas)
@@ -275,6 +296,21 @@ class ExploredTreePolicy(Policy):
         return np.array([[ist[v, ex.LEVEL], ist[v, ex.NODE]] for v in order], dtype=np.int64)
 
 
+def spec_value_range(spec: ProblemSpec) -> tuple[float, float]:
+    """The range of the leaf means the certificate assumes: the problem's declared
+    ``value_range`` when finite, else the paper's ``[0, 1]``."""
+    low, high = spec.value_range
+    if math.isfinite(low) and math.isfinite(high):
+        return check_value_range((low, high))
+    return 0.0, 1.0
+
+
+def _check_certificate(value: str) -> str:
+    if value not in METHODS:
+        raise ValueError(f"certificate must be one of {METHODS}, got {value!r}")
+    return value
+
+
 def spec_rounds(spec: ProblemSpec, budget: float) -> float:
     """The most rounds a budget can pay for (every round at the cheaper, probe cost)."""
     return budget / spec.probe_cost
@@ -302,7 +338,17 @@ class OptimisticDescent(ExploredTreePolicy):
               not a bound: it can under-state the bias of a cell with a narrow peak, and a
               cell estimated flat (bonus 0) is never split (Eq. 6's threshold is infinite).
               ``lipschitz`` is unused.
-            - ``"certified"``: the rigorous variant. The node's own certificate (Algorithm 1
+            - ``"certified"``: the rigorous variant. With the default
+              ``certificate="sharp"`` (or ``"betting"``/``"order"``), the node's certified
+              bias as :class:`canopy.certified_tree.CertifiedTree` computes it: its own
+              certificate on its own probes, composed with its explored children's
+              (``min`` of the upper bounds on the best leaf, ``max`` of the lower bounds on
+              the value), ``delta`` split evenly over the tree's nodes (Corollary 1), in the
+              problem's value range (``[0, 1]`` when it declares none); a node without two
+              own probes has the range as its bound. Refreshed on the played path each
+              round, so a split node keeps tightening from its children's probes.
+              With ``certificate="paper"`` (the former behaviour, for reproduction): the
+              node's own certificate (Algorithm 1
               on its own probes, O(|grid|) running state) gives ``own(v) = min(1, bound)``;
               each node carries ``L_hat(v) = min(L_hat(parent), own(v) / rho^level)``
               (``L_hat(root) = 1``, the trivial bias bound), and
@@ -316,7 +362,8 @@ class OptimisticDescent(ExploredTreePolicy):
               ``lipschitz`` is unused.
             - ``"hybrid"``: the floor ``L rho^level`` unless the node is flagged (the lower
               confidence bound on its noise-deconvolved within-cell sd exceeds the floor, as
-              :func:`canopy.certificate.is_violation`), then ``max(floor, min(1, bound))``.
+              :func:`canopy.certificate.is_violation`), then ``max(floor, bound)`` with the
+              certified bound above (``min(1, own bound)`` under ``certificate="paper"``).
         lipschitz: ``L`` of the floor (> 0).
         rho: the floor's ratio in (0, 1); ``None`` is ``1 / max number of children``.
         c: scale of the confidence radius (> 0).
@@ -325,18 +372,22 @@ class OptimisticDescent(ExploredTreePolicy):
             split a node after its first play, so each round plays a new node) or ``"fixed"``
             (``"always"`` down to ``max_depth`` and never deeper: fixed-resolution play).
         max_depth: deepest level the explored tree may reach (required by ``"fixed"``).
-        delta: level of each node's certificate. Each node uses ``delta`` itself (no union
-            bound over nodes: the bonus is an index, and Corollary 1's simultaneous guarantee
-            needs ``delta`` divided by the number of nodes probed).
+        delta: level of the certificates: split evenly over the tree's nodes for the
+            composed certificates; under ``certificate="paper"`` each node uses ``delta``
+            itself (no union bound over nodes, the former behaviour).
         z: truncation level of the certificate's probes.
+        certificate: the certificate method (:data:`canopy.certificate.METHODS`) of the
+            certified and hybrid spreads.
     """
 
     query_kinds = ("probe", "leaf")
 
     def __init__(self, *, spread: str = "assumed", lipschitz: float = 1.0,
                  rho: float | None = None, c: float = 1.0, expand: str = "refine",
-                 max_depth: int | None = None, delta: float = 0.05, z: float = 3.0) -> None:
+                 max_depth: int | None = None, delta: float = 0.05, z: float = 3.0,
+                 certificate: str = DEFAULT_METHOD) -> None:
         self.spread = _check_choice(spread, _SPREADS, "spread")
+        self.certificate = _check_certificate(certificate)
         self.lipschitz = check_positive(lipschitz, "lipschitz")
         self.rho = check_rho(rho)
         self.c = check_positive(c, "c")
@@ -357,7 +408,7 @@ class OptimisticDescent(ExploredTreePolicy):
                             "on a LazyTree")
         self._begin(schedules=[(self.lipschitz, self.rho)], spread=self.spread,
                     expand=self.expand, max_depth=self.max_depth, path_stats=False, c=self.c,
-                    delta=self.delta, z=self.z)
+                    delta=self.delta, z=self.z, certificate=self.certificate)
 
 
 class MemoryBoundedDescent(ExploredTreePolicy):
@@ -372,8 +423,10 @@ class MemoryBoundedDescent(ExploredTreePolicy):
     arity and ``n = budget / probe_cost`` the horizon: room for a path down to the depth a cell
     is resolved by one probe, twice over.
 
-    ``spread`` is ``"assumed"``, ``"estimated"`` or ``"certified"`` as in
-    :class:`OptimisticDescent`; the estimate and the certificate treat a cell at ``level`` as
+    ``spread`` is ``"assumed"``, ``"estimated"`` or ``"certified"`` (with ``certificate``)
+    as in :class:`OptimisticDescent` (the composed certificate splits ``delta`` over the
+    ``LazyTree.n_nodes_to_level(D)`` cells down to level ``D``); the estimate and the
+    certificate treat a cell at ``level`` as
     ``m = b^(D - level)`` leaves, ``D = ceil(log_b n)`` (a modelling choice: the leaves of an
     infinite tree are a continuum; cells at level ``D`` and below get bonus 0 from data).
     After a run: ``depth_reached_`` (deepest level explored) and ``tree_nodes_``
@@ -388,7 +441,8 @@ class MemoryBoundedDescent(ExploredTreePolicy):
 
     def __init__(self, *, lipschitz: float = 1.0, rho: float | None = None, c: float = 1.0,
                  spread: str = "assumed", max_nodes: int | None = None, delta: float = 0.05,
-                 z: float = 3.0) -> None:
+                 z: float = 3.0, certificate: str = DEFAULT_METHOD) -> None:
+        self.certificate = _check_certificate(certificate)
         self.lipschitz = check_positive(lipschitz, "lipschitz")
         self.rho = check_rho(rho)
         self.c = check_positive(c, "c")
@@ -414,7 +468,7 @@ class MemoryBoundedDescent(ExploredTreePolicy):
                              f"got {cap}")
         self._begin(schedules=[(self.lipschitz, self.rho)], spread=self.spread,
                     expand="refine", max_depth=None, path_stats=False, c=self.c,
-                    delta=self.delta, z=self.z, max_nodes=cap)
+                    delta=self.delta, z=self.z, max_nodes=cap, certificate=self.certificate)
 
     def _sync_counts(self) -> None:
         super()._sync_counts()

@@ -18,7 +18,11 @@ Choices the paper leaves open, shared by all three:
 
 - ``spread``: the bias bound of a cell at level ``l``. ``"assumed"``: ``L rho^l`` (Eq. 3);
   ``"certified"``: the certificate of Algorithm 1 on the cell's own probes (level
-  ``delta`` split evenly over the cells probed, Corollary 1); ``"hybrid"``: ``L rho^l`` unless
+  ``delta`` split evenly over the cells probed, Corollary 1), with ``certificate`` choosing
+  the method: the default ``"sharp"`` (and ``"betting"``/``"order"``) composes the cells'
+  certificates up the tree (:class:`~canopy.certified_tree.CertifiedTree`, leaf evaluations
+  included), ``"paper"`` is Algorithm 1 on each cell's own probes (the former behaviour);
+  ``"hybrid"``: ``L rho^l`` unless
   the violation test of :mod:`~canopy.policies._identify_spread` flags the cell, then the
   certificate (detect and relax).
 - ``rho = None``: ``1 / b`` with ``b`` the mean number of children of internal nodes (Section
@@ -42,7 +46,8 @@ from collections.abc import Generator
 
 import numpy as np
 
-from canopy.certificate import default_lambdas, state_bound
+from canopy.certificate import DEFAULT_METHOD, METHODS, default_lambdas, state_bound
+from canopy.certified_tree import CertifiedTree
 from canopy.policies._identify_core import Batch, PhasedPolicy
 from canopy.policies._identify_spread import (
     oscillation_estimate,
@@ -68,9 +73,13 @@ class _TreeIdentifier(PhasedPolicy):
     DEFAULT_DETECT_FRACTION = 0.5
 
     def _configure(self, *, lipschitz: float | None, rho: float | None, delta: float,
-                   z: float, k: int, spread: str, prepass: bool) -> None:
+                   z: float, k: int, spread: str, prepass: bool,
+                   certificate: str = DEFAULT_METHOD) -> None:
         if spread not in SPREADS:
             raise ValueError(f"spread must be one of {SPREADS}, got {spread!r}")
+        if certificate not in METHODS:
+            raise ValueError(f"certificate must be one of {METHODS}, got {certificate!r}")
+        self.certificate = certificate
         self.lipschitz = check_positive(lipschitz, "lipschitz", allow_none=True)
         self.rho = check_rho(rho)
         self.delta = check_unit(delta, "delta")
@@ -99,6 +108,16 @@ class _TreeIdentifier(PhasedPolicy):
         self._cert_row: dict[int, int] = {}
         self._cert_states = np.zeros((64, 3 + 2 * self._lambdas.size))
         self._delta_cell = self.delta
+        self._ctree: CertifiedTree | None = None
+        if self.spread != "assumed" and self.certificate != "paper":
+            from canopy.policies.descent import spec_value_range
+
+            self._ctree = CertifiedTree(tree, self.spec_.sigma, delta=self.delta,
+                                        method=self.certificate, z=self.z,
+                                        value_range=spec_value_range(self.spec_),
+                                        node_delta=self.delta / tree.n_nodes)
+        self.n_pruned_ = 0
+        self.n_judged_ = 0
 
     @property
     def flagged_cells_(self) -> np.ndarray:
@@ -122,7 +141,9 @@ class _TreeIdentifier(PhasedPolicy):
 
     def _fold(self, kind: str, nodes: np.ndarray, values: np.ndarray) -> None:
         super()._fold(kind, nodes, values)
-        if kind == "probe" and self.spread != "assumed":
+        if self._ctree is not None:
+            self._ctree.update_many(nodes, values)
+        elif kind == "probe" and self.spread != "assumed":
             rows = self._cert_rows(nodes)
             push_probes(self._cert_states, rows, values, self._lambdas, self.spec_.sigma,
                         self.z)
@@ -145,7 +166,12 @@ class _TreeIdentifier(PhasedPolicy):
         return self.lipschitz_ * self.rho_ ** self.tree_.level[nodes].astype(float)
 
     def _certified(self, nodes: np.ndarray) -> np.ndarray:
-        """Algorithm 1's bound per cell (``inf`` below two probes)."""
+        """The certified bias bound per cell: composed (at level ``delta_cell`` per node),
+        or Algorithm 1's on the cell's own probes (``inf`` below two) with
+        ``certificate="paper"``."""
+        if self._ctree is not None:
+            self._sync_ctree()
+            return np.asarray(self._ctree.bound(nodes), dtype=float)
         tree = self.tree_
         out = np.full(nodes.size, np.inf)
         log_m = np.log(tree.leaf_hi[nodes] - tree.leaf_lo[nodes])
@@ -155,6 +181,18 @@ class _TreeIdentifier(PhasedPolicy):
                 out[i] = state_bound(self._cert_states[row], self._lambdas, float(log_m[i]),
                                      self.spec_.sigma, self._delta_cell, self.z)
         return np.minimum(out, 1.0 + self.z * self.spec_.sigma)
+
+    def _sync_ctree(self) -> None:
+        if self._ctree is not None and self._ctree.node_delta != self._delta_cell:
+            self._ctree.set_node_delta(self._delta_cell)
+
+    def _certified_upper(self, nodes: np.ndarray) -> np.ndarray:
+        """Certified upper bound on the best leaf of each cell (``inf`` without a composed
+        certificate)."""
+        if self._ctree is None:
+            return np.full(nodes.size, np.inf)
+        self._sync_ctree()
+        return np.asarray(self._ctree.upper(nodes), dtype=float)
 
     def _test(self, nodes: np.ndarray) -> None:
         """Run the violation test on ``nodes`` and record the flags."""
@@ -315,18 +353,21 @@ class TopKBeam(_TreeIdentifier):
         delta: confidence level, split evenly over the probed cells.
         z: truncation level of the certificate.
         k: how many leaves the beam and the race focus on.
+        certificate: the certificate method of the certified/hybrid spread (module
+            docstring).
     """
 
     name = "canopy-beam"
 
     def __init__(self, *, width: int = 20, spread: str = "assumed",
                  lipschitz: float | None = None, rho: float | None = None,
-                 prepass: bool = True, delta: float = 0.05, z: float = 3.0, k: int = 1) -> None:
+                 prepass: bool = True, delta: float = 0.05, z: float = 3.0, k: int = 1,
+                 certificate: str = DEFAULT_METHOD) -> None:
         if isinstance(width, bool) or not isinstance(width, (int, np.integer)) or width < 1:
             raise ValueError(f"width must be a positive int, got {width!r}")
         self.width = int(width)
         self._configure(lipschitz=lipschitz, rho=rho, delta=delta, z=z, k=k, spread=spread,
-                        prepass=prepass)
+                        prepass=prepass, certificate=certificate)
 
     def _plan(self) -> Generator[Batch, None, None]:
         tree = self.tree_
@@ -383,6 +424,10 @@ class TopKSound(_TreeIdentifier):
     their cell's probe mean (the certified spread is dominated by confidence terms at these
     sample sizes, so it would rank cells by noise).
 
+    With a composed certificate a certified cell's upper bound is also at most the
+    certificate's upper bound on its best leaf. After a run, ``n_pruned_`` of the
+    ``n_judged_`` cells examined were pruned.
+
     Args: as :class:`TopKBeam`, without ``width``; ``spread`` defaults to ``"certified"``.
     """
 
@@ -390,9 +435,9 @@ class TopKSound(_TreeIdentifier):
 
     def __init__(self, *, spread: str = "certified", lipschitz: float | None = None,
                  rho: float | None = None, prepass: bool = True, delta: float = 0.05,
-                 z: float = 3.0, k: int = 1) -> None:
+                 z: float = 3.0, k: int = 1, certificate: str = DEFAULT_METHOD) -> None:
         self._configure(lipschitz=lipschitz, rho=rho, delta=delta, z=z, k=k, spread=spread,
-                        prepass=prepass)
+                        prepass=prepass, certificate=certificate)
 
     def _plan(self) -> Generator[Batch, None, None]:
         tree = self.tree_
@@ -431,6 +476,8 @@ class TopKSound(_TreeIdentifier):
         self._set_scores(cells, mean)
         smooth = np.zeros(cells.size, dtype=bool) if self.spread == "certified" else (
             ~self._flag[cells])
+        if self._ctree is not None:  # the composed certificate bounds the best leaf directly
+            upper = np.where(smooth, upper, np.minimum(upper, self._certified_upper(cells)))
         size = (tree.leaf_hi[cells] - tree.leaf_lo[cells]).astype(float)
         values = np.concatenate([lower, (lower - self._floor(cells))[smooth]])
         counts = np.concatenate([np.ones(cells.size), np.maximum(size[smooth] - 1.0, 0.0)])
@@ -439,6 +486,8 @@ class TopKSound(_TreeIdentifier):
         above = np.searchsorted(values, upper, side="right")
         n_better = np.where(above < values.size, tail[np.minimum(above, values.size - 1)], 0.0)
         out = n_better >= self.k
+        self.n_judged_ += int(cells.size)
+        self.n_pruned_ += int(out.sum())
         if out.any():
             self._reject(cells[out], mean[out])
         return cells[~out]
@@ -477,15 +526,16 @@ class EdgeTargeted(_TreeIdentifier):
         z: truncation level of the certificate.
         detect_fraction: share of the budget the detection may spend (``None``: 0.5).
         k: how many leaves the races keep.
+        certificate: the certificate method of flagged cells' spread (module docstring).
     """
 
     name = "canopy-edge"
 
     def __init__(self, *, lipschitz: float | None = None, rho: float | None = None,
                  delta: float = 0.05, z: float = 3.0, detect_fraction: float | None = None,
-                 k: int = 1) -> None:
+                 k: int = 1, certificate: str = DEFAULT_METHOD) -> None:
         self._configure(lipschitz=lipschitz, rho=rho, delta=delta, z=z, k=k, spread="hybrid",
-                        prepass=True)
+                        prepass=True, certificate=certificate)
         self.detect_fraction = (detect_fraction if detect_fraction is None
                                 else check_unit(detect_fraction, "detect_fraction"))
 

@@ -24,6 +24,7 @@ STUDIES: dict[str, str] = {
     "ablation": "canopy.experiments.studies.ablation",
     "theorylink": "canopy.experiments.studies.theorylink",
     "realtopk": "canopy.experiments.studies.realtopk",
+    "certificate": "canopy.experiments.studies.certwidth",
 }
 
 

@@ -6,8 +6,10 @@ Instance (the paper does not specify the function): ``canopy.instances.infinite_
 the garland function with noise sigma 0.1; the descent's assumed spread is ``L * 3**-level``,
 run with two constants: ``L = 15.3``, the garland's Lipschitz constant on [0, 1] (max |f'| =
 15.26 on a 2M-point grid), so the spread bounds every cell's bias, and ``L = 1``, the policy's
-default; the memory cap is the policy's default. Each horizon is a separate run (budget =
-horizon, cost 1 per probe). The paper gives no seed count: we use 10.
+default; the memory cap is the policy's default. Beside them, the memory-bounded rule with the
+bias taken from data: ``spread="estimated"`` (the plug-in) and ``spread="certified"`` (the
+composed sharp certificate, issue 11). Each horizon is a separate run (budget = horizon, cost
+1 per probe). The paper gives no seed count: we use 10.
 """
 
 from __future__ import annotations
@@ -44,6 +46,10 @@ def method(lipschitz: float) -> str:
     return f"memory-bounded (L={lipschitz:g})"
 
 
+def spread_method(spread: str) -> str:
+    return f"memory-bounded ({spread})"
+
+
 @dataclass(frozen=True)
 class CompressionParams:
     """Horizons of the compression study."""
@@ -51,6 +57,7 @@ class CompressionParams:
     arity: int = 3
     sigma: float = 0.1
     lipschitz: tuple[float, ...] = (15.3, 1.0)
+    spreads: tuple[str, ...] = ("estimated", "certified")
     horizons: tuple[int, ...] = (500, 1000, 2000, 4000, 8000, 15000)
 
     def __post_init__(self) -> None:
@@ -64,6 +71,9 @@ class CompressionParams:
         check_positive(lipschitz=self.lipschitz)
         if not self.lipschitz:
             raise ValueError("lipschitz must list at least one constant")
+        for spread in self.spreads:
+            if spread not in ("estimated", "certified"):
+                raise ValueError(f"spreads must be 'estimated' or 'certified', got {spread!r}")
 
 
 PAPER = tuple(PaperValue(method(L), 15000.0, metric, value)
@@ -71,9 +81,12 @@ PAPER = tuple(PaperValue(method(L), 15000.0, metric, value)
 
 
 def cells(params: CompressionParams) -> list[dict[str, Any]]:
-    return [{**policy_cell(method(L), "MemoryBoundedDescent", lipschitz=L),
-             "arity": params.arity, "sigma": params.sigma, "horizon": h}
-            for L in params.lipschitz for h in params.horizons]
+    policies = [policy_cell(method(L), "MemoryBoundedDescent", lipschitz=L)
+                for L in params.lipschitz]
+    policies += [policy_cell(spread_method(s), "MemoryBoundedDescent", spread=s)
+                 for s in params.spreads]
+    return [{**policy, "arity": params.arity, "sigma": params.sigma, "horizon": h}
+            for policy in policies for h in params.horizons]
 
 
 def run_cell(cell: dict[str, Any], seed: int) -> list[Measurement]:

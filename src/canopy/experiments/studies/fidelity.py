@@ -12,7 +12,10 @@ recall 0), a new instance per seed, shared by every method of that seed. Methods
 ``TopKBeam(width=20)`` (assumed spread); "sound" = ``TopKSound(spread="assumed")``, the
 worst-case-valid pruning of Theorem 2 with the schedule ``L rho^l``; "sound (certified)" =
 ``TopKSound(spread="certified")``, the same pruning with Algorithm 1's bound, reported beside
-it (its bound is too loose at ~2 probes per cell to prune). Budgets
+it (its bound is too loose at ~2 probes per cell to prune), in two forms: Algorithm 1 on each
+cell's own probes (``certificate="paper"``, the former variant) and the composed sharp
+certificate (``"sound (certified, composed)"``, issue 11), with the fraction of examined cells
+each prunes. Budgets
 are in leaf-cost units (``leaf_cost = 1``). Successive elimination evaluates leaves only, so its
 recall does not depend on the probe cost: it runs once per budget (with probe cost = leaf
 cost, which it never pays) and is drawn as a band in the cost-ratio panel.
@@ -50,6 +53,7 @@ __all__ = ["PAPER", "STUDY", "FidelityParams"]
 
 BEAM, SOUND, CERT, SE = ("beam (width 20)", "sound", "sound (certified)",
                          "successive elimination")
+COMPOSED = "sound (certified, composed)"
 RATIO, BUDGET = "probe/leaf cost ratio", "budget"
 
 #: App. D "The tree prior pays off only when probes are cheap", fig:fidelity (budget 1,500,
@@ -94,7 +98,8 @@ def cells(params: FidelityParams) -> list[dict[str, Any]]:
     """One cell per distinct (method, probe cost, budget); ``points`` lists the (axis, x) at
     which its recall is reported: the cost-ratio panel at ``budget``, the budget panel at
     ``cheap_ratio`` (a configuration on both panels runs once)."""
-    tree = [(BEAM, "TopKBeam"), (SOUND, "TopKSound"), (CERT, "TopKSound")]
+    tree = [(BEAM, "TopKBeam"), (SOUND, "TopKSound"), (CERT, "TopKSound"),
+            (COMPOSED, "TopKSound")]
     configs: dict[tuple, list] = {}
     for ratio in params.ratios:
         for method, policy in tree:
@@ -105,7 +110,9 @@ def cells(params: FidelityParams) -> list[dict[str, Any]]:
         for method, policy in [*tree, (SE, "SuccessiveElimination")]:
             ratio = 1.0 if policy == "SuccessiveElimination" else params.cheap_ratio
             configs.setdefault((method, policy, ratio, budget), []).append([BUDGET, budget])
-    extra = {BEAM: {"width": 20}, SOUND: {"spread": "assumed"}, CERT: {"spread": "certified"}}
+    extra = {BEAM: {"width": 20}, SOUND: {"spread": "assumed"},
+             CERT: {"spread": "certified", "certificate": "paper"},
+             COMPOSED: {"spread": "certified", "certificate": "sharp"}}
     return [{**policy_cell(method, policy, k=params.k, **extra.get(method, {})),
              "points": points, "budget": budget, "probe_cost": ratio,
              "branching": params.branching, "depth": params.depth,
@@ -116,10 +123,16 @@ def cells(params: FidelityParams) -> list[dict[str, Any]]:
 def run_cell(cell: dict[str, Any], seed: int) -> list[Measurement]:
     problem = lipschitz_instance(cell, seed, probe_cost=cell["probe_cost"])
     k = cell["kwargs"]["k"]
-    result = run(make_policy(cell), problem, budget=cell["budget"], seed=seed, k=k)
+    policy = make_policy(cell)
+    result = run(policy, problem, budget=cell["budget"], seed=seed, k=k)
     value = recall(result, problem, k)
-    return [Measurement(cell["method"], x_name, x, f"recall@{k}", value)
-            for x_name, x in cell["points"]]
+    out = [Measurement(cell["method"], x_name, x, f"recall@{k}", value)
+           for x_name, x in cell["points"]]
+    if cell["policy"] == "TopKSound":
+        pruned = policy.n_pruned_ / max(policy.n_judged_, 1)
+        out += [Measurement(cell["method"], x_name, x, "pruned fraction", pruned)
+                for x_name, x in cell["points"]]
+    return out
 
 
 def headlines(rows: Sequence[Row]) -> list[Headline]:
@@ -135,6 +148,11 @@ def headlines(rows: Sequence[Row]) -> list[Headline]:
                     target=">= successive elimination",
                     passed=None if sound is None or se is None else sound.mean >= se.mean)
     out += headline(f"successive elimination {metric} at budget 1,500", se, paper=0.57)
+    for method in (CERT, COMPOSED):
+        out += headline(f"{method} {metric} at budget 1,500",
+                        lookup(rows, method, metric, 1500.0, x_name=BUDGET))
+        out += headline(f"{method}: fraction of examined cells pruned at budget 1,500",
+                        lookup(rows, method, "pruned fraction", 1500.0, x_name=BUDGET))
     equal = lookup(rows, BEAM, metric, 1.0, x_name=RATIO)
     band = lookup(rows, SE, metric, None, x_name=RATIO)
     out += headline(f"beam {metric} when a probe costs a leaf", equal,
@@ -156,5 +174,7 @@ STUDY = Study(
     paper=PAPER,
     headlines=headlines,
     panels=(Panel("recall@5", RATIO, log_x=True, title="recall@5 vs probe/leaf cost (budget)"),
-            Panel("recall@5", BUDGET, title="recall@5 vs budget (cheap probes)")),
+            Panel("recall@5", BUDGET, title="recall@5 vs budget (cheap probes)"),
+            Panel("pruned fraction", BUDGET, title="sound pruning: fraction of cells pruned",
+                  methods=(SOUND, CERT, COMPOSED))),
 )
