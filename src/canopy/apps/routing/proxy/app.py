@@ -32,6 +32,7 @@ import json
 import logging
 import math
 import os
+import sqlite3
 import threading
 import time
 import uuid
@@ -266,6 +267,10 @@ class _Proxy:
             except AlreadyRated:  # another worker rated it between the read and the write
                 return _error(409, f"request {request_id!r} already has feedback",
                               code="duplicate_feedback")
+            except sqlite3.OperationalError as error:  # locked or failing store: nothing kept
+                log.error("feedback %s not stored: %s", request_id, error)
+                return _error(503, "the statistics store is busy; nothing was recorded, "
+                                   "retry the feedback", "server_error")
             self.router.apply(planned)  # memory only after the commit
         return {"ok": True, "request_id": request_id, "region": record.region,
                 "model": record.model, "reward": quality - self.config.lam * record.cost}
