@@ -39,15 +39,17 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
+import httpx
 from fastapi import FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 
 from canopy.apps.routing.proxy.config import ProxyConfig
 from canopy.apps.routing.proxy.embed import NearestCentroid
 from canopy.apps.routing.proxy.guard import (
     Breaker,
     Keys,
+    SseUsage,
     check_chat_body,
     redact,
     sane_usage,
@@ -163,8 +165,6 @@ class _Proxy:
         problem = check_chat_body(body)
         if problem:
             return _error(400, problem)
-        if body.get("stream"):
-            return _error(400, "stream=true is not supported by the routing proxy yet")
         asked = body.get("model", "") or ""
         if asked not in AUTO_MODELS and asked not in self.upstreams:
             return _error(400, f"unknown model {asked!r}: use 'auto' or one of "
@@ -180,6 +180,8 @@ class _Proxy:
             ranking = [asked] if asked in self.upstreams else self.router.ranking(region)
         ranking = self.breaker.order(ranking)
         request_id = f"req-{uuid.uuid4().hex}"
+        if body.get("stream"):
+            return await self._stream(body, ranking, region, request_id, started)
         deadline = started + self.config.deadline_s
         attempts: list[dict[str, Any]] = []
         upstream_s = 0.0
@@ -194,12 +196,7 @@ class _Proxy:
                     self.clients[model].chat(body, timeout=budget), timeout=budget)
             except (LLMError, asyncio.TimeoutError) as error:
                 upstream_s += time.perf_counter() - t0
-                error = error if isinstance(error, LLMError) else LLMTimeoutError("deadline")
-                self.breaker.failure(model)
-                log.warning("request %s: upstream %s failed: %s", request_id, model,
-                            redact(str(error), self.secrets))
-                attempts.append({"model": model, "reason": _reason(error),
-                                 "status": getattr(error, "status", None)})
+                attempts.append(self._attempt_failed(model, error, request_id))
                 continue
             upstream_s += time.perf_counter() - t0
             self.breaker.success(model)
@@ -220,6 +217,11 @@ class _Proxy:
                                               "X-Canopy-Request-Id": request_id,
                                               "X-Canopy-Usage": usage,
                                               "X-Canopy-Overhead-Ms": f"{overhead_ms:.3f}"})
+        return self._failed(attempts, request_id, deadline)
+
+    def _failed(self, attempts: list[dict[str, Any]], request_id: str, deadline: float
+                ) -> JSONResponse:
+        """The answer when no upstream answered: a generic reason per attempt."""
         public = [{"model": a["model"], "reason": a["reason"]} for a in attempts]
         statuses = [a["status"] for a in attempts]
         if attempts and all(s in (401, 403) for s in statuses):
@@ -233,6 +235,68 @@ class _Proxy:
                                "deadline", "timeout", request_id=request_id, attempts=public)
         return _error(503, "no upstream answered", "upstream_error", request_id=request_id,
                       attempts=public)
+
+    def _attempt_failed(self, model: str, error: BaseException, request_id: str
+                        ) -> dict[str, Any]:
+        """Count a failed upstream call (breaker, redacted log); the attempt's public record."""
+        error = error if isinstance(error, LLMError) else LLMTimeoutError("deadline")
+        self.breaker.failure(model)
+        log.warning("request %s: upstream %s failed: %s", request_id, model,
+                    redact(str(error), self.secrets))
+        return {"model": model, "reason": _reason(error),
+                "status": getattr(error, "status", None)}
+
+    async def _stream(self, body: dict[str, Any], ranking: list[str], region: str,
+                      request_id: str, started: float) -> Any:
+        """Server-sent events passed through from the first upstream that sends a byte
+        within the deadline (failover only before the first byte); the cost is recorded
+        when the stream ends, from its final usage chunk or, failing that, estimated."""
+        deadline = started + self.config.deadline_s
+        attempts: list[dict[str, Any]] = []
+        for model in ranking:
+            remaining = deadline - time.perf_counter()
+            if remaining <= 0:
+                break
+            budget = min(remaining, self.upstreams[model].timeout_s)
+            response = None
+            try:
+                response = await asyncio.wait_for(
+                    self.clients[model].open_stream(body, timeout=budget), timeout=budget)
+                chunks = response.aiter_raw()
+                first = await asyncio.wait_for(anext(chunks), timeout=budget)
+            except (LLMError, asyncio.TimeoutError, httpx.HTTPError, StopAsyncIteration
+                    ) as error:
+                if response is not None:
+                    await response.aclose()
+                attempts.append(self._attempt_failed(model, error, request_id))
+                continue
+            self.breaker.success(model)
+            return StreamingResponse(
+                self._relay(first, chunks, response, body, model, region, request_id),
+                media_type="text/event-stream",
+                headers={"X-Canopy-Model": model, "X-Canopy-Request-Id": request_id,
+                         "X-Canopy-Region": region})
+        return self._failed(attempts, request_id, deadline)
+
+    async def _relay(self, first: bytes, chunks: AsyncIterator[bytes], response: Any,
+                     body: dict[str, Any], model: str, region: str, request_id: str
+                     ) -> AsyncIterator[bytes]:
+        events = SseUsage()
+        try:
+            events.feed(first)
+            yield first
+            async for chunk in chunks:
+                events.feed(chunk)
+                yield chunk
+        finally:
+            await response.aclose()
+            raw = {"usage": events.usage} if events.usage is not None else {}
+            usage = events.usage or {}
+            prompt, completion, _ = sane_usage(body, events.text, raw,
+                                               int(usage.get("prompt_tokens", 0) or 0),
+                                               int(usage.get("completion_tokens", 0) or 0))
+            cost = self.config.prices.cost(model, prompt, completion)
+            await run_in_threadpool(self.state.add_request, request_id, region, model, cost)
 
     # -- feedback ------------------------------------------------------------------------
     def feedback(self, body: Any) -> JSONResponse | dict[str, Any]:

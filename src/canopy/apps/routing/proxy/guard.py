@@ -4,6 +4,7 @@ reported usage, and secrets in anything it logs; and a circuit breaker per upstr
 from __future__ import annotations
 
 import hmac
+import json
 import os
 import re
 import time
@@ -13,7 +14,7 @@ from typing import Any
 
 from canopy.apps.routing.prices import estimate_tokens
 
-__all__ = ["Breaker", "Keys", "check_chat_body", "redact", "sane_usage"]
+__all__ = ["Breaker", "Keys", "SseUsage", "check_chat_body", "redact", "sane_usage"]
 
 MAX_TOKENS_PER_CALL = 2_000_000  # beyond any context window: such a usage report is wrong
 
@@ -159,3 +160,36 @@ class Breaker:
     def ejected(self) -> list[str]:
         now = time.monotonic()
         return sorted(m for m, until in self._open_until.items() if until > now)
+
+
+class SseUsage:
+    """Reads a chat-completion event stream as it passes: the streamed text and the final
+    usage chunk (``None`` when the upstream sent none)."""
+
+    def __init__(self) -> None:
+        self._pending = b""
+        self._parts: list[str] = []
+        self.usage: dict[str, Any] | None = None
+
+    @property
+    def text(self) -> str:
+        return "".join(self._parts)
+
+    def feed(self, chunk: bytes) -> None:
+        *lines, self._pending = (self._pending + chunk).split(b"\n")
+        for line in lines:
+            line = line.strip()
+            if not line.startswith(b"data:") or line[5:].strip() == b"[DONE]":
+                continue
+            try:
+                event = json.loads(line[5:])
+            except ValueError:
+                continue
+            if not isinstance(event, dict):
+                continue
+            if isinstance(event.get("usage"), dict):
+                self.usage = event["usage"]
+            for choice in event.get("choices") or []:
+                delta = choice.get("delta") if isinstance(choice, dict) else None
+                if isinstance(delta, dict) and isinstance(delta.get("content"), str):
+                    self._parts.append(delta["content"])
