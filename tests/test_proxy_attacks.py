@@ -297,3 +297,36 @@ def test_two_workers_on_one_state_file_lose_no_feedback(tmp_path, upstreams):
         rows = httpx.get(url + "/v1/router/stats", headers=ADMIN, timeout=30).json()
     assert rows["with_feedback"] == 20
     assert sum(r["count"] for r in rows["statistics"] if r["region"] == "/") == 20
+
+
+def test_the_documented_configuration_runs_as_written(tmp_path, monkeypatch):
+    """docs/routing.md's router.json builds a proxy once its two keys are exported."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "routing.md").read_text()
+    block = re.search(r"## Routing proxy.*?```json\n(.*?)```", text, re.S).group(1)
+    monkeypatch.setenv("CANOPY_CLIENT_KEY", "k" * 32)
+    monkeypatch.setenv("CANOPY_ADMIN_KEY", "a" * 32)
+    cfg = ProxyConfig.from_mapping(json.loads(block), base=tmp_path)
+    proxy = create_app(cfg).state.proxy
+    body = {"messages": [{"role": "user", "content": "fix this python bug"}]}
+    assert proxy.region({}, body) == "code"
+    assert proxy.region({}, {"messages": [{"role": "user", "content": "hello there"}]}) \
+        == "chat"
+
+
+def test_the_cli_refuses_to_serve_without_keys(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    path = tmp_path / "router.json"
+    path.write_text(json.dumps({"upstreams": [{"model": "small", "base_url": "http://x/v1"}],
+                                "state_path": "s.sqlite", "prices": PRICES}))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    done = subprocess.run([sys.executable, "-m", "canopy", "serve", "router", "--config",
+                           str(path), "--port", "1"], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1 and "--insecure-no-auth" in done.stderr
