@@ -42,7 +42,7 @@ def test_replay_speed(benchmark):
 
 
 @pytest.mark.live
-def test_proxy_load_1000(benchmark, tmp_path):
+def test_proxy_load_1000(benchmark, tmp_path, monkeypatch):
     from llm_server import _require_llama
 
     _require_llama()
@@ -60,14 +60,15 @@ def test_proxy_load_1000(benchmark, tmp_path):
             {"model": "large", "base_url": large.base_url, "upstream_model": large.model,
              "timeout_s": 300}],
             "state_path": str(tmp_path / "router.sqlite"), "lam": 1000.0, "prices": prices,
-            "deadline_s": 360})
+            "deadline_s": 360, "auth": {"admin_key_env": "BENCH_ADMIN_KEY"}})
+        monkeypatch.setenv("BENCH_ADMIN_KEY", "bench-admin-key")
         with serve_in_thread(create_app(config)) as url:
             result = benchmark.pedantic(
                 run_load_test, args=(url,),
                 kwargs={"requests": 1000, "concurrency": 32, "max_tokens": 1,
                         "regions": ["chat", "code/python", "math"],
                         "quality": lambda answer: 1.0, "halfway": small.stop,
-                        "request_timeout": 400.0},
+                        "request_timeout": 400.0, "api_key": "bench-admin-key"},
                 rounds=1, iterations=1)
     summary = result.summary()
     benchmark.extra_info.update(summary)

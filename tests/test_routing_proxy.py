@@ -20,6 +20,8 @@ from llm_server import ScriptedServer, _require_llama
 
 chat_body = ScriptedServer.chat_body
 
+CLIENT_KEY, ADMIN_KEY = "client-test-key-123", "admin-test-key-456"
+AUTH = {"Authorization": f"Bearer {ADMIN_KEY}"}
 PRICES = {"version": "test-1", "models": {"small": {"input": 1.0, "output": 1.0},
                                           "large": {"input": 50.0, "output": 50.0}}}
 ASK = {"messages": [{"role": "user", "content": "Say hi"}], "max_tokens": 2}
@@ -31,8 +33,16 @@ def config(tmp_path, small_url, large_url, *, timeout_s=20.0, **extra) -> ProxyC
          "timeout_s": timeout_s},
         {"model": "large", "base_url": large_url, "upstream_model": "smollm2-135m",
          "timeout_s": timeout_s}],
-        "state_path": "router.sqlite", "lam": 1000.0, "prices": PRICES, **extra}
+        "state_path": "router.sqlite", "lam": 1000.0, "prices": PRICES,
+        "auth": {"client_key_env": "TEST_CANOPY_CLIENT_KEY",
+                 "admin_key_env": "TEST_CANOPY_ADMIN_KEY"}, **extra}
     return ProxyConfig.from_mapping(data, base=tmp_path)
+
+
+@pytest.fixture(autouse=True)
+def keys(monkeypatch):
+    monkeypatch.setenv("TEST_CANOPY_CLIENT_KEY", CLIENT_KEY)
+    monkeypatch.setenv("TEST_CANOPY_ADMIN_KEY", ADMIN_KEY)
 
 
 @pytest.fixture
@@ -59,7 +69,7 @@ def test_config_refuses_unpriced_models_and_bad_fields(tmp_path):
 
 def test_bad_input_gets_clear_4xx_and_leaves_state_unchanged(tmp_path, upstreams):
     cfg = config(tmp_path, upstreams[0].url("/v1"), upstreams[1].url("/v1"))
-    with serve_in_thread(create_app(cfg)) as url, httpx.Client(base_url=url,
+    with serve_in_thread(create_app(cfg)) as url, httpx.Client(base_url=url, headers=AUTH,
                                                                timeout=30) as client:
         good = client.post("/v1/chat/completions", json=ASK).json()["canopy"]["request_id"]
         assert client.post("/v1/feedback", json={"request_id": good, "quality": 0.7}
@@ -70,9 +80,10 @@ def test_bad_input_gets_clear_4xx_and_leaves_state_unchanged(tmp_path, upstreams
             ("/v1/chat/completions", json.dumps({"messages": []}), 400, "non-empty list"),
             ("/v1/chat/completions", json.dumps({"messages": [{"role": "user"}]}), 400,
              "messages[0]"),
+            ("/v1/chat/completions", "[" * 100_000 + "]" * 100_000, 400, "nests too deep"),
             ("/v1/chat/completions", json.dumps({**ASK, "model": "gpt-9"}), 400,
              "unknown model 'gpt-9'"),
-            ("/v1/chat/completions", json.dumps({**ASK, "stream": True}), 400, "stream"),
+            ("/v1/chat/completions", json.dumps({**ASK, "stream": "false"}), 400, "stream"),
             ("/v1/feedback", json.dumps({"request_id": "req-nope", "quality": 0.5}), 404,
              "unknown request id"),
             ("/v1/feedback", json.dumps({"request_id": good, "quality": 1.5}), 422,
@@ -97,7 +108,7 @@ def test_bad_input_gets_clear_4xx_and_leaves_state_unchanged(tmp_path, upstreams
 def test_failed_upstream_is_skipped_and_deadline_bounds_the_wait(tmp_path, upstreams):
     upstreams[0].routes["/v1/chat/completions"] = lambda _: (500, b'{"error": "boom"}', 0.0)
     cfg = config(tmp_path, upstreams[0].url("/v1"), upstreams[1].url("/v1"))
-    with serve_in_thread(create_app(cfg)) as url, httpx.Client(base_url=url,
+    with serve_in_thread(create_app(cfg)) as url, httpx.Client(base_url=url, headers=AUTH,
                                                                timeout=30) as client:
         for _ in range(3):
             answer = client.post("/v1/chat/completions", json={**ASK, "model": "auto"})
@@ -109,7 +120,7 @@ def test_failed_upstream_is_skipped_and_deadline_bounds_the_wait(tmp_path, upstr
         server.routes["/v1/chat/completions"] = lambda _: (200, chat_body("late"), 5.0)
     cfg = config(tmp_path / "b", upstreams[0].url("/v1"), upstreams[1].url("/v1"),
                  deadline_s=1.0)
-    with serve_in_thread(create_app(cfg)) as url, httpx.Client(base_url=url,
+    with serve_in_thread(create_app(cfg)) as url, httpx.Client(base_url=url, headers=AUTH,
                                                                timeout=30) as client:
         t0 = time.monotonic()
         answer = client.post("/v1/chat/completions", json=ASK)
@@ -123,7 +134,7 @@ def test_restart_keeps_learned_statistics_and_regions(tmp_path, upstreams):
     cfg = config(tmp_path, upstreams[0].url("/v1"), upstreams[1].url("/v1"),
                  region={"centroids": {"code": ["write a python function", "fix this bug"],
                                        "chat": ["hello how are you", "tell me a joke"]}})
-    with serve_in_thread(create_app(cfg)) as url, httpx.Client(base_url=url,
+    with serve_in_thread(create_app(cfg)) as url, httpx.Client(base_url=url, headers=AUTH,
                                                                timeout=30) as client:
         for i in range(12):
             text = "write a python function to sort" if i % 2 else "hello, tell me a joke"
@@ -135,7 +146,7 @@ def test_restart_keeps_learned_statistics_and_regions(tmp_path, upstreams):
                                               "quality": 1.0 if model == "small" else 0.0})
         before = client.get("/v1/router/stats").json()
     assert before["with_feedback"] == 12
-    with serve_in_thread(create_app(cfg)) as url, httpx.Client(base_url=url,
+    with serve_in_thread(create_app(cfg)) as url, httpx.Client(base_url=url, headers=AUTH,
                                                                timeout=30) as client:
         after = client.get("/v1/router/stats").json()
         assert after["statistics"] == before["statistics"]
@@ -172,15 +183,16 @@ def test_load_with_a_restart_and_an_upstream_stopped(tmp_path, llama_pair):
     # so 32 queued requests wait tens of seconds (the 504 path is tested above)
     cfg = config(tmp_path, small.base_url, large.base_url, timeout_s=150.0, deadline_s=180.0)
     load = {"requests": 100, "concurrency": 32, "max_tokens": 1,
-            "regions": ["chat", "code/python"], "quality": lambda answer: 1.0}
+            "regions": ["chat", "code/python"], "quality": lambda answer: 1.0,
+            "api_key": ADMIN_KEY}
     with serve_in_thread(create_app(cfg)) as url:
         first = run_load_test(url, **load)
-        before = httpx.get(url + "/v1/router/stats", timeout=30).json()
+        before = httpx.get(url + "/v1/router/stats", headers=AUTH, timeout=30).json()
     with serve_in_thread(create_app(cfg)) as url:
-        after = httpx.get(url + "/v1/router/stats", timeout=30).json()
+        after = httpx.get(url + "/v1/router/stats", headers=AUTH, timeout=30).json()
         second = run_load_test(url, **load, halfway=small.stop)
-        final = httpx.get(url + "/v1/router/stats", timeout=30).json()
-        answer = httpx.post(url + "/v1/chat/completions", json=ASK, timeout=120)
+        final = httpx.get(url + "/v1/router/stats", headers=AUTH, timeout=30).json()
+        answer = httpx.post(url + "/v1/chat/completions", json=ASK, headers=AUTH, timeout=120)
     assert after["statistics"] == before["statistics"] and after["with_feedback"] == 100
     for result in (first, second):
         assert result.client_errors == [] and result.error_bodies == []
@@ -205,7 +217,8 @@ def test_cli_serve_router_runs_the_proxy(tmp_path, upstreams):
     path.write_text(json.dumps({"upstreams": [
         {"model": "small", "base_url": upstreams[0].url("/v1")},
         {"model": "large", "base_url": upstreams[1].url("/v1")}],
-        "state_path": "state.sqlite", "prices": PRICES}))
+        "state_path": "state.sqlite", "prices": PRICES,
+        "auth": {"client_key_env": "TEST_CANOPY_CLIENT_KEY"}}))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     process = subprocess.Popen([sys.executable, "-m", "canopy", "serve", "router", "--config",
                                 str(path), "--port", str(port)], env=env,
@@ -222,7 +235,7 @@ def test_cli_serve_router_runs_the_proxy(tmp_path, upstreams):
                 time.sleep(0.2)
         assert health.json() == {"status": "ok", "models": ["small", "large"]}
         answer = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=ASK,
-                            timeout=30)
+                            headers={"Authorization": f"Bearer {CLIENT_KEY}"}, timeout=30)
         assert answer.status_code == 200 and answer.json()["canopy"]["model"] == "small"
     finally:
         process.terminate()

@@ -89,6 +89,40 @@ class AsyncPassthrough:
             self.usage.completion_tokens += result.completion_tokens
         return result
 
+    async def open_stream(self, body: Mapping[str, Any], *, timeout: float
+                          ) -> httpx.Response:
+        """POST ``body`` with ``stream: true`` (asking for a final usage chunk) and return the
+        open response once its status is known; an HTTP error status raises
+        :class:`~canopy.llm.client.LLMServerError` (its body read for the message, the
+        response closed). The caller reads ``aiter_raw()`` and closes it."""
+        url = f"{self.base_url}/chat/completions"
+        options = dict(body.get("stream_options") or {})
+        payload = {**body, "model": self.model, "stream": True,
+                   "stream_options": {**options, "include_usage": True}}
+        key = os.environ.get(self.api_key_env) if self.api_key_env else None
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        request = self._http.build_request("POST", url, json=payload, headers=headers,
+                                           timeout=httpx.Timeout(timeout))
+        try:
+            response = await self._http.send(request, stream=True)
+        except httpx.TimeoutException as error:
+            self._count_error()
+            raise LLMTimeoutError(f"POST {url} timed out after {timeout:.3g} s: {error}"
+                                  ) from None
+        except httpx.TransportError as error:
+            self._count_error()
+            raise LLMConnectionError(f"cannot reach {url}: {str(error) or type(error).__name__}"
+                                     ) from None
+        if response.status_code >= 400:
+            text = (await response.aread())[:300]
+            await response.aclose()
+            self._count_error()
+            raise LLMServerError(f"POST {url} returned HTTP {response.status_code}: {text!r}",
+                                 response.status_code)
+        with self._lock:
+            self.usage.calls += 1
+        return response
+
     def _count_error(self) -> None:
         with self._lock:
             self.usage.errors += 1

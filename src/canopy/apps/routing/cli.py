@@ -78,16 +78,31 @@ def replay_command(
 @serve_app.command("router")
 def serve_router(config: Annotated[Path, typer.Option("--config", exists=True,
                                                      dir_okay=False)],
-                 host: str = typer.Option("127.0.0.1", "--host"),
-                 port: int = typer.Option(8080, "--port")) -> None:
-    """Run the OpenAI-compatible routing proxy (needs the ``serve`` extra)."""
+                 host: str = typer.Option("127.0.0.1", "--host", help="Interface to bind "
+                                          "(loopback unless told otherwise)."),
+                 port: int = typer.Option(8080, "--port"),
+                 workers: int = typer.Option(1, "--workers", min=1, help="Worker processes "
+                                             "sharing the state file."),
+                 insecure_no_auth: bool = typer.Option(
+                     False, "--insecure-no-auth", help="Serve without API keys (only when "
+                     "the configuration names none; never on a shared network).")) -> None:
+    """Run the OpenAI-compatible routing proxy (needs the ``serve`` extra). Clients present
+    the keys the configuration's ``auth`` names (``Authorization: Bearer ...``)."""
+    import os
+
     import uvicorn
 
-    from canopy.apps.routing.proxy.app import create_app
+    from canopy.apps.routing.proxy.app import CONFIG_ENV, INSECURE_ENV, create_app
     from canopy.apps.routing.proxy.config import ProxyConfig
 
-    uvicorn.run(create_app(ProxyConfig.from_file(config)), host=host, port=port,
-                log_level="warning")
+    app = create_app(ProxyConfig.from_file(config), insecure_no_auth=insecure_no_auth)
+    if workers == 1:
+        uvicorn.run(app, host=host, port=port, log_level="warning")
+        return
+    os.environ[CONFIG_ENV] = str(config.resolve())  # each worker builds its own app
+    os.environ[INSECURE_ENV] = "1" if insecure_no_auth else ""
+    uvicorn.run("canopy.apps.routing.proxy.app:app_from_env", factory=True, host=host,
+                port=port, workers=workers, log_level="warning")
 
 
 def register(app: typer.Typer) -> None:

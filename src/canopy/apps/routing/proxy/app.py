@@ -1,68 +1,77 @@
 """The OpenAI-compatible routing proxy (paper Section 5, "Routing", as a service).
 
 ``POST /v1/chat/completions`` picks a model with the regional router (region from a header,
-a user-supplied classifier, or the nearest centroid of a text embedding), forwards the body
-to that model's upstream through :class:`~canopy.llm.passthrough.AsyncPassthrough`, and
-returns the upstream's answer with the chosen model and a request id (body field ``canopy``
-and headers ``X-Canopy-Model``, ``X-Canopy-Request-Id``). An upstream that fails or times
-out is skipped for the next model in the router's ranking, within the request's deadline;
-when none answers, the caller gets a 503 (504 past the deadline) naming every attempt.
+a regular-expression rule, a user-supplied classifier, or the nearest centroid of a text
+embedding), forwards the body to that model's upstream through
+:class:`~canopy.llm.passthrough.AsyncPassthrough`, and returns the upstream's answer with the
+chosen model and a request id (body field ``canopy`` and headers ``X-Canopy-Model``,
+``X-Canopy-Request-Id``). An upstream that fails or times out is skipped for the next model
+in the router's ranking, within the request's deadline (enforced on the whole call, however
+slowly an upstream drips its answer); an upstream that keeps failing is ejected for a
+cool-down (circuit breaker). When none answers, the caller gets a 503 (504 past the
+deadline, 502 when the upstreams refused the proxy's credentials) with a generic reason and
+the request id; upstream error bodies go only to the log, secrets redacted.
 ``POST /v1/feedback`` takes ``{"request_id", "quality"}`` and updates the router with
-``quality - lam * cost`` (cost from the upstream's ``usage`` and the price table);
-``GET /v1/router/stats`` shows the learned statistics; ``GET /health``. Statistics and
-pending requests live in SQLite (:class:`~canopy.apps.routing.proxy.state.ProxyState`).
+``quality - lam * cost``: the database first (one transaction), then memory, so a retry
+after a failure counts once. ``GET /v1/router/stats``, ``GET /health``.
+
+Secure by default: chat needs the client (or admin) key, feedback and statistics the admin
+key (``Authorization: Bearer ...``); bodies over ``limits.max_body_bytes`` get 413; the
+region table holds at most ``limits.max_regions`` regions (a new region past that, or one
+outside ``region.allowed``, is served as its nearest known ancestor).
 
 Needs the ``serve`` extra (fastapi, uvicorn, httpx); nothing else imports this module.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import importlib
+import json
+import logging
 import math
+import os
+import sqlite3
 import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
+import httpx
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse, StreamingResponse
 
 from canopy.apps.routing.proxy.config import ProxyConfig
 from canopy.apps.routing.proxy.embed import NearestCentroid
-from canopy.apps.routing.proxy.state import ProxyState
-from canopy.apps.routing.routers import RegionalRouter
-from canopy.llm.client import LLMError
+from canopy.apps.routing.proxy.guard import (
+    Breaker,
+    Keys,
+    SseUsage,
+    check_chat_body,
+    redact,
+    sane_usage,
+    user_text,
+)
+from canopy.apps.routing.proxy.state import AlreadyRated, ProxyState
+from canopy.llm.client import LLMError, LLMServerError, LLMTimeoutError
 from canopy.llm.passthrough import AsyncPassthrough
+from canopy.regional.regions import normalize_region
 
-__all__ = ["AUTO_MODELS", "create_app", "serve_in_thread"]
+__all__ = ["AUTO_MODELS", "app_from_env", "create_app", "serve_in_thread"]
 
 AUTO_MODELS = frozenset({"", "auto", "canopy-router"})
+CONFIG_ENV = "CANOPY_PROXY_CONFIG"  # what ``serve router --workers N`` hands its workers
+INSECURE_ENV = "CANOPY_PROXY_INSECURE_NO_AUTH"
+log = logging.getLogger("canopy.proxy")
 
 
 def _error(status: int, message: str, kind: str = "invalid_request_error", **extra: Any
            ) -> JSONResponse:
     return JSONResponse({"error": {"message": message, "type": kind, **extra}},
                         status_code=status)
-
-
-def _check_chat_body(body: Any) -> str | None:
-    """Why a chat-completion body is malformed, or ``None``."""
-    if not isinstance(body, dict):
-        return "the body must be a JSON object"
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        return "'messages' must be a non-empty list"
-    for number, message in enumerate(messages):
-        if not isinstance(message, dict) or not isinstance(message.get("role"), str) or \
-                not isinstance(message.get("content"), str):
-            return f"messages[{number}] must have string 'role' and 'content'"
-    if body.get("stream"):
-        return "stream=true is not supported by the routing proxy"
-    if not isinstance(body.get("model", ""), str):
-        return "'model' must be a string"
-    return None
 
 
 def _load_classifier(spec: str) -> Callable[[dict[str, Any]], str]:
@@ -75,14 +84,23 @@ def _load_classifier(spec: str) -> Callable[[dict[str, Any]], str]:
     return function
 
 
+def _reason(error: LLMError) -> str:
+    """What a client may learn about a failed upstream call: its kind, never its body."""
+    if isinstance(error, LLMTimeoutError):
+        return "timeout"
+    if isinstance(error, LLMServerError):
+        return f"http {error.status}"
+    return "unreachable" if "reach" in str(error) else "bad response"
+
+
 class _Proxy:
     """The proxy's state and logic, apart from the web framework."""
 
-    def __init__(self, config: ProxyConfig) -> None:
+    def __init__(self, config: ProxyConfig, keys: Keys) -> None:
         self.config = config
+        self.keys = keys
         self.state = ProxyState(config.state_path)
-        self.router = RegionalRouter(config.models, lam=config.lam, learner=config.learner,
-                                     kappa=config.kappa, explore=config.explore, seed=0)
+        self.router = config.router()
         saved = self.state.load_router_state()
         if saved is not None:
             try:
@@ -90,32 +108,61 @@ class _Proxy:
             except ValueError as error:
                 raise ValueError(f"{config.state_path} holds another router's state: {error}; "
                                  "use a new state_path") from None
+        self.state.save_meta(self.router.models, self.router.lam)
         self.upstreams = {u.model: u for u in config.upstreams}
         self.clients = {u.model: AsyncPassthrough(u.base_url, model=u.upstream_model,
                                                   api_key_env=u.api_key_env)
                         for u in config.upstreams}
+        self.secrets = keys.secrets + tuple(os.environ.get(u.api_key_env, "")
+                                            for u in config.upstreams if u.api_key_env)
         region = config.region
         self.classifier = _load_classifier(region.classifier) if region.classifier else None
         self.centroids = NearestCentroid(region.centroids) if region.centroids else None
+        self.allowed = {normalize_region(a) for a in region.allowed}
+        self.breaker = Breaker(config.limits.breaker_failures, config.limits.breaker_cooldown_s)
         self.lock = threading.Lock()
 
-    def region(self, headers: Any, body: dict[str, Any]) -> str:
+    # -- regions -------------------------------------------------------------------------
+    def _raw_region(self, headers: Any, body: dict[str, Any]) -> str:
         given = headers.get(self.config.region.header)
         if given:
             return given
+        text = user_text(body)
+        for pattern, region in self.config.region.rules:
+            if pattern.search(text):
+                return region
         if self.classifier is not None:
             region = self.classifier(body)
             if not isinstance(region, str):
                 raise TypeError(f"the region classifier returned {region!r}, not a string")
             return region
         if self.centroids is not None:
-            text = "\n".join(m["content"] for m in body["messages"] if m["role"] == "user")
             return self.centroids.region(text)
         return self.config.region.default
 
+    def region(self, headers: Any, body: dict[str, Any]) -> str:
+        """The request's region, bounded: ``ValueError`` for a malformed path; a region
+        outside the allowlist, or new past ``max_regions``, becomes its nearest known
+        ancestor."""
+        path = normalize_region(self._raw_region(headers, body))
+        if self.allowed:
+            parts = path.split("/")
+            return next(("/".join(parts[:end]) for end in range(len(parts), 0, -1)
+                         if "/".join(parts[:end]) in self.allowed),
+                        normalize_region(self.config.region.default))
+        tree = self.router.regions
+        if path in tree:
+            return path
+        missing = sum(1 for end in range(1, path.count("/") + 2)
+                      if "/".join(path.split("/")[:end]) not in tree)
+        if tree.n_nodes + missing > self.config.limits.max_regions:
+            return tree.path(tree.nearest(path))
+        return path
+
+    # -- chat ----------------------------------------------------------------------------
     async def chat(self, headers: Any, body: Any) -> JSONResponse:
         started = time.perf_counter()
-        problem = _check_chat_body(body)
+        problem = check_chat_body(body)
         if problem:
             return _error(400, problem)
         asked = body.get("model", "") or ""
@@ -124,11 +171,17 @@ class _Proxy:
                                f"{list(self.upstreams)}", code="model_not_found")
         try:
             region = self.region(headers, body)
+        except ValueError as error:
+            return _error(400, f"bad region: {error}", code="bad_region")
         except Exception as error:  # a user classifier's failure is reported, not hidden
-            return _error(500, f"region classifier failed: {error!r}", "server_error")
+            log.error("region classifier failed: %s", redact(repr(error), self.secrets))
+            return _error(500, "the region classifier failed", "server_error")
         with self.lock:
             ranking = [asked] if asked in self.upstreams else self.router.ranking(region)
+        ranking = self.breaker.order(ranking)
         request_id = f"req-{uuid.uuid4().hex}"
+        if body.get("stream"):
+            return await self._stream(body, ranking, region, request_id, started)
         deadline = started + self.config.deadline_s
         attempts: list[dict[str, Any]] = []
         upstream_s = 0.0
@@ -137,36 +190,117 @@ class _Proxy:
             if remaining <= 0:
                 break
             t0 = time.perf_counter()
-            try:
-                answer = await self.clients[model].chat(
-                    body, timeout=min(remaining, self.upstreams[model].timeout_s))
-            except LLMError as error:
+            budget = min(remaining, self.upstreams[model].timeout_s)
+            try:  # the deadline holds for the whole call, not per read
+                answer = await asyncio.wait_for(
+                    self.clients[model].chat(body, timeout=budget), timeout=budget)
+            except (LLMError, asyncio.TimeoutError) as error:
                 upstream_s += time.perf_counter() - t0
-                attempts.append({"model": model, "error": str(error)[:300],
-                                 "status": getattr(error, "status", None)})
+                attempts.append(self._attempt_failed(model, error, request_id))
                 continue
             upstream_s += time.perf_counter() - t0
-            cost = self.config.prices.cost(model, answer.prompt_tokens, answer.completion_tokens)
-            self.state.add_request(request_id, region, model, cost)
+            self.breaker.success(model)
+            prompt, completion, usage = sane_usage(body, answer.text, answer.raw,
+                                                   answer.prompt_tokens,
+                                                   answer.completion_tokens)
+            cost = self.config.prices.cost(model, prompt, completion)
+            await run_in_threadpool(self.state.add_request, request_id, region, model, cost)
             overhead_ms = (time.perf_counter() - started - upstream_s) * 1000.0
             out = dict(answer.raw)
             out["model"] = model
             out["canopy"] = {"request_id": request_id, "model": model, "region": region,
-                             "cost": cost, "failed_attempts": attempts,
+                             "cost": cost, "usage": usage,
+                             "failed_attempts": [{"model": a["model"], "reason": a["reason"]}
+                                                 for a in attempts],
                              "upstream_ms": upstream_s * 1000.0, "overhead_ms": overhead_ms}
             return JSONResponse(out, headers={"X-Canopy-Model": model,
                                               "X-Canopy-Request-Id": request_id,
+                                              "X-Canopy-Usage": usage,
                                               "X-Canopy-Overhead-Ms": f"{overhead_ms:.3f}"})
-        past_deadline = time.perf_counter() >= deadline
-        if attempts and all(a["status"] is not None and 400 <= a["status"] < 500
-                            and a["status"] not in (408, 429) for a in attempts):
-            return _error(400, "every upstream rejected the request", attempts=attempts)
-        if past_deadline:
-            return _error(504, f"no upstream answered within the {self.config.deadline_s:g} s "
-                               "deadline", "timeout", attempts=attempts)
-        return _error(503, "no upstream answered", "upstream_error", attempts=attempts)
+        return self._failed(attempts, request_id, deadline)
 
+    def _failed(self, attempts: list[dict[str, Any]], request_id: str, deadline: float
+                ) -> JSONResponse:
+        """The answer when no upstream answered: a generic reason per attempt."""
+        public = [{"model": a["model"], "reason": a["reason"]} for a in attempts]
+        statuses = [a["status"] for a in attempts]
+        if attempts and all(s in (401, 403) for s in statuses):
+            return _error(502, "the upstreams refused the proxy's credentials",
+                          "upstream_error", request_id=request_id, attempts=public)
+        if attempts and all(s in (400, 404, 413, 422) for s in statuses):
+            return _error(400, "every upstream rejected the request", request_id=request_id,
+                          attempts=public)
+        if time.perf_counter() >= deadline:
+            return _error(504, f"no upstream answered within the {self.config.deadline_s:g} s "
+                               "deadline", "timeout", request_id=request_id, attempts=public)
+        return _error(503, "no upstream answered", "upstream_error", request_id=request_id,
+                      attempts=public)
+
+    def _attempt_failed(self, model: str, error: BaseException, request_id: str
+                        ) -> dict[str, Any]:
+        """Count a failed upstream call (breaker, redacted log); the attempt's public record."""
+        error = error if isinstance(error, LLMError) else LLMTimeoutError("deadline")
+        self.breaker.failure(model)
+        log.warning("request %s: upstream %s failed: %s", request_id, model,
+                    redact(str(error), self.secrets))
+        return {"model": model, "reason": _reason(error),
+                "status": getattr(error, "status", None)}
+
+    async def _stream(self, body: dict[str, Any], ranking: list[str], region: str,
+                      request_id: str, started: float) -> Any:
+        """Server-sent events passed through from the first upstream that sends a byte
+        within the deadline (failover only before the first byte); the cost is recorded
+        when the stream ends, from its final usage chunk or, failing that, estimated."""
+        deadline = started + self.config.deadline_s
+        attempts: list[dict[str, Any]] = []
+        for model in ranking:
+            remaining = deadline - time.perf_counter()
+            if remaining <= 0:
+                break
+            budget = min(remaining, self.upstreams[model].timeout_s)
+            response = None
+            try:
+                response = await asyncio.wait_for(
+                    self.clients[model].open_stream(body, timeout=budget), timeout=budget)
+                chunks = response.aiter_raw()
+                first = await asyncio.wait_for(anext(chunks), timeout=budget)
+            except (LLMError, asyncio.TimeoutError, httpx.HTTPError, StopAsyncIteration
+                    ) as error:
+                if response is not None:
+                    await response.aclose()
+                attempts.append(self._attempt_failed(model, error, request_id))
+                continue
+            self.breaker.success(model)
+            return StreamingResponse(
+                self._relay(first, chunks, response, body, model, region, request_id),
+                media_type="text/event-stream",
+                headers={"X-Canopy-Model": model, "X-Canopy-Request-Id": request_id,
+                         "X-Canopy-Region": region})
+        return self._failed(attempts, request_id, deadline)
+
+    async def _relay(self, first: bytes, chunks: AsyncIterator[bytes], response: Any,
+                     body: dict[str, Any], model: str, region: str, request_id: str
+                     ) -> AsyncIterator[bytes]:
+        events = SseUsage()
+        try:
+            events.feed(first)
+            yield first
+            async for chunk in chunks:
+                events.feed(chunk)
+                yield chunk
+        finally:
+            await response.aclose()
+            raw = {"usage": events.usage} if events.usage is not None else {}
+            usage = events.usage or {}
+            prompt, completion, _ = sane_usage(body, events.text, raw,
+                                               int(usage.get("prompt_tokens", 0) or 0),
+                                               int(usage.get("completion_tokens", 0) or 0))
+            cost = self.config.prices.cost(model, prompt, completion)
+            await run_in_threadpool(self.state.add_request, request_id, region, model, cost)
+
+    # -- feedback ------------------------------------------------------------------------
     def feedback(self, body: Any) -> JSONResponse | dict[str, Any]:
+        """Runs in a worker thread (SQLite is off the event loop)."""
         if not isinstance(body, dict) or set(body) - {"request_id", "quality"}:
             return _error(400, "feedback must be {'request_id': str, 'quality': number}")
         request_id, quality = body.get("request_id"), body.get("quality")
@@ -175,6 +309,8 @@ class _Proxy:
         if isinstance(quality, bool) or not isinstance(quality, (int, float)) or \
                 not math.isfinite(quality) or not 0.0 <= quality <= 1.0:
             return _error(422, f"'quality' must be a number in [0, 1], got {quality!r}")
+        quality = float(quality)
+        window = self.config.limits.feedback_window_s
         with self.lock:
             record = self.state.request(request_id)
             if record is None:
@@ -182,9 +318,24 @@ class _Proxy:
             if record.quality is not None:
                 return _error(409, f"request {request_id!r} already has feedback "
                                    f"({record.quality})", code="duplicate_feedback")
-            self.router.update(record.region, record.model, float(quality), record.cost)
-            self.state.set_quality(request_id, float(quality))
-            self.state.save_router_state(self.router.state())
+            if time.time() - record.created > window:
+                return _error(410, f"request {request_id!r} is older than the feedback window "
+                                   f"({window:g} s)", code="feedback_expired")
+            try:
+                with self.state.feedback(request_id, quality) as write:
+                    paths = self.router.chain_paths(record.region)
+                    planned = self.router.plan_update(
+                        record.region, record.model, quality, record.cost,
+                        current=write.read(paths, record.model))
+                    write.write(record.model, planned.rows, record.cost)
+            except AlreadyRated:  # another worker rated it between the read and the write
+                return _error(409, f"request {request_id!r} already has feedback",
+                              code="duplicate_feedback")
+            except sqlite3.OperationalError as error:  # locked or failing store: nothing kept
+                log.error("feedback %s not stored: %s", request_id, error)
+                return _error(503, "the statistics store is busy; nothing was recorded, "
+                                   "retry the feedback", "server_error")
+            self.router.apply(planned)  # memory only after the commit
         return {"ok": True, "request_id": request_id, "region": record.region,
                 "model": record.model, "reward": quality - self.config.lam * record.cost}
 
@@ -192,7 +343,8 @@ class _Proxy:
         with self.lock:
             rows = self.router.estimates()
         return {"models": list(self.config.models), "lam": self.config.lam,
-                "learner": self.config.learner, "price_table": self.config.prices.version,
+                "learner": self.config.learner, "sharing": self.config.sharing,
+                "price_table": self.config.prices.version, "ejected": self.breaker.ejected(),
                 **self.state.counts(), "statistics": rows}
 
     async def close(self) -> None:
@@ -201,9 +353,13 @@ class _Proxy:
         self.state.close()
 
 
-def create_app(config: ProxyConfig) -> FastAPI:
-    """The FastAPI application of the proxy."""
-    proxy = _Proxy(config)
+def create_app(config: ProxyConfig, *, insecure_no_auth: bool = False) -> FastAPI:
+    """The FastAPI application of the proxy. Refuses (``ValueError``) to build without API
+    keys unless ``insecure_no_auth``."""
+    keys = Keys.from_env(config.auth.client_key_env, config.auth.admin_key_env,
+                         insecure_no_auth=insecure_no_auth)
+    proxy = _Proxy(config, keys)
+    limit = config.limits.max_body_bytes
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -213,31 +369,52 @@ def create_app(config: ProxyConfig) -> FastAPI:
     app = FastAPI(title="Canopy routing proxy", lifespan=lifespan)
     app.state.proxy = proxy
 
-    async def json_body(request: Request) -> tuple[Any, Any]:
+    async def json_body(request: Request, *, admin: bool) -> tuple[Any, Any]:
+        if not keys.allows(request.headers.get("authorization"), admin=admin):
+            return None, _error(401, "missing or wrong API key (Authorization: Bearer ...)"
+                                + (": this route needs the admin key" if admin else ""),
+                                "authentication_error")
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limit:
+            return None, _error(413, f"the body exceeds {limit} bytes")
+        raw = bytearray()
+        async for chunk in request.stream():
+            raw += chunk
+            if len(raw) > limit:
+                return None, _error(413, f"the body exceeds {limit} bytes")
         try:
-            return await request.json(), None
-        except ValueError:
-            return None, _error(400, "the request body is not valid JSON")
+            return json.loads(raw), None
+        except (ValueError, RecursionError):
+            return None, _error(400, "the request body is not valid JSON (or nests too deep)")
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Any:
-        body, problem = await json_body(request)
+        body, problem = await json_body(request, admin=False)
         return problem or await proxy.chat(request.headers, body)
 
     @app.post("/v1/feedback")
     async def feedback(request: Request) -> Any:
-        body, problem = await json_body(request)
-        return problem or proxy.feedback(body)
+        body, problem = await json_body(request, admin=True)
+        return problem or await run_in_threadpool(proxy.feedback, body)
 
     @app.get("/v1/router/stats")
-    async def stats() -> dict[str, Any]:
-        return proxy.stats()
+    async def stats(request: Request) -> Any:
+        if not keys.allows(request.headers.get("authorization"), admin=True):
+            return _error(401, "missing or wrong API key: this route needs the admin key",
+                          "authentication_error")
+        return await run_in_threadpool(proxy.stats)
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
         return {"status": "ok", "models": list(config.models)}
 
     return app
+
+
+def app_from_env() -> FastAPI:
+    """The app of a worker process of ``canopy serve router --workers N``."""
+    return create_app(ProxyConfig.from_file(os.environ[CONFIG_ENV]),
+                      insecure_no_auth=bool(os.environ.get(INSECURE_ENV)))
 
 
 @contextlib.contextmanager

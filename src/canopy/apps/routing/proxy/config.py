@@ -6,29 +6,38 @@
          "upstream_model": "smollm2-135m", "api_key_env": null, "timeout_s": 10}
       ],
       "lam": 100.0,                      # reward = quality - lam * cost (dollars)
-      "learner": "ucb", "kappa": 5.0, "explore": 1.0,
+      "learner": "ucb", "sharing": "test", "delta": 0.01, "kappa": 5.0, "explore": 1.0,
       "state_path": "router.sqlite",     # learned statistics (relative to the file)
       "deadline_s": 30.0,                # per request, over every upstream tried
       "prices": null,                    # a price-table JSON; null: the shipped table
+      "auth": {"client_key_env": "CANOPY_CLIENT_KEY",      # chat
+               "admin_key_env": "CANOPY_ADMIN_KEY"},       # feedback, stats
+      "limits": {"max_body_bytes": 1048576, "max_regions": 1024,
+                 "feedback_window_s": 604800, "breaker_failures": 3, "breaker_cooldown_s": 30},
       "region": {"header": "X-Canopy-Region", "default": "",
+                 "allowed": ["code", "code/python", "chat"],   # optional allowlist
+                 "rules": [{"pattern": "(?i)\\bdef |python", "region": "code"}],  # optional
                  "classifier": "package.module:function",   # optional
                  "centroids": {"code": ["write a python function", ...]}}  # optional
     }
 
-Every upstream's ``model`` must have a price (a model is never priced at zero).
+Every upstream's ``model`` must have a price (a model is never priced at zero). The keys
+themselves never appear in the file: ``auth`` names the environment variables that hold them.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from canopy.apps.routing.prices import PriceTable
+from canopy.regional.router import RegionalRouter
 
-__all__ = ["ProxyConfig", "RegionConfig", "Upstream"]
+__all__ = ["AuthConfig", "Limits", "ProxyConfig", "RegionConfig", "Upstream"]
 
 
 def _positive(value: Any, name: str) -> float:
@@ -61,13 +70,87 @@ class Upstream:
 
 @dataclass(frozen=True)
 class RegionConfig:
-    """Where a request's region comes from: a header, else a classifier, else the nearest
-    centroid of example texts, else ``default``."""
+    """Where a request's region comes from: a header, else the first matching rule (a regular
+    expression over the user messages), else a classifier, else the nearest centroid of
+    example texts, else ``default``. With ``allowed``, a region outside the list becomes its
+    nearest allowed ancestor (or ``default``)."""
 
     header: str = "X-Canopy-Region"
     default: str = ""
+    allowed: tuple[str, ...] = ()
+    rules: tuple[tuple[re.Pattern[str], str], ...] = ()
     classifier: str | None = None
     centroids: dict[str, list[str]] = field(default_factory=dict)
+
+    @classmethod
+    def from_mapping(cls, data: Any) -> RegionConfig:
+        if not isinstance(data, dict):
+            raise ValueError("'region' must be a JSON object")
+        unknown = set(data) - {"header", "default", "allowed", "rules", "classifier",
+                               "centroids"}
+        if unknown:
+            raise ValueError(f"unknown region keys: {sorted(unknown)}")
+        rules = []
+        for number, rule in enumerate(data.get("rules", [])):
+            if not isinstance(rule, dict) or set(rule) != {"pattern", "region"} or \
+                    not all(isinstance(v, str) for v in rule.values()):
+                raise ValueError(f"region.rules[{number}] must be "
+                                 "{'pattern': regex, 'region': path}")
+            try:
+                rules.append((re.compile(rule["pattern"]), rule["region"]))
+            except re.error as error:
+                raise ValueError(f"region.rules[{number}]: bad pattern ({error})") from None
+        allowed = data.get("allowed", [])
+        if not isinstance(allowed, list) or not all(isinstance(a, str) for a in allowed):
+            raise ValueError("region.allowed must be a list of region paths")
+        centroids = data.get("centroids", {})
+        if not isinstance(centroids, dict):
+            raise ValueError("region.centroids must map regions to lists of example texts")
+        classifier = data.get("classifier")
+        if classifier is not None and not isinstance(classifier, str):
+            raise ValueError("region.classifier must be 'package.module:function'")
+        return cls(header=str(data.get("header", "X-Canopy-Region")),
+                   default=str(data.get("default", "")), allowed=tuple(allowed),
+                   rules=tuple(rules), classifier=classifier, centroids=centroids)
+
+
+@dataclass(frozen=True)
+class AuthConfig:
+    """Names of the environment variables holding the client key (chat) and the admin key
+    (feedback, statistics). Both unset: the proxy refuses to start unless told it may run
+    without authentication."""
+
+    client_key_env: str | None = None
+    admin_key_env: str | None = None
+
+    @classmethod
+    def from_mapping(cls, data: Any) -> AuthConfig:
+        if not isinstance(data, dict) or set(data) - {"client_key_env", "admin_key_env"}:
+            raise ValueError("'auth' must be {'client_key_env': NAME, 'admin_key_env': NAME}")
+        for key, value in data.items():
+            if value is not None and (not isinstance(value, str) or not value):
+                raise ValueError(f"auth.{key} must name an environment variable")
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What a client can make the proxy hold: body size, distinct regions, how long a request
+    id accepts feedback; and the circuit breaker (failures in a row, cool-down)."""
+
+    max_body_bytes: int = 1 << 20
+    max_regions: int = 1024
+    feedback_window_s: float = 7 * 24 * 3600.0
+    breaker_failures: int = 3
+    breaker_cooldown_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        for name in ("max_body_bytes", "max_regions", "breaker_failures"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"limits.{name} must be an integer >= 1, got {value!r}")
+        for name in ("feedback_window_s", "breaker_cooldown_s"):
+            object.__setattr__(self, name, _positive(getattr(self, name), f"limits.{name}"))
 
 
 @dataclass(frozen=True)
@@ -78,11 +161,15 @@ class ProxyConfig:
     state_path: Path
     lam: float = 0.0
     learner: str = "ucb"
+    sharing: str = "test"
+    delta: float = 0.01
     kappa: float = 5.0
     explore: float = 1.0
     deadline_s: float = 30.0
     prices: PriceTable = field(default_factory=PriceTable.default)
     region: RegionConfig = field(default_factory=RegionConfig)
+    auth: AuthConfig = field(default_factory=AuthConfig)
+    limits: Limits = field(default_factory=Limits)
 
     def __post_init__(self) -> None:
         if not self.upstreams:
@@ -93,6 +180,13 @@ class ProxyConfig:
         for name in names:
             self.prices.price(name)  # KeyError for an unpriced model
         object.__setattr__(self, "deadline_s", _positive(self.deadline_s, "deadline_s"))
+        self.router()  # lam, learner, sharing, delta, kappa, explore: refused now, not later
+
+    def router(self) -> RegionalRouter:
+        """A fresh router with this configuration's settings."""
+        return RegionalRouter(self.models, lam=self.lam, learner=self.learner,
+                              sharing=self.sharing, delta=self.delta, kappa=self.kappa,
+                              explore=self.explore, seed=0)
 
     @property
     def models(self) -> tuple[str, ...]:
@@ -103,8 +197,8 @@ class ProxyConfig:
         """From parsed JSON; relative paths are taken from ``base``."""
         if not isinstance(data, dict):
             raise TypeError("the proxy configuration must be a JSON object")
-        known = {"upstreams", "state_path", "lam", "learner", "kappa", "explore", "deadline_s",
-                 "prices", "region"}
+        known = {"upstreams", "state_path", "lam", "learner", "sharing", "delta", "kappa",
+                 "explore", "deadline_s", "prices", "region", "auth", "limits"}
         unknown = set(data) - known
         if unknown:
             raise ValueError(f"unknown configuration keys: {sorted(unknown)}")
@@ -115,14 +209,20 @@ class ProxyConfig:
             raise ValueError(f"configuration lacks {missing}") from None
         except TypeError as error:
             raise ValueError(f"bad upstream entry: {error}") from None
+        try:
+            limits = Limits(**data.get("limits", {}))
+        except TypeError as error:
+            raise ValueError(f"bad limits: {error}") from None
         prices = data.get("prices")
         table = PriceTable.default() if prices is None else (
             PriceTable.from_mapping(prices) if isinstance(prices, dict)
             else PriceTable.from_file(base / prices))
-        options = {k: data[k] for k in ("lam", "learner", "kappa", "explore", "deadline_s")
-                   if k in data}
+        options = {k: data[k] for k in ("lam", "learner", "sharing", "delta", "kappa",
+                                        "explore", "deadline_s") if k in data}
         return cls(upstreams, state if state.is_absolute() else base / state, prices=table,
-                   region=RegionConfig(**data.get("region", {})), **options)
+                   region=RegionConfig.from_mapping(data.get("region", {})),
+                   auth=AuthConfig.from_mapping(data.get("auth", {})), limits=limits,
+                   **options)
 
     @classmethod
     def from_file(cls, path: str | Path) -> ProxyConfig:

@@ -59,7 +59,8 @@ class LoadTestResult:
 
 async def _run(base_url: str, n: int, concurrency: int, max_tokens: int,
                regions: list[str], quality: Callable[[dict], float] | None,
-               halfway: Callable[[], None] | None, request_timeout: float) -> LoadTestResult:
+               halfway: Callable[[], None] | None, request_timeout: float,
+               api_key: str | None) -> LoadTestResult:
     import httpx
 
     status: Counter[int] = Counter()
@@ -75,8 +76,9 @@ async def _run(base_url: str, n: int, concurrency: int, max_tokens: int,
         queue.put_nowait(i)
     hook: asyncio.Task | None = None
     limits = httpx.Limits(max_connections=concurrency)
+    auth = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     async with httpx.AsyncClient(base_url=base_url, timeout=request_timeout,
-                                 limits=limits) as client:
+                                 limits=limits, headers=auth) as client:
 
         async def worker() -> None:
             nonlocal hook, fallbacks
@@ -129,11 +131,12 @@ def run_load_test(base_url: str, *, requests: int = 1000, concurrency: int = 32,
                   max_tokens: int = 2, regions: list[str] | None = None,
                   quality: Callable[[dict], float] | None = None,
                   halfway: Callable[[], None] | None = None,
-                  request_timeout: float = 120.0) -> LoadTestResult:
+                  request_timeout: float = 120.0, api_key: str | None = None
+                  ) -> LoadTestResult:
     """Drive the proxy at ``base_url``; ``quality(answer_json)`` rates each answer (feedback
-    is sent when given); ``halfway()`` runs once, in a thread, when request ``n // 2``
-    starts."""
+    is sent when given, so ``api_key`` must then be the admin key); ``halfway()`` runs once,
+    in a thread, when request ``n // 2`` starts."""
     if requests < 1 or concurrency < 1:
         raise ValueError("requests and concurrency must be >= 1")
     return asyncio.run(_run(base_url, requests, concurrency, max_tokens,
-                            regions or [""], quality, halfway, request_timeout))
+                            regions or [""], quality, halfway, request_timeout, api_key))

@@ -1,15 +1,26 @@
 """SQLite persistence of the proxy: the router's learned statistics (one row per region and
-model) and every answered request awaiting feedback, so a restart keeps what was learned."""
+model) and every answered request awaiting feedback, so a restart keeps what was learned.
+
+WAL mode, one connection per process (several workers may share the file: SQLite's locks
+serialise their writes). A feedback is one transaction: the request is marked rated only if
+it was not already, and only the rows the outcome touches (its region's chain, its model) are
+written; the caller updates its in-memory router after the commit, so a failed write changes
+nothing and a retry counts once.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 import threading
 import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["ProxyState", "RequestRecord"]
+import numpy as np
+
+__all__ = ["AlreadyRated", "FeedbackWrite", "ProxyState", "RequestRecord"]
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -20,7 +31,40 @@ CREATE TABLE IF NOT EXISTS stats (
 CREATE TABLE IF NOT EXISTS requests (
     id TEXT PRIMARY KEY, region TEXT NOT NULL, model TEXT NOT NULL, cost REAL NOT NULL,
     created REAL NOT NULL, quality REAL);
+CREATE INDEX IF NOT EXISTS requests_created ON requests (created);
 """
+
+
+class AlreadyRated(Exception):
+    """The request already has its feedback."""
+
+
+class FeedbackWrite:
+    """The statistics of one feedback transaction (see :meth:`ProxyState.feedback`)."""
+
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self._db = db
+
+    def read(self, regions: Sequence[str], model: str) -> np.ndarray:
+        """``(count, mean, m2)`` of ``model`` in each region as stored now (zeros if none)."""
+        out = np.zeros((len(regions), 3))
+        for i, region in enumerate(regions):
+            row = self._db.execute("SELECT count, mean, m2 FROM stats WHERE region = ? AND "
+                                   "model = ?", (region, model)).fetchone()
+            if row is not None:
+                out[i] = row
+        return out
+
+    def write(self, model: str, rows: Sequence[tuple[int, str, float, float, float]],
+              cost_max: float) -> None:
+        """Store ``(position, region, count, mean, m2)`` rows of ``model``, and the largest
+        cost seen."""
+        self._db.executemany("INSERT OR REPLACE INTO stats VALUES (?, ?, ?, ?, ?, ?)",
+                             [(path, position, model, count, mean, m2)
+                              for position, path, count, mean, m2 in rows])
+        self._db.execute("INSERT INTO meta VALUES ('cost_max', ?) ON CONFLICT(key) DO "
+                         "UPDATE SET value = max(CAST(value AS REAL), excluded.value)",
+                         (cost_max,))
 
 
 @dataclass(frozen=True)
@@ -29,21 +73,22 @@ class RequestRecord:
     region: str
     model: str
     cost: float
+    created: float
     quality: float | None
 
 
 class ProxyState:
-    """One SQLite file; safe across the proxy's threads."""
+    """One SQLite file; safe across the proxy's threads and worker processes."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
-        self._db = sqlite3.connect(self.path, check_same_thread=False, timeout=30.0)
-        with self._db:
-            self._db.executescript(_SCHEMA)
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=NORMAL")  # durable at checkpoints
+        self._db = sqlite3.connect(self.path, check_same_thread=False, timeout=30.0,
+                                   isolation_level=None)  # transactions are explicit
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")  # durable at checkpoints
+        self._db.executescript(_SCHEMA)
 
     def load_router_state(self) -> dict[str, object] | None:
         """The saved router state (as :meth:`RegionalRouter.state` gives it), or ``None``."""
@@ -51,30 +96,25 @@ class ProxyState:
             meta = dict(self._db.execute("SELECT key, value FROM meta").fetchall())
             rows = self._db.execute("SELECT region, position, model, count, mean, m2 FROM stats"
                                     " ORDER BY position").fetchall()
+        rows.sort(key=lambda row: (row[0].count("/") + bool(row[0]), row[1]))  # parents first
         if "models" not in meta:
             return None
         models = meta["models"].split("\n")
-        regions: list[str] = []
+        regions: dict[str, int] = {"": 0}
         cells: dict[tuple[str, str], list[float]] = {}
         for region, _, model, count, mean, m2 in rows:
-            if region not in regions:
-                regions.append(region)
+            regions.setdefault(region, len(regions))
             cells[(region, model)] = [count, mean, m2]
         stats = [[cells.get((r, m), [0.0, 0.0, 0.0]) for m in models] for r in regions]
-        return {"models": models, "lam": float(meta["lam"]), "regions": regions or [""],
-                "stats": stats or [[[0.0, 0.0, 0.0] for _ in models]]}
+        return {"models": models, "lam": float(meta["lam"]), "regions": list(regions),
+                "stats": stats, "cost_max": float(meta.get("cost_max", 0.0))}
 
-    def save_router_state(self, state: dict[str, object]) -> None:
-        models = list(state["models"])
-        rows = [(region, position, model, *state["stats"][position][m])
-                for position, region in enumerate(state["regions"])
-                for m, model in enumerate(models)]
+    def save_meta(self, models: Sequence[str], lam: float) -> None:
+        """Which router the statistics belong to (written once, at start)."""
         with self._lock, self._db:
             self._db.execute("INSERT OR REPLACE INTO meta VALUES ('models', ?)",
                              ("\n".join(models),))
-            self._db.execute("INSERT OR REPLACE INTO meta VALUES ('lam', ?)",
-                             (repr(float(state["lam"])),))
-            self._db.executemany("INSERT OR REPLACE INTO stats VALUES (?, ?, ?, ?, ?, ?)", rows)
+            self._db.execute("INSERT OR REPLACE INTO meta VALUES ('lam', ?)", (repr(lam),))
 
     def add_request(self, request_id: str, region: str, model: str, cost: float) -> None:
         with self._lock, self._db:
@@ -83,14 +123,34 @@ class ProxyState:
 
     def request(self, request_id: str) -> RequestRecord | None:
         with self._lock:
-            row = self._db.execute("SELECT id, region, model, cost, quality FROM requests "
-                                   "WHERE id = ?", (request_id,)).fetchone()
+            row = self._db.execute("SELECT id, region, model, cost, created, quality "
+                                   "FROM requests WHERE id = ?", (request_id,)).fetchone()
         return None if row is None else RequestRecord(*row)
 
-    def set_quality(self, request_id: str, quality: float) -> None:
+    @contextlib.contextmanager
+    def feedback(self, request_id: str, quality: float) -> Iterator[FeedbackWrite]:
+        """One write transaction (``BEGIN IMMEDIATE``: workers take turns): marks
+        ``request_id`` rated (``AlreadyRated`` if it was) and yields a
+        :class:`FeedbackWrite` to read and write the touched statistics; commits on exit,
+        rolls everything back on an error."""
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                marked = self._db.execute("UPDATE requests SET quality = ? WHERE id = ? AND "
+                                          "quality IS NULL", (quality, request_id)).rowcount
+                if marked != 1:
+                    raise AlreadyRated(request_id)
+                yield FeedbackWrite(self._db)
+            except BaseException:
+                self._db.rollback()
+                raise
+            self._db.commit()
+
+    def expire(self, older_than: float) -> int:
+        """Forget requests created before ``older_than`` (epoch seconds); how many."""
         with self._lock, self._db:
-            self._db.execute("UPDATE requests SET quality = ? WHERE id = ?",
-                             (quality, request_id))
+            return self._db.execute("DELETE FROM requests WHERE created < ?",
+                                    (older_than,)).rowcount
 
     def counts(self) -> dict[str, int]:
         with self._lock:

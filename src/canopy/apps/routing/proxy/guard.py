@@ -1,0 +1,195 @@
+"""What the proxy checks before it trusts a client or an upstream: API keys, chat bodies,
+reported usage, and secrets in anything it logs; and a circuit breaker per upstream."""
+
+from __future__ import annotations
+
+import hmac
+import json
+import os
+import re
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from canopy.apps.routing.prices import estimate_tokens
+
+__all__ = ["Breaker", "Keys", "SseUsage", "check_chat_body", "redact", "sane_usage"]
+
+MAX_TOKENS_PER_CALL = 2_000_000  # beyond any context window: such a usage report is wrong
+
+_SECRET = re.compile(r"(?i)(bearer\s+|api[_-]?key[\"'=:\s]+|\bsk-)[A-Za-z0-9._~+/=-]+")
+
+
+def redact(text: str, secrets: Iterable[str] = ()) -> str:
+    """``text`` with bearer tokens, ``sk-...`` keys and the given secrets replaced."""
+    for secret in secrets:
+        if secret:
+            text = text.replace(secret, "[redacted]")
+    return _SECRET.sub(lambda m: m.group(1) + "[redacted]", text)
+
+
+@dataclass(frozen=True)
+class Keys:
+    """The client key (chat) and admin key (feedback, statistics), read from the environment
+    variables the configuration names. An admin key also opens chat."""
+
+    client: str | None
+    admin: str | None
+
+    @classmethod
+    def from_env(cls, client_env: str | None, admin_env: str | None, *,
+                 insecure_no_auth: bool = False) -> Keys:
+        """Refuses (``ValueError`` naming the variables) when a named variable is unset or
+        empty, or when none is named and ``insecure_no_auth`` is false."""
+        keys = {}
+        for role, name in (("client", client_env), ("admin", admin_env)):
+            if name is None:
+                keys[role] = None
+                continue
+            value = os.environ.get(name, "")
+            if not value:
+                raise ValueError(f"auth.{role}_key_env names {name}, which is not set")
+            keys[role] = value
+        if keys["client"] is None and keys["admin"] is None and not insecure_no_auth:
+            raise ValueError("no API keys configured: set auth.client_key_env and "
+                             "auth.admin_key_env in the configuration, or pass "
+                             "--insecure-no-auth to serve without authentication")
+        return cls(**keys)
+
+    @property
+    def secrets(self) -> tuple[str, ...]:
+        return tuple(k for k in (self.client, self.admin) if k)
+
+    def allows(self, authorization: str | None, *, admin: bool) -> bool:
+        """Whether an ``Authorization`` header opens a chat (or, ``admin``, an admin) route."""
+        wanted = [self.admin] if admin else [self.client, self.admin]
+        if all(k is None for k in wanted):
+            return self.client is None and self.admin is None  # only --insecure-no-auth
+        scheme, _, token = (authorization or "").partition(" ")
+        if scheme.lower() != "bearer" or not token:
+            return False
+        return any(k is not None and hmac.compare_digest(token.encode(), k.encode())
+                   for k in wanted)
+
+
+def _text(content: Any) -> str | None:
+    """A message's text: a string, a list of parts (``{"type": "text", "text": ...}``; other
+    part types count as no text), or ``None`` (an assistant's tool call)."""
+    if content is None or isinstance(content, str):
+        return content or ""
+    if isinstance(content, list) and all(isinstance(p, dict) and isinstance(p.get("type"), str)
+                                         for p in content):
+        return "\n".join(p["text"] for p in content
+                         if p["type"] == "text" and isinstance(p.get("text"), str))
+    raise TypeError
+
+
+def check_chat_body(body: Any) -> str | None:
+    """Why a chat-completion body is malformed, or ``None``."""
+    if not isinstance(body, dict):
+        return "the body must be a JSON object"
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        return "'messages' must be a non-empty list"
+    for number, message in enumerate(messages):
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            return f"messages[{number}] must be an object with a string 'role'"
+        if message.get("content") is None and message["role"] not in ("assistant", "tool"):
+            return f"messages[{number}] needs 'content' (a string or a list of parts)"
+        try:
+            _text(message.get("content"))
+        except TypeError:
+            return f"messages[{number}].content must be a string or a list of parts"
+    if "stream" in body and not isinstance(body["stream"], bool):
+        return f"'stream' must be true or false, got {body['stream']!r}"
+    if not isinstance(body.get("model", ""), str):
+        return "'model' must be a string"
+    return None
+
+
+def user_text(body: dict[str, Any]) -> str:
+    """The text of the user messages (what region rules and centroids read)."""
+    return "\n".join(_text(m.get("content")) or "" for m in body["messages"]
+                     if m.get("role") == "user")
+
+
+def sane_usage(body: dict[str, Any], answer_text: str, raw: dict[str, Any],
+               prompt_tokens: int, completion_tokens: int) -> tuple[int, int, str]:
+    """Token counts to bill: the upstream's report, an estimate when it sent none
+    (``"estimated"``), or the estimate in place of an absurd report (``"clamped"``)."""
+    prompt_guess = estimate_tokens("\n".join(_text(m.get("content")) or ""
+                                             for m in body["messages"]))
+    completion_guess = estimate_tokens(answer_text)
+    if not isinstance(raw.get("usage"), dict):
+        return prompt_guess, completion_guess, "estimated"
+    absurd = (prompt_tokens > min(MAX_TOKENS_PER_CALL, 50 * prompt_guess + 4096)
+              or completion_tokens > MAX_TOKENS_PER_CALL)
+    if absurd:
+        return prompt_guess, completion_guess, "clamped"
+    return prompt_tokens, completion_tokens, "reported"
+
+
+@dataclass
+class Breaker:
+    """Per upstream: after ``failures`` failures in a row it is ejected for ``cooldown_s``,
+    then given one trial call (half-open): a success closes it, a failure ejects it again."""
+
+    failures: int = 3
+    cooldown_s: float = 30.0
+    _streak: dict[str, int] = field(default_factory=dict)
+    _open_until: dict[str, float] = field(default_factory=dict)
+
+    def order(self, models: list[str]) -> list[str]:
+        """``models`` with the ejected ones moved to the end (tried only when the rest
+        failed and time remains)."""
+        now = time.monotonic()
+        closed = [m for m in models if self._open_until.get(m, 0.0) <= now]
+        return closed + [m for m in models if m not in closed]
+
+    def success(self, model: str) -> None:
+        self._streak[model] = 0
+        self._open_until.pop(model, None)
+
+    def failure(self, model: str) -> None:
+        streak = self._streak.get(model, 0) + 1
+        self._streak[model] = streak
+        if streak >= self.failures:
+            self._open_until[model] = time.monotonic() + self.cooldown_s
+
+    def ejected(self) -> list[str]:
+        now = time.monotonic()
+        return sorted(m for m, until in self._open_until.items() if until > now)
+
+
+class SseUsage:
+    """Reads a chat-completion event stream as it passes: the streamed text and the final
+    usage chunk (``None`` when the upstream sent none)."""
+
+    def __init__(self) -> None:
+        self._pending = b""
+        self._parts: list[str] = []
+        self.usage: dict[str, Any] | None = None
+
+    @property
+    def text(self) -> str:
+        return "".join(self._parts)
+
+    def feed(self, chunk: bytes) -> None:
+        *lines, self._pending = (self._pending + chunk).split(b"\n")
+        for line in lines:
+            line = line.strip()
+            if not line.startswith(b"data:") or line[5:].strip() == b"[DONE]":
+                continue
+            try:
+                event = json.loads(line[5:])
+            except ValueError:
+                continue
+            if not isinstance(event, dict):
+                continue
+            if isinstance(event.get("usage"), dict):
+                self.usage = event["usage"]
+            for choice in event.get("choices") or []:
+                delta = choice.get("delta") if isinstance(choice, dict) else None
+                if isinstance(delta, dict) and isinstance(delta.get("content"), str):
+                    self._parts.append(delta["content"])

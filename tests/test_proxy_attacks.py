@@ -1,0 +1,332 @@
+"""The routing proxy under attack and careless use (issue 16 items 1-7, issue 12 item 1), over
+real HTTP on 127.0.0.1 against scripted upstreams that force each behaviour."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import httpx
+import pytest
+
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+
+from canopy.apps.routing.proxy.app import create_app, serve_in_thread
+from canopy.apps.routing.proxy.config import ProxyConfig
+from llm_server import ScriptedServer
+
+chat_body = ScriptedServer.chat_body
+CLIENT_KEY, ADMIN_KEY = "client-attack-key-1", "admin-attack-key-2"
+ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
+CLIENT = {"Authorization": f"Bearer {CLIENT_KEY}"}
+PRICES = {"version": "test-1", "models": {"small": {"input": 1.0, "output": 1.0},
+                                          "large": {"input": 50.0, "output": 50.0}}}
+ASK = {"messages": [{"role": "user", "content": "Say hi"}], "max_tokens": 2}
+
+
+@pytest.fixture(autouse=True)
+def keys(monkeypatch):
+    monkeypatch.setenv("ATTACK_CLIENT_KEY", CLIENT_KEY)
+    monkeypatch.setenv("ATTACK_ADMIN_KEY", ADMIN_KEY)
+
+
+def config(tmp_path, urls, *, timeout_s=10.0, **extra) -> ProxyConfig:
+    data = {"upstreams": [{"model": name, "base_url": url, "timeout_s": timeout_s}
+                          for name, url in zip(("small", "large"), urls, strict=True)],
+            "state_path": "router.sqlite", "lam": 10.0, "prices": PRICES,
+            "auth": {"client_key_env": "ATTACK_CLIENT_KEY", "admin_key_env": "ATTACK_ADMIN_KEY"},
+            **extra}
+    return ProxyConfig.from_mapping(data, base=tmp_path)
+
+
+@pytest.fixture
+def upstreams():
+    servers = [ScriptedServer().start(), ScriptedServer().start()]
+    for number, server in enumerate(servers):
+        server.routes["/v1/chat/completions"] = (
+            lambda _, n=number: (200, chat_body(f"answer {n}", prompt_tokens=10,
+                                                completion_tokens=2), 0.0))
+    yield servers
+    for server in servers:
+        server.close()
+
+
+def _urls(servers) -> list[str]:
+    return [s.url("/v1") for s in servers]
+
+
+def test_keys_are_required_and_separate(tmp_path, upstreams, monkeypatch):
+    cfg = config(tmp_path, _urls(upstreams))
+    with serve_in_thread(create_app(cfg)) as url, httpx.Client(base_url=url, timeout=30) as c:
+        assert c.post("/v1/chat/completions", json=ASK).status_code == 401
+        wrong = c.post("/v1/chat/completions", json=ASK,
+                       headers={"Authorization": "Bearer nope"})
+        assert wrong.status_code == 401 and "nope" not in wrong.text
+        answer = c.post("/v1/chat/completions", json=ASK, headers=CLIENT)
+        assert answer.status_code == 200
+        rid = answer.json()["canopy"]["request_id"]
+        assert c.post("/v1/feedback", json={"request_id": rid, "quality": 1.0},
+                      headers=CLIENT).status_code == 401  # the client key is not admin
+        assert c.get("/v1/router/stats", headers=CLIENT).status_code == 401
+        assert c.post("/v1/feedback", json={"request_id": rid, "quality": 1.0},
+                      headers=ADMIN).status_code == 200
+        assert CLIENT_KEY not in c.get("/v1/router/stats", headers=ADMIN).text
+        assert c.get("/health").status_code == 200
+    monkeypatch.delenv("ATTACK_ADMIN_KEY")
+    with pytest.raises(ValueError, match="ATTACK_ADMIN_KEY"):
+        create_app(cfg)
+    bare = ProxyConfig.from_mapping({"upstreams": [{"model": "small", "base_url": "http://x"}],
+                                     "state_path": "s.sqlite", "prices": PRICES},
+                                    base=tmp_path)
+    with pytest.raises(ValueError, match="--insecure-no-auth"):
+        create_app(bare)
+    create_app(bare, insecure_no_auth=True)
+
+
+def test_one_region_header_cannot_grow_or_stall_the_proxy(tmp_path, upstreams):
+    """Issue 16.1: an 8,000-level header is refused, the tables do not grow, a restart is
+    healthy; past max_regions new regions fold into their nearest known ancestor; an
+    allowlist maps everything else to its nearest allowed ancestor or the default."""
+    cfg = config(tmp_path, _urls(upstreams), limits={"max_regions": 6})
+    with serve_in_thread(create_app(cfg)) as url, httpx.Client(base_url=url, headers=ADMIN,
+                                                               timeout=30) as c:
+        before = len(c.get("/v1/router/stats").json()["statistics"])
+        attack = c.post("/v1/chat/completions", json=ASK,
+                        headers={"X-Canopy-Region": "x/" * 8000})
+        assert attack.status_code == 400 and "bad region" in attack.json()["error"]["message"]
+        assert len(attack.content) < 1000
+        assert len(c.get("/v1/router/stats").json()["statistics"]) == before
+        served = set()
+        for i in range(20):
+            answer = c.post("/v1/chat/completions", json=ASK,
+                            headers={"X-Canopy-Region": f"topic{i}/sub"})
+            served.add(answer.json()["canopy"]["region"])
+            c.post("/v1/feedback", json={"request_id": answer.json()["canopy"]["request_id"],
+                                         "quality": 0.5})
+        regions = {row["region"] for row in c.get("/v1/router/stats").json()["statistics"]}
+        assert len(regions) <= 6 and "" in served  # the late ones were served at the root
+    with serve_in_thread(create_app(cfg)) as url:
+        assert httpx.get(url + "/health", timeout=10).status_code == 200
+    allow = config(tmp_path / "allow", _urls(upstreams),
+                   region={"allowed": ["code", "chat"], "default": "chat"})
+    with serve_in_thread(create_app(allow)) as url, httpx.Client(base_url=url, headers=ADMIN,
+                                                                 timeout=30) as c:
+        for asked, got in (("code/python/x", "code"), ("law", "chat"), ("chat", "chat")):
+            answer = c.post("/v1/chat/completions", json=ASK,
+                            headers={"X-Canopy-Region": asked})
+            assert answer.json()["canopy"]["region"] == got
+
+
+class _Drip(BaseHTTPRequestHandler):
+    """Answers 200 and then one byte of the body every 0.25 s (a slow-loris upstream)."""
+
+    protocol_version = "HTTP/1.1"
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        body = chat_body("drip")
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        try:
+            for byte in body:
+                self.wfile.write(bytes([byte]))
+                self.wfile.flush()
+                time.sleep(0.25)
+        except OSError:
+            pass
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def drip():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Drip)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/v1"
+    server.shutdown()
+
+
+def test_the_deadline_holds_against_a_drip_feeding_upstream(tmp_path, drip):
+    """Issue 16.2: per-read timeouts never fire on an upstream that sends a byte every
+    0.25 s; the deadline bounds the whole call (the body would take ~60 s)."""
+    cfg = config(tmp_path, [drip, drip], timeout_s=1.5, deadline_s=2.0)
+    with serve_in_thread(create_app(cfg)) as url, httpx.Client(base_url=url, headers=ADMIN,
+                                                               timeout=60) as c:
+        t0 = time.monotonic()
+        answer = c.post("/v1/chat/completions", json=ASK)
+        waited = time.monotonic() - t0
+    assert answer.status_code == 504, answer.text
+    assert waited < 2.0 + 2.0  # the deadline plus slack for a loaded machine, not 60 s
+
+
+def test_upstream_error_bodies_and_urls_never_reach_the_client(tmp_path, upstreams):
+    """Issue 16.3: an upstream 401 echoing the caller's key; the client sees a generic
+    502 with the request id, no body, no key, no internal URL."""
+    echo = b'{"error": "bad key Bearer sk-live-SECRET123 for http://10.0.0.7:9000"}'
+    for server in upstreams:
+        server.routes["/v1/chat/completions"] = lambda _: (401, echo, 0.0)
+    cfg = config(tmp_path, _urls(upstreams))
+    with serve_in_thread(create_app(cfg)) as url, httpx.Client(base_url=url, headers=ADMIN,
+                                                               timeout=30) as c:
+        answer = c.post("/v1/chat/completions", json=ASK)
+    assert answer.status_code == 502, answer.text
+    for leak in ("SECRET123", "sk-live", "10.0.0.7", "127.0.0.1", str(upstreams[0].port)):
+        assert leak not in answer.text
+    assert answer.json()["error"]["request_id"].startswith("req-")
+
+
+def test_the_breaker_ejects_a_frozen_upstream(tmp_path, upstreams):
+    """Issue 16.4: after three timeouts the frozen upstream is skipped (no failed attempt),
+    until its cool-down ends."""
+    upstreams[0].routes["/v1/chat/completions"] = lambda _: (200, chat_body("late"), 5.0)
+    cfg = config(tmp_path, _urls(upstreams), timeout_s=0.5, deadline_s=5.0,
+                 limits={"breaker_failures": 3, "breaker_cooldown_s": 60})
+    with serve_in_thread(create_app(cfg)) as url, httpx.Client(base_url=url, headers=ADMIN,
+                                                               timeout=30) as c:
+        failed = []
+        for _ in range(8):
+            answer = c.post("/v1/chat/completions", json=ASK)
+            assert answer.status_code == 200 and answer.json()["canopy"]["model"] == "large"
+            failed.append(len(answer.json()["canopy"]["failed_attempts"]))
+        assert failed[:3] == [1, 1, 1] and failed[3:] == [0] * 5
+        assert c.get("/v1/router/stats").json()["ejected"] == ["small"]
+
+
+def test_feedback_is_atomic_when_the_store_is_locked(tmp_path, upstreams):
+    """Issue 16.5: with the database locked the feedback fails cleanly (503) and changes
+    nothing; the retry counts once."""
+    cfg = config(tmp_path, _urls(upstreams))
+    app = create_app(cfg)
+    app.state.proxy.state._db.execute("PRAGMA busy_timeout = 200")
+    with serve_in_thread(app) as url, httpx.Client(base_url=url, headers=ADMIN,
+                                                   timeout=30) as c:
+        rid = c.post("/v1/chat/completions", json=ASK).json()["canopy"]["request_id"]
+        before = c.get("/v1/router/stats").json()["statistics"]
+        blocker = sqlite3.connect(cfg.state_path, isolation_level=None)
+        blocker.execute("BEGIN EXCLUSIVE")
+        failed = c.post("/v1/feedback", json={"request_id": rid, "quality": 1.0})
+        blocker.execute("ROLLBACK")
+        blocker.close()
+        assert failed.status_code == 503, failed.text
+        assert c.get("/v1/router/stats").json()["statistics"] == before
+        assert c.post("/v1/feedback", json={"request_id": rid, "quality": 1.0}
+                      ).status_code == 200
+        assert c.post("/v1/feedback", json={"request_id": rid, "quality": 1.0}
+                      ).status_code == 409
+        root = [r for r in c.get("/v1/router/stats").json()["statistics"]
+                if r["region"] == "/" and r["count"]]
+    assert [r["count"] for r in root] == [1]
+
+
+def test_missing_or_absurd_usage_is_not_trusted(tmp_path, upstreams):
+    """Issue 16.6: no usage -> estimated tokens (cost > 0, said in a header); a usage of a
+    billion tokens -> the estimate; rewards stay in their range."""
+    no_usage = json.dumps({"choices": [{"index": 0, "message": {"role": "assistant",
+                                                                  "content": "hi there"}}]})
+    upstreams[0].routes["/v1/chat/completions"] = lambda _: (200, no_usage.encode(), 0.0)
+    upstreams[1].routes["/v1/chat/completions"] = lambda _: (
+        200, chat_body("hi", prompt_tokens=10**9, completion_tokens=10**9), 0.0)
+    cfg = config(tmp_path, _urls(upstreams))
+    with serve_in_thread(create_app(cfg)) as url, httpx.Client(base_url=url, headers=ADMIN,
+                                                               timeout=30) as c:
+        for model, kind in (("small", "estimated"), ("large", "clamped")):
+            answer = c.post("/v1/chat/completions", json={**ASK, "model": model})
+            assert answer.headers["X-Canopy-Usage"] == kind
+            canopy = answer.json()["canopy"]
+            assert 0 < canopy["cost"] < 1e-3
+            rated = c.post("/v1/feedback", json={"request_id": canopy["request_id"],
+                                                 "quality": 1.0}).json()
+            assert 0.99 < rated["reward"] <= 1.0
+
+
+def test_valid_openai_bodies_are_accepted_and_limits_hold(tmp_path, upstreams):
+    """Issue 16.7: list-of-parts content and an assistant tool call with null content pass;
+    an oversized body gets 413 and a string 'stream' a clear 400."""
+    cfg = config(tmp_path, _urls(upstreams), limits={"max_body_bytes": 4096})
+    parts = {"messages": [
+        {"role": "user", "content": [{"type": "text", "text": "What is 2+2?"}]},
+        {"role": "assistant", "content": None,
+         "tool_calls": [{"id": "t1", "type": "function",
+                         "function": {"name": "add", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "t1", "content": "4"}], "max_tokens": 2}
+    with serve_in_thread(create_app(cfg)) as url, httpx.Client(base_url=url, headers=ADMIN,
+                                                               timeout=30) as c:
+        assert c.post("/v1/chat/completions", json=parts).status_code == 200
+        big = {"messages": [{"role": "user", "content": "x" * 10_000}]}
+        assert c.post("/v1/chat/completions", json=big).status_code == 413
+        bad = c.post("/v1/chat/completions", json={**ASK, "stream": "false"})
+        assert bad.status_code == 400 and "'stream' must be true or false" in bad.text
+
+
+def test_feedback_expires_after_its_window(tmp_path, upstreams):
+    cfg = config(tmp_path, _urls(upstreams), limits={"feedback_window_s": 0.2})
+    with serve_in_thread(create_app(cfg)) as url, httpx.Client(base_url=url, headers=ADMIN,
+                                                               timeout=30) as c:
+        rid = c.post("/v1/chat/completions", json=ASK).json()["canopy"]["request_id"]
+        time.sleep(0.5)
+        late = c.post("/v1/feedback", json={"request_id": rid, "quality": 1.0})
+    assert late.status_code == 410
+
+
+def test_two_workers_on_one_state_file_lose_no_feedback(tmp_path, upstreams):
+    """Two proxies (as ``--workers 2`` runs them) share one SQLite file; each rates the
+    other's requests. The statistics are read from the store inside the write, so no update
+    is lost: a fresh proxy sees all of them."""
+    cfg = config(tmp_path, _urls(upstreams))
+    with serve_in_thread(create_app(cfg)) as one, serve_in_thread(create_app(cfg)) as two:
+        with httpx.Client(headers=ADMIN, timeout=30) as c:
+            ids = {one: [], two: []}
+            for i in range(20):
+                url = one if i % 2 else two
+                ids[url].append(c.post(url + "/v1/chat/completions", json=ASK
+                                       ).json()["canopy"]["request_id"])
+            for url, other in ((one, two), (two, one)):
+                for rid in ids[url]:
+                    assert c.post(other + "/v1/feedback", json={"request_id": rid,
+                                                                "quality": 1.0}
+                                  ).status_code == 200
+    with serve_in_thread(create_app(cfg)) as url:
+        rows = httpx.get(url + "/v1/router/stats", headers=ADMIN, timeout=30).json()
+    assert rows["with_feedback"] == 20
+    assert sum(r["count"] for r in rows["statistics"] if r["region"] == "/") == 20
+
+
+def test_the_documented_configuration_runs_as_written(tmp_path, monkeypatch):
+    """docs/routing.md's router.json builds a proxy once its two keys are exported."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "routing.md").read_text()
+    block = re.search(r"## Routing proxy.*?```json\n(.*?)```", text, re.S).group(1)
+    monkeypatch.setenv("CANOPY_CLIENT_KEY", "k" * 32)
+    monkeypatch.setenv("CANOPY_ADMIN_KEY", "a" * 32)
+    cfg = ProxyConfig.from_mapping(json.loads(block), base=tmp_path)
+    proxy = create_app(cfg).state.proxy
+    body = {"messages": [{"role": "user", "content": "fix this python bug"}]}
+    assert proxy.region({}, body) == "code"
+    assert proxy.region({}, {"messages": [{"role": "user", "content": "hello there"}]}) \
+        == "chat"
+
+
+def test_the_cli_refuses_to_serve_without_keys(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    path = tmp_path / "router.json"
+    path.write_text(json.dumps({"upstreams": [{"model": "small", "base_url": "http://x/v1"}],
+                                "state_path": "s.sqlite", "prices": PRICES}))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    done = subprocess.run([sys.executable, "-m", "canopy", "serve", "router", "--config",
+                           str(path), "--port", "1"], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1 and "--insecure-no-auth" in done.stderr
