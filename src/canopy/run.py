@@ -10,7 +10,9 @@ import numpy as np
 from canopy.policies.base import Policy
 from canopy.problem import Ledger, Problem, Query
 
-__all__ = ["History", "RunResult", "run"]
+__all__ = ["MAX_QUERIES", "History", "RunResult", "run"]
+
+MAX_QUERIES = 10**9  # policies keep per-query bookkeeping: a budget past this cannot be run
 
 
 @dataclass
@@ -57,6 +59,10 @@ def run(policy: Policy, problem: Problem, *, budget: float, seed: int | None = N
     ``callback(query, value, ledger)`` is called after each observation (progress bars).
     """
     spec = problem.spec
+    cheapest = spec.probe_cost if spec.probe_cost > 0 else spec.leaf_cost
+    if cheapest > 0 and budget / cheapest > MAX_QUERIES:
+        raise ValueError(f"budget {budget:g} allows {budget / cheapest:.3g} queries at cost "
+                         f"{cheapest:g} each; at most {MAX_QUERIES:.0e} can be run")
     policy_seed, problem_seed = np.random.SeedSequence(seed).spawn(2)
     problem_rng = np.random.default_rng(problem_seed)
     ledger = Ledger(budget)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import gzip
+import zlib
 import json
 import sys
 from collections.abc import Callable, Sequence
@@ -155,10 +156,14 @@ def mt_bench(*, prices: PriceTable | None = None) -> Outcomes:
 
 def _matrix(file: Path) -> tuple[list[str], dict[str, list[str]]]:
     opener = gzip.open if file.suffix == ".gz" else open
-    with opener(file, "rt", newline="", encoding="utf-8-sig") as handle:
-        reader = csv.reader(handle)
-        header = next(reader)[1:]
-        return header, {row[0]: row[1:] for row in reader}
+    try:
+        with opener(file, "rt", newline="", encoding="utf-8-sig") as handle:
+            reader = csv.reader(handle)
+            header = next(reader)[1:]
+            return header, {row[0]: row[1:] for row in reader}
+    except (EOFError, zlib.error, gzip.BadGzipFile, StopIteration) as error:
+        raise ValueError(f"{file}: not a readable (gzip) CSV file ({error or 'empty'})"
+                         ) from None
 
 
 def alpaca_eval(*, models: Sequence[str] | None = None,

@@ -70,7 +70,8 @@ def topk(
         problem = PoolProblem(table, pool_tree, probe_cost=probe_cost, outcomes="bernoulli")
         selection = select_top_k(problem, k=k, budget=budget, method=method, seed=seed)
     except (ValueError, TypeError) as error:
-        console.print(f"[red]error:[/red] {error}")
+        console.print(f"[red]error:[/red] {error}", soft_wrap=True, markup=True,
+                      highlight=False)
         raise typer.Exit(2) from None
     if as_json:
         typer.echo(json.dumps(_as_dict(selection, k, pool_tree)))

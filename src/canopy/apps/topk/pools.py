@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import csv
 import gzip
+import zlib
 import io
 import math
 from collections import defaultdict
@@ -204,7 +205,10 @@ def _read_csv(source: Path) -> tuple[list[str], list[list[str]]]:
     except OSError as error:
         raise ValueError(f"cannot read pool file {source}: {error.strerror}") from None
     if source.suffix == ".gz":
-        raw = gzip.decompress(raw)
+        try:
+            raw = gzip.decompress(raw)
+        except (OSError, EOFError, zlib.error) as error:
+            raise ValueError(f"{source}: not a readable gzip file ({error})") from None
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as error:
