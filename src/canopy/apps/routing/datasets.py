@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import csv
 import gzip
-import zlib
 import json
 import sys
+import zlib
 from collections.abc import Callable, Sequence
 from pathlib import Path
 

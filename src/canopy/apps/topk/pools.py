@@ -32,9 +32,9 @@ from __future__ import annotations
 
 import csv
 import gzip
-import zlib
 import io
 import math
+import zlib
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
