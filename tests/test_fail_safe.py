@@ -54,3 +54,23 @@ def test_a_budget_too_large_to_run_is_refused_before_allocating(tmp_path):
     done = _canopy("topk", "--pool", str(file), "--target", "value", "--budget", "1e12")
     assert done.returncode == 2 and "budget 1e+12" in done.stderr
     assert done.stderr.strip().count("\n") == 0
+
+
+@pytest.mark.parametrize(("line", "message"), [
+    ('{"timestamp": 1, "input_length": Infinity, "hash_ids": [1]}', "input_length must be"),
+    ('{"timestamp": NaN, "input_length": 10, "hash_ids": [1]}', "timestamp must be"),
+    ('{"timestamp": 5, "input_length": 10, "hash_ids": [1]}\n'
+     '{"timestamp": 1, "input_length": 10, "hash_ids": [2]}', ":2: timestamp 1 is before"),
+])
+def test_a_bad_cache_trace_is_one_line_naming_its_line(tmp_path, line, message):
+    file = tmp_path / "trace.jsonl"
+    file.write_text(line + "\n")
+    done = _canopy("cache", "replay", "--trace", str(file), "--capacity", "4")
+    assert done.returncode == 2 and message in done.stderr
+    assert done.stderr.strip().count("\n") == 0
+
+
+def test_a_zero_window_is_refused_before_the_sweep():
+    done = _canopy("cache", "replay", "--trace", "conversation", "--capacity", "4",
+                   "--window", "0")
+    assert done.returncode == 2 and "--window must be >= 1" in done.stderr

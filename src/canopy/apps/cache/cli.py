@@ -49,6 +49,8 @@ def replay_command(
     from canopy.apps.cache.ttft import TTFTModel
 
     capacities = _ints(capacity, "--capacity")
+    if window < 1:
+        raise typer.BadParameter(f"--window must be >= 1 request, got {window}")
     try:
         chosen = [make_policy(p, **({"seed": seed} if p == "canopy" else {}))
                   for p in (x.strip() for x in policies.split(",")) if p]

@@ -19,6 +19,7 @@ block spaces).
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -171,9 +172,17 @@ def _int_list(file: Path, lineno: int, value: object, field: str) -> list[int]:
 
 def _number(file: Path, lineno: int, row: dict, field: str) -> float:
     value = row.get(field)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-        raise _bad_line(file, lineno, f"{field} must be a non-negative number, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+            not math.isfinite(value) or value < 0:
+        raise _bad_line(file, lineno, f"{field} must be a finite number >= 0, got {value!r}")
     return value
+
+
+def _in_order(file: Path, lineno: int, stamps: list[float], stamp: float) -> float:
+    if stamps and stamp < stamps[-1]:
+        raise _bad_line(file, lineno, f"timestamp {stamp:g} is before the previous request's "
+                                      f"({stamps[-1]:g}); a trace must be in time order")
+    return stamp
 
 
 def load_mooncake(file: str | Path, *, name: str | None = None) -> Trace:
@@ -193,7 +202,8 @@ def load_mooncake(file: str | Path, *, name: str | None = None) -> Trace:
         if missing:
             raise _bad_line(file, lineno, f"missing field(s) {', '.join(missing)}")
         hashes = _int_list(file, lineno, row["hash_ids"], "hash_ids")
-        timestamps.append(_number(file, lineno, row, "timestamp"))
+        timestamps.append(_in_order(file, lineno, timestamps,
+                                    _number(file, lineno, row, "timestamp")))
         tokens.append(int(_number(file, lineno, row, "input_length")))
         if "output_length" in row:
             _number(file, lineno, row, "output_length")
@@ -205,7 +215,8 @@ def load_mooncake(file: str | Path, *, name: str | None = None) -> Trace:
 
 def load_prompt_log(file: str | Path, *, block_size: int = 16, name: str | None = None) -> Trace:
     """Read a prompt log: one request a line, a JSON list of token ids or an object with
-    ``tokens`` (or ``token_ids``) and an optional ``timestamp`` (ms). Tokens are chained into
+    ``tokens`` (or ``token_ids``) and an optional ``timestamp`` (ms; when absent, the request's
+    index or the previous timestamp, whichever is later). Tokens are chained into
     blocks of ``block_size``; the trailing partial block is not cacheable (as in vLLM)."""
     if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
         raise ValueError(f"block_size must be a positive int, got {block_size!r}")
@@ -215,7 +226,7 @@ def load_prompt_log(file: str | Path, *, block_size: int = 16, name: str | None 
     timestamps: list[float] = []
     tokens: list[int] = []
     for lineno, row in _rows(file):
-        stamp: float = float(len(paths))
+        stamp = max(float(len(paths)), timestamps[-1] if timestamps else 0.0)  # none given
         if isinstance(row, dict):
             ids = row.get("tokens", row.get("token_ids"))
             if ids is None:
@@ -228,7 +239,7 @@ def load_prompt_log(file: str | Path, *, block_size: int = 16, name: str | None 
         full = len(ids) // block_size
         blocks = (tuple(ids[b * block_size:(b + 1) * block_size]) for b in range(full))
         paths.append(trie.chain(blocks))
-        timestamps.append(stamp)
+        timestamps.append(_in_order(file, lineno, timestamps, stamp))
         tokens.append(len(ids))
     if not paths:
         raise ValueError(f"{file}: no requests")
