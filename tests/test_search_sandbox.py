@@ -61,6 +61,14 @@ def test_a_fork_bomb_is_contained_and_leaves_nothing_behind():
     assert MAX_PROCESSES <= 64
 
 
+def test_a_background_process_dies_with_the_program():
+    daemon = "import os, time\nif os.fork() == 0:\n    time.sleep(60)\nelse:\n    print('parent done')"
+    result = run_python(daemon, timeout_s=5.0)
+    assert result.ok and result.stdout.strip() == "parent done"
+    if interpreter()[1]:
+        assert _live_processes_of(65534) == 0
+
+
 def test_writing_outside_its_directory_is_refused(tmp_path):
     target = tmp_path / "escaped.txt"
     os.chmod(tmp_path, 0o777)  # even a world-writable place outside is refused

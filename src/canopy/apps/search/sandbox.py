@@ -35,6 +35,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -163,6 +164,34 @@ def _reason(returncode: int | None, stderr: str, timed_out: bool) -> str | None:
     return None
 
 
+def _group_alive(pgid: int) -> bool:
+    """Whether a process of group ``pgid`` still runs (a zombie awaiting its reaper does not)."""
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+            if int(fields[2]) == pgid and fields[0] not in "ZX":
+                return True
+    return False
+
+
+def _kill_group(pgid: int, grace_s: float = 10.0) -> None:
+    """SIGKILL the whole process group and wait until none of it runs: a killed process
+    takes a moment to exit, and the caller is promised that nothing is left behind."""
+    deadline = time.monotonic() + grace_s
+    while True:
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except ProcessLookupError:
+            return
+        if not Path("/proc/self/stat").exists() or not _group_alive(pgid) \
+                or time.monotonic() > deadline:
+            return
+        time.sleep(0.01)
+
+
 def run_python(source: str, *, stdin: str = "", timeout_s: float = 5.0, memory_mb: int = 512,
                max_output: int = 65536) -> SandboxResult:
     """Run ``source`` as ``main.py`` in a fresh sandbox (see the module docstring)."""
@@ -199,10 +228,10 @@ def run_python(source: str, *, stdin: str = "", timeout_s: float = 5.0, memory_m
                 process.communicate(stdin.encode("utf-8"), timeout=timeout_s)
             except subprocess.TimeoutExpired:
                 timed_out = True
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
             except BrokenPipeError:  # it exited without reading its input
-                process.wait()
+                pass
+            _kill_group(process.pid)  # what it left running in the background dies with it
+            process.wait()
         stdout, stderr = _read(out_path, max_output), _read(err_path, max_output)
         code = None if timed_out else process.returncode
         return SandboxResult(code, stdout, stderr, timed_out, _reason(code, stderr, timed_out))
