@@ -55,7 +55,7 @@ def test_backoff_never_splits_and_a_bad_rule_is_named():
 
 
 def test_a_region_borrows_its_parent_until_the_test_separates_them():
-    router = RegionalRouter(["cheap", "strong"], sharing="anytime")
+    router = RegionalRouter(["cheap", "strong"], sharing="anytime", delta=0.05)
     for _ in range(200):
         router.update("a/x", "strong", 0.8, 0.0)
         router.update("a/y", "strong", 0.8, 0.0)

@@ -62,7 +62,8 @@ def test_a_fork_bomb_is_contained_and_leaves_nothing_behind():
 
 
 def test_a_background_process_dies_with_the_program():
-    daemon = "import os, time\nif os.fork() == 0:\n    time.sleep(60)\nelse:\n    print('parent done')"
+    daemon = ("import os, time\nif os.fork() == 0:\n    time.sleep(60)\n"
+              "else:\n    print('parent done')")
     result = run_python(daemon, timeout_s=5.0)
     assert result.ok and result.stdout.strip() == "parent done"
     if interpreter()[1]:

@@ -239,8 +239,8 @@ class RegionalRouter(_Learner):
     ``"backoff"`` (the fixed prior weight ``kappa``, for comparison)."""
 
     def __init__(self, models: Sequence[str], *, lam: float = 0.0,
-                 regions: Sequence[str] = (), learner: str = "ucb", sharing: str = "anytime",
-                 delta: float = 0.05, kappa: float = 5.0, explore: float = 1.0,
+                 regions: Sequence[str] = (), learner: str = "ucb", sharing: str = "test",
+                 delta: float = 0.01, kappa: float = 5.0, explore: float = 1.0,
                  seed: int | np.random.Generator | None = 0) -> None:
         kinds = {"ucb": kernels.UCB, "thompson": kernels.THOMPSON}
         if learner not in kinds:

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
 import json
 import logging
 import math
@@ -36,7 +35,7 @@ import sqlite3
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import httpx
@@ -45,7 +44,6 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from canopy.apps.routing.proxy.config import ProxyConfig
-from canopy.apps.routing.proxy.embed import NearestCentroid
 from canopy.apps.routing.proxy.guard import (
     Breaker,
     Keys,
@@ -53,12 +51,11 @@ from canopy.apps.routing.proxy.guard import (
     check_chat_body,
     redact,
     sane_usage,
-    user_text,
 )
+from canopy.apps.routing.proxy.regions import RegionSource
 from canopy.apps.routing.proxy.state import AlreadyRated, ProxyState
 from canopy.llm.client import LLMError, LLMServerError, LLMTimeoutError
 from canopy.llm.passthrough import AsyncPassthrough
-from canopy.regional.regions import normalize_region
 
 __all__ = ["AUTO_MODELS", "app_from_env", "create_app", "serve_in_thread"]
 
@@ -72,16 +69,6 @@ def _error(status: int, message: str, kind: str = "invalid_request_error", **ext
            ) -> JSONResponse:
     return JSONResponse({"error": {"message": message, "type": kind, **extra}},
                         status_code=status)
-
-
-def _load_classifier(spec: str) -> Callable[[dict[str, Any]], str]:
-    module, _, name = spec.partition(":")
-    if not module or not name:
-        raise ValueError(f"classifier must be 'package.module:function', got {spec!r}")
-    function = getattr(importlib.import_module(module), name)
-    if not callable(function):
-        raise TypeError(f"classifier {spec!r} is not callable")
-    return function
 
 
 def _reason(error: LLMError) -> str:
@@ -115,49 +102,14 @@ class _Proxy:
                         for u in config.upstreams}
         self.secrets = keys.secrets + tuple(os.environ.get(u.api_key_env, "")
                                             for u in config.upstreams if u.api_key_env)
-        region = config.region
-        self.classifier = _load_classifier(region.classifier) if region.classifier else None
-        self.centroids = NearestCentroid(region.centroids) if region.centroids else None
-        self.allowed = {normalize_region(a) for a in region.allowed}
+        self.regions = RegionSource(config.region, max_regions=config.limits.max_regions)
         self.breaker = Breaker(config.limits.breaker_failures, config.limits.breaker_cooldown_s)
         self.lock = threading.Lock()
 
-    # -- regions -------------------------------------------------------------------------
-    def _raw_region(self, headers: Any, body: dict[str, Any]) -> str:
-        given = headers.get(self.config.region.header)
-        if given:
-            return given
-        text = user_text(body)
-        for pattern, region in self.config.region.rules:
-            if pattern.search(text):
-                return region
-        if self.classifier is not None:
-            region = self.classifier(body)
-            if not isinstance(region, str):
-                raise TypeError(f"the region classifier returned {region!r}, not a string")
-            return region
-        if self.centroids is not None:
-            return self.centroids.region(text)
-        return self.config.region.default
-
     def region(self, headers: Any, body: dict[str, Any]) -> str:
-        """The request's region, bounded: ``ValueError`` for a malformed path; a region
-        outside the allowlist, or new past ``max_regions``, becomes its nearest known
-        ancestor."""
-        path = normalize_region(self._raw_region(headers, body))
-        if self.allowed:
-            parts = path.split("/")
-            return next(("/".join(parts[:end]) for end in range(len(parts), 0, -1)
-                         if "/".join(parts[:end]) in self.allowed),
-                        normalize_region(self.config.region.default))
-        tree = self.router.regions
-        if path in tree:
-            return path
-        missing = sum(1 for end in range(1, path.count("/") + 2)
-                      if "/".join(path.split("/")[:end]) not in tree)
-        if tree.n_nodes + missing > self.config.limits.max_regions:
-            return tree.path(tree.nearest(path))
-        return path
+        """The request's region (:class:`RegionSource`), from its header or its text."""
+        return self.regions.region(headers.get(self.config.region.header), body,
+                                   self.router.regions)
 
     # -- chat ----------------------------------------------------------------------------
     async def chat(self, headers: Any, body: Any) -> JSONResponse:
