@@ -10,7 +10,8 @@ import typer
 
 __all__ = ["register"]
 
-route_app = typer.Typer(no_args_is_help=True, help="Model routing: offline bandit replay.")
+route_app = typer.Typer(no_args_is_help=True,
+                        help="Model routing: offline bandit replay and agent routing.")
 serve_app = typer.Typer(no_args_is_help=True, help="HTTP services.")
 
 
@@ -73,6 +74,44 @@ def replay_command(
     console.print(table)
     if "fixed_hull" in summary:
         console.print(f"AIQ of the fixed models' hull: {summary['fixed_hull']['aiq']:.4f}")
+
+
+@route_app.command("agents")
+def agents_command(
+    episodes: int = typer.Option(2000, "--episodes", help="episodes per replicate"),
+    replicates: int = typer.Option(10, "--replicates", help="seeded replicates"),
+    lam: float = typer.Option(5.0, "--lam", help="cost weight (quality per dollar)"),
+    learners: str = typer.Option("regional,flat,regional-percall", "--learners"),
+    bandit: str = typer.Option("thompson", "--bandit", help="thompson or ucb"),
+    seed: int = typer.Option(0, "--seed"),
+    as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
+) -> None:
+    """Per-call routing inside a multi-turn agent: regional (region = turn phase and
+    difficulty) against flat, the episode's terminal reward credited to every call."""
+    from canopy.apps.routing.agents import run_agents, summarize_agents
+    from canopy.reporting import print_table, progress_bar
+
+    if lam < 0:
+        raise typer.BadParameter(f"--lam must be >= 0, got {lam}")
+    names = [x.strip() for x in learners.split(",") if x.strip()]
+    with progress_bar("agent episodes", replicates * len(names), enabled=not as_json) as tick:
+        results = run_agents(episodes=episodes, replicates=replicates, lam=lam, learners=names,
+                             bandit=bandit, seed=seed, progress=tick)
+    summary = summarize_agents(results, lam)
+    if as_json:
+        typer.echo(json.dumps(summary))
+        return
+    rows = [{"learner": r["learner"], **{
+        key: f"{r[key]:.3f} [{r[key + '_ci'][0]:.3f}, {r[key + '_ci'][1]:.3f}]"
+        if r[key + "_ci"][0] is not None else f"{r[key]:.3f}"
+        for key in ("utility", "utility_last", "success", "oracle_match")}} for r in
+        summary["rows"]]
+    print_table(rows, ["learner", "utility", "utility_last", "success", "oracle_match"],
+                title=f"agent routing, {episodes} episodes x {replicates} replicates, lam "
+                      f"{lam:g} (mean [95% CI])")
+    typer.echo(f"oracle per-phase policy: utility {summary['oracle']['utility']:.3f}; best "
+               f"single model ({summary['best_single_model']['model']}): "
+               f"{summary['best_single_model']['utility']:.3f}")
 
 
 @serve_app.command("router")

@@ -13,7 +13,10 @@ deadline, 502 when the upstreams refused the proxy's credentials) with a generic
 the request id; upstream error bodies go only to the log, secrets redacted.
 ``POST /v1/feedback`` takes ``{"request_id", "quality"}`` and updates the router with
 ``quality - lam * cost``: the database first (one transaction), then memory, so a retry
-after a failure counts once. ``GET /v1/router/stats``, ``GET /health``.
+after a failure counts once. Calls sent with an ``X-Canopy-Episode`` header form an episode:
+``POST /v1/feedback/episode`` with ``{"episode_id", "reward"}`` credits the terminal reward to
+every call of the episode not yet rated, in one transaction (per-call routing inside agents,
+paper Appendix E). ``GET /v1/router/stats``, ``GET /health``.
 
 Secure by default: chat needs the client (or admin) key, feedback and statistics the admin
 key (``Authorization: Bearer ...``); bodies over ``limits.max_body_bytes`` get 413; the
@@ -53,13 +56,14 @@ from canopy.apps.routing.proxy.guard import (
     sane_usage,
 )
 from canopy.apps.routing.proxy.regions import RegionSource
-from canopy.apps.routing.proxy.state import AlreadyRated, ProxyState
+from canopy.apps.routing.proxy.state import AlreadyRated, ProxyState, RequestRecord
 from canopy.llm.client import LLMError, LLMServerError, LLMTimeoutError
 from canopy.llm.passthrough import AsyncPassthrough
 
 __all__ = ["AUTO_MODELS", "app_from_env", "create_app", "serve_in_thread"]
 
 AUTO_MODELS = frozenset({"", "auto", "canopy-router"})
+EPISODE_HEADER = "X-Canopy-Episode"  # groups an agent's calls for episode feedback
 CONFIG_ENV = "CANOPY_PROXY_CONFIG"  # what ``serve router --workers N`` hands its workers
 INSECURE_ENV = "CANOPY_PROXY_INSECURE_NO_AUTH"
 log = logging.getLogger("canopy.proxy")
@@ -128,12 +132,16 @@ class _Proxy:
         except Exception as error:  # a user classifier's failure is reported, not hidden
             log.error("region classifier failed: %s", redact(repr(error), self.secrets))
             return _error(500, "the region classifier failed", "server_error")
+        episode = headers.get(EPISODE_HEADER) or None
+        if episode is not None and (len(episode) > 128 or not episode.isprintable()):
+            return _error(400, f"{EPISODE_HEADER} must be at most 128 printable characters",
+                          code="bad_episode")
         with self.lock:
             ranking = [asked] if asked in self.upstreams else self.router.ranking(region)
         ranking = self.breaker.order(ranking)
         request_id = f"req-{uuid.uuid4().hex}"
         if body.get("stream"):
-            return await self._stream(body, ranking, region, request_id, started)
+            return await self._stream(body, ranking, region, request_id, started, episode)
         deadline = started + self.config.deadline_s
         attempts: list[dict[str, Any]] = []
         upstream_s = 0.0
@@ -156,12 +164,13 @@ class _Proxy:
                                                    answer.prompt_tokens,
                                                    answer.completion_tokens)
             cost = self.config.prices.cost(model, prompt, completion)
-            await run_in_threadpool(self.state.add_request, request_id, region, model, cost)
+            await run_in_threadpool(self.state.add_request, request_id, region, model, cost,
+                                    episode)
             overhead_ms = (time.perf_counter() - started - upstream_s) * 1000.0
             out = dict(answer.raw)
             out["model"] = model
             out["canopy"] = {"request_id": request_id, "model": model, "region": region,
-                             "cost": cost, "usage": usage,
+                             "episode": episode, "cost": cost, "usage": usage,
                              "failed_attempts": [{"model": a["model"], "reason": a["reason"]}
                                                  for a in attempts],
                              "upstream_ms": upstream_s * 1000.0, "overhead_ms": overhead_ms}
@@ -199,7 +208,7 @@ class _Proxy:
                 "status": getattr(error, "status", None)}
 
     async def _stream(self, body: dict[str, Any], ranking: list[str], region: str,
-                      request_id: str, started: float) -> Any:
+                      request_id: str, started: float, episode: str | None) -> Any:
         """Server-sent events passed through from the first upstream that sends a byte
         within the deadline (failover only before the first byte); the cost is recorded
         when the stream ends, from its final usage chunk or, failing that, estimated."""
@@ -224,15 +233,16 @@ class _Proxy:
                 continue
             self.breaker.success(model)
             return StreamingResponse(
-                self._relay(first, chunks, response, body, model, region, request_id),
+                self._relay(first, chunks, response, body, model, region, request_id,
+                            episode),
                 media_type="text/event-stream",
                 headers={"X-Canopy-Model": model, "X-Canopy-Request-Id": request_id,
                          "X-Canopy-Region": region})
         return self._failed(attempts, request_id, deadline)
 
     async def _relay(self, first: bytes, chunks: AsyncIterator[bytes], response: Any,
-                     body: dict[str, Any], model: str, region: str, request_id: str
-                     ) -> AsyncIterator[bytes]:
+                     body: dict[str, Any], model: str, region: str, request_id: str,
+                     episode: str | None) -> AsyncIterator[bytes]:
         events = SseUsage()
         try:
             events.feed(first)
@@ -248,20 +258,51 @@ class _Proxy:
                                                int(usage.get("prompt_tokens", 0) or 0),
                                                int(usage.get("completion_tokens", 0) or 0))
             cost = self.config.prices.cost(model, prompt, completion)
-            await run_in_threadpool(self.state.add_request, request_id, region, model, cost)
+            await run_in_threadpool(self.state.add_request, request_id, region, model, cost,
+                                    episode)
 
     # -- feedback ------------------------------------------------------------------------
+    @staticmethod
+    def _quality(value: Any, name: str) -> float | JSONResponse:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+                not math.isfinite(value) or not 0.0 <= value <= 1.0:
+            return _error(422, f"'{name}' must be a number in [0, 1], got {value!r}")
+        return float(value)
+
+    def _credit(self, records: list[RequestRecord], quality: float) -> JSONResponse | None:
+        """Write every record's update in one transaction, then apply them in memory (in
+        order: each plan reads the rows the previous one wrote)."""
+        ids = [r.id for r in records]
+        try:
+            with self.state.feedback(ids, quality) as write:
+                plans = []
+                for record in records:
+                    planned = self.router.plan_update(
+                        record.region, record.model, quality, record.cost,
+                        current=write.read(self.router.chain_paths(record.region),
+                                           record.model))
+                    write.write(record.model, planned.rows, record.cost)
+                    plans.append(planned)
+        except AlreadyRated:  # another worker rated it between the read and the write
+            return _error(409, "already has feedback", code="duplicate_feedback")
+        except sqlite3.OperationalError as error:  # locked or failing store: nothing kept
+            log.error("feedback for %s not stored: %s", ids[:3], error)
+            return _error(503, "the statistics store is busy; nothing was recorded, "
+                               "retry the feedback", "server_error")
+        for planned in plans:  # memory only after the commit
+            self.router.apply(planned)
+        return None
+
     def feedback(self, body: Any) -> JSONResponse | dict[str, Any]:
         """Runs in a worker thread (SQLite is off the event loop)."""
         if not isinstance(body, dict) or set(body) - {"request_id", "quality"}:
             return _error(400, "feedback must be {'request_id': str, 'quality': number}")
-        request_id, quality = body.get("request_id"), body.get("quality")
+        request_id = body.get("request_id")
         if not isinstance(request_id, str) or not request_id:
             return _error(400, "'request_id' must be a non-empty string")
-        if isinstance(quality, bool) or not isinstance(quality, (int, float)) or \
-                not math.isfinite(quality) or not 0.0 <= quality <= 1.0:
-            return _error(422, f"'quality' must be a number in [0, 1], got {quality!r}")
-        quality = float(quality)
+        quality = self._quality(body.get("quality"), "quality")
+        if isinstance(quality, JSONResponse):
+            return quality
         window = self.config.limits.feedback_window_s
         with self.lock:
             record = self.state.request(request_id)
@@ -273,23 +314,36 @@ class _Proxy:
             if time.time() - record.created > window:
                 return _error(410, f"request {request_id!r} is older than the feedback window "
                                    f"({window:g} s)", code="feedback_expired")
-            try:
-                with self.state.feedback(request_id, quality) as write:
-                    paths = self.router.chain_paths(record.region)
-                    planned = self.router.plan_update(
-                        record.region, record.model, quality, record.cost,
-                        current=write.read(paths, record.model))
-                    write.write(record.model, planned.rows, record.cost)
-            except AlreadyRated:  # another worker rated it between the read and the write
-                return _error(409, f"request {request_id!r} already has feedback",
-                              code="duplicate_feedback")
-            except sqlite3.OperationalError as error:  # locked or failing store: nothing kept
-                log.error("feedback %s not stored: %s", request_id, error)
-                return _error(503, "the statistics store is busy; nothing was recorded, "
-                                   "retry the feedback", "server_error")
-            self.router.apply(planned)  # memory only after the commit
-        return {"ok": True, "request_id": request_id, "region": record.region,
-                "model": record.model, "reward": quality - self.config.lam * record.cost}
+            problem = self._credit([record], quality)
+        return problem or {"ok": True, "request_id": request_id, "region": record.region,
+                           "model": record.model,
+                           "reward": quality - self.config.lam * record.cost}
+
+    def episode_feedback(self, body: Any) -> JSONResponse | dict[str, Any]:
+        """An episode's terminal reward, credited as the quality of every call of the
+        episode not yet rated (paper Appendix E: each (region, model) pull of the episode
+        gets the episode's outcome). Runs in a worker thread."""
+        if not isinstance(body, dict) or set(body) - {"episode_id", "reward"}:
+            return _error(400, "episode feedback must be {'episode_id': str, 'reward': number}")
+        episode = body.get("episode_id")
+        if not isinstance(episode, str) or not episode:
+            return _error(400, "'episode_id' must be a non-empty string")
+        reward = self._quality(body.get("reward"), "reward")
+        if isinstance(reward, JSONResponse):
+            return reward
+        oldest = time.time() - self.config.limits.feedback_window_s
+        with self.lock:
+            calls = self.state.episode(episode)
+            if not calls:
+                return _error(404, f"unknown episode {episode!r}", code="unknown_episode")
+            open_calls = [c for c in calls if c.quality is None and c.created >= oldest]
+            if not open_calls:
+                return _error(409, f"every call of episode {episode!r} already has feedback "
+                                   "or has expired", code="duplicate_feedback")
+            problem = self._credit(open_calls, reward)
+        return problem or {"ok": True, "episode_id": episode, "credited": len(open_calls),
+                           "calls": [{"request_id": c.id, "region": c.region,
+                                      "model": c.model} for c in open_calls]}
 
     def stats(self) -> dict[str, Any]:
         with self.lock:
@@ -348,6 +402,11 @@ def create_app(config: ProxyConfig, *, insecure_no_auth: bool = False) -> FastAP
     async def feedback(request: Request) -> Any:
         body, problem = await json_body(request, admin=True)
         return problem or await run_in_threadpool(proxy.feedback, body)
+
+    @app.post("/v1/feedback/episode")
+    async def episode_feedback(request: Request) -> Any:
+        body, problem = await json_body(request, admin=True)
+        return problem or await run_in_threadpool(proxy.episode_feedback, body)
 
     @app.get("/v1/router/stats")
     async def stats(request: Request) -> Any:

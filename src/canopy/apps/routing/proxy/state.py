@@ -30,8 +30,11 @@ CREATE TABLE IF NOT EXISTS stats (
     PRIMARY KEY (region, model));
 CREATE TABLE IF NOT EXISTS requests (
     id TEXT PRIMARY KEY, region TEXT NOT NULL, model TEXT NOT NULL, cost REAL NOT NULL,
-    created REAL NOT NULL, quality REAL);
+    created REAL NOT NULL, quality REAL, episode TEXT);
 CREATE INDEX IF NOT EXISTS requests_created ON requests (created);
+"""
+_EPISODES = """
+CREATE INDEX IF NOT EXISTS requests_episode ON requests (episode) WHERE episode IS NOT NULL;
 """
 
 
@@ -75,6 +78,10 @@ class RequestRecord:
     cost: float
     created: float
     quality: float | None
+    episode: str | None = None
+
+
+_RECORD = "id, region, model, cost, created, quality, episode"
 
 
 class ProxyState:
@@ -89,6 +96,10 @@ class ProxyState:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")  # durable at checkpoints
         self._db.executescript(_SCHEMA)
+        columns = {row[1] for row in self._db.execute("PRAGMA table_info(requests)")}
+        if "episode" not in columns:  # a state file of an earlier version
+            self._db.execute("ALTER TABLE requests ADD COLUMN episode TEXT")
+        self._db.executescript(_EPISODES)
 
     def load_router_state(self) -> dict[str, object] | None:
         """The saved router state (as :meth:`RegionalRouter.state` gives it), or ``None``."""
@@ -116,30 +127,39 @@ class ProxyState:
                              ("\n".join(models),))
             self._db.execute("INSERT OR REPLACE INTO meta VALUES ('lam', ?)", (repr(lam),))
 
-    def add_request(self, request_id: str, region: str, model: str, cost: float) -> None:
+    def add_request(self, request_id: str, region: str, model: str, cost: float,
+                    episode: str | None = None) -> None:
         with self._lock, self._db:
-            self._db.execute("INSERT INTO requests VALUES (?, ?, ?, ?, ?, NULL)",
-                             (request_id, region, model, cost, time.time()))
+            self._db.execute("INSERT INTO requests VALUES (?, ?, ?, ?, ?, NULL, ?)",
+                             (request_id, region, model, cost, time.time(), episode))
 
     def request(self, request_id: str) -> RequestRecord | None:
         with self._lock:
-            row = self._db.execute("SELECT id, region, model, cost, created, quality "
-                                   "FROM requests WHERE id = ?", (request_id,)).fetchone()
+            row = self._db.execute(f"SELECT {_RECORD} FROM requests WHERE id = ?",
+                                   (request_id,)).fetchone()
         return None if row is None else RequestRecord(*row)
 
+    def episode(self, episode: str) -> list[RequestRecord]:
+        """The calls of an episode, oldest first."""
+        with self._lock:
+            rows = self._db.execute(f"SELECT {_RECORD} FROM requests WHERE episode = ? "
+                                    "ORDER BY created", (episode,)).fetchall()
+        return [RequestRecord(*row) for row in rows]
+
     @contextlib.contextmanager
-    def feedback(self, request_id: str, quality: float) -> Iterator[FeedbackWrite]:
-        """One write transaction (``BEGIN IMMEDIATE``: workers take turns): marks
-        ``request_id`` rated (``AlreadyRated`` if it was) and yields a
+    def feedback(self, request_ids: Sequence[str], quality: float) -> Iterator[FeedbackWrite]:
+        """One write transaction (``BEGIN IMMEDIATE``: workers take turns): marks every
+        request of ``request_ids`` rated (``AlreadyRated`` if one was) and yields a
         :class:`FeedbackWrite` to read and write the touched statistics; commits on exit,
         rolls everything back on an error."""
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
             try:
-                marked = self._db.execute("UPDATE requests SET quality = ? WHERE id = ? AND "
-                                          "quality IS NULL", (quality, request_id)).rowcount
-                if marked != 1:
-                    raise AlreadyRated(request_id)
+                marked = sum(self._db.execute("UPDATE requests SET quality = ? WHERE id = ? "
+                                              "AND quality IS NULL", (quality, one)).rowcount
+                             for one in request_ids)
+                if marked != len(request_ids):
+                    raise AlreadyRated(", ".join(request_ids))
                 yield FeedbackWrite(self._db)
             except BaseException:
                 self._db.rollback()
