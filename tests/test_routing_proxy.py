@@ -241,3 +241,52 @@ def test_cli_serve_router_runs_the_proxy(tmp_path, upstreams):
         process.terminate()
         process.wait(timeout=30)
     assert (tmp_path / "state.sqlite").exists()
+
+
+def test_per_request_preferences_steer_the_choice_and_never_reach_upstreams(tmp_path,
+                                                                             upstreams):
+    cfg = config(tmp_path, upstreams[0].url("/v1"), upstreams[1].url("/v1"))  # lam 1000
+    with serve_in_thread(create_app(cfg)) as url, httpx.Client(base_url=url, headers=AUTH,
+                                                               timeout=30) as client:
+        for _ in range(6):  # large is better but dear: 12 tokens at $50/M, lam 1000: -0.6
+            for model, quality in (("small", 0.3), ("large", 0.8)):
+                answer = client.post("/v1/chat/completions", json={**ASK, "model": model})
+                client.post("/v1/feedback", json={
+                    "request_id": answer.json()["canopy"]["request_id"], "quality": quality})
+        default = client.post("/v1/chat/completions", json=ASK).json()["canopy"]["model"]
+        free = client.post("/v1/chat/completions",
+                           json={**ASK, "canopy": {"lam": 0.0}}).json()["canopy"]["model"]
+        assert (default, free) == ("small", "large")
+        capped = client.post("/v1/chat/completions", json={**ASK, "canopy": {
+            "lam": 0.0, "max_cost": 1e-5}}).json()["canopy"]["model"]
+        assert capped == "small"  # large's estimate (4 tokens at $50/M = 2e-4) is over it
+        over = client.post("/v1/chat/completions", json={**ASK, "canopy": {"max_cost": 1e-9}})
+        assert over.status_code == 400 and over.json()["error"]["code"] == "over_max_cost"
+        for bad in ({"lam": -1}, {"max_cost": "cheap"}, {"colour": 1}, "fast"):
+            answer = client.post("/v1/chat/completions", json={**ASK, "canopy": bad})
+            assert answer.status_code == 400 and "canopy" in answer.json()["error"]["message"]
+    forwarded = [b for server in upstreams for b in server.bodies]
+    assert forwarded and all("canopy" not in body for body in forwarded)
+
+
+def test_metrics_count_requests_failovers_choices_and_feedback(tmp_path, upstreams):
+    upstreams[0].routes["/v1/chat/completions"] = lambda _: (500, b"boom", 0.0)
+    cfg = config(tmp_path, upstreams[0].url("/v1"), upstreams[1].url("/v1"))
+    with serve_in_thread(create_app(cfg)) as url, httpx.Client(base_url=url, headers=AUTH,
+                                                               timeout=30) as client:
+        ids = [client.post("/v1/chat/completions", json=ASK).json()["canopy"]["request_id"]
+               for _ in range(3)]
+        client.post("/v1/chat/completions", json={"messages": []})  # 400
+        client.post("/v1/feedback", json={"request_id": ids[0], "quality": 1.0})
+        client.post("/v1/feedback", json={"request_id": ids[0], "quality": 1.0})  # 409
+        assert httpx.get(f"{url}/metrics").status_code == 401
+        text = client.get("/metrics").text
+    lines = dict(line.rsplit(" ", 1) for line in text.splitlines()
+                 if line and not line.startswith("#"))
+    assert float(lines['canopy_requests_total{status="200"}']) == 3
+    assert float(lines['canopy_requests_total{status="400"}']) == 1
+    assert float(lines['canopy_choices_total{model="large"}']) == 3
+    assert float(lines['canopy_failovers_total{model="small"}']) >= 1  # until the breaker
+    assert float(lines["canopy_request_seconds_count"]) == 4
+    assert float(lines['canopy_feedback_total{kind="request",status="200"}']) == 1
+    assert float(lines['canopy_feedback_total{kind="request",status="409"}']) == 1

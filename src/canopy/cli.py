@@ -36,6 +36,8 @@ EXTRAS = {
     "fastapi": "serve",
     "uvicorn": "serve",
     "httpx": "serve",
+    "prometheus_client": "serve",
+    "litellm": "litellm",
     "rank_bm25": "llm",
     "llmlingua": "lingua",
     "transformers": "lingua",

@@ -16,7 +16,9 @@ the request id; upstream error bodies go only to the log, secrets redacted.
 after a failure counts once. Calls sent with an ``X-Canopy-Episode`` header form an episode:
 ``POST /v1/feedback/episode`` with ``{"episode_id", "reward"}`` credits the terminal reward to
 every call of the episode not yet rated, in one transaction (per-call routing inside agents,
-paper Appendix E). ``GET /v1/router/stats``, ``GET /health``.
+paper Appendix E). ``GET /v1/router/stats``, ``GET /metrics`` (Prometheus), ``GET /health``.
+A request may carry its own trade-off in a ``"canopy"`` object (``extra_body``): ``lam`` and
+``max_cost`` (:class:`~canopy.apps.routing.proxy.guard.Preferences`).
 
 Secure by default: chat needs the client (or admin) key, feedback and statistics the admin
 key (``Authorization: Bearer ...``); bodies over ``limits.max_body_bytes`` get 413; the
@@ -42,19 +44,23 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import httpx
+import numpy as np
 from fastapi import FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from canopy.apps.routing.proxy.config import ProxyConfig
 from canopy.apps.routing.proxy.guard import (
     Breaker,
     Keys,
+    Preferences,
     SseUsage,
     check_chat_body,
+    expected_tokens,
     redact,
     sane_usage,
 )
+from canopy.apps.routing.proxy.metrics import CONTENT_TYPE_LATEST, ProxyMetrics
 from canopy.apps.routing.proxy.regions import RegionSource
 from canopy.apps.routing.proxy.state import AlreadyRated, ProxyState, RequestRecord
 from canopy.llm.client import LLMError, LLMServerError, LLMTimeoutError
@@ -107,6 +113,8 @@ class _Proxy:
         self.secrets = keys.secrets + tuple(os.environ.get(u.api_key_env, "")
                                             for u in config.upstreams if u.api_key_env)
         self.regions = RegionSource(config.region, max_regions=config.limits.max_regions)
+        self.metrics = ProxyMetrics()
+        self.mean_cost = self.state.mean_costs()  # model -> (count, mean): what lam priced
         self.breaker = Breaker(config.limits.breaker_failures, config.limits.breaker_cooldown_s)
         self.lock = threading.Lock()
 
@@ -114,6 +122,36 @@ class _Proxy:
         """The request's region (:class:`RegionSource`), from its header or its text."""
         return self.regions.region(headers.get(self.config.region.header), body,
                                    self.router.regions)
+
+    async def _record(self, request_id: str, region: str, model: str, cost: float,
+                      episode: str | None) -> None:
+        """Keep an answered request (for its feedback) and the model's mean cost."""
+        await run_in_threadpool(self.state.add_request, request_id, region, model, cost,
+                                episode)
+        n, mean = self.mean_cost.get(model, (0, 0.0))
+        self.mean_cost[model] = (n + 1, mean + (cost - mean) / (n + 1))
+
+    def _ranking(self, region: str, body: dict[str, Any], preferences: Preferences
+                 ) -> list[str]:
+        """The router's ranking for this request. The stored rewards were taken at the
+        router's ``lam``; a request's own ``lam`` re-weighs each model's index by the
+        difference in cost weight times the model's mean cost so far (this request's estimate
+        before its first answer). ``max_cost`` drops the models whose estimated cost for this
+        request (prompt and ``max_tokens``) exceeds it."""
+        with self.lock:
+            scores = self.router.scores(region)
+        if preferences.lam is None and preferences.max_cost is None:
+            return [self.router.models[int(m)] for m in np.argsort(-scores, kind="stable")]
+        prompt, completion = expected_tokens(body)
+        costs = np.array([self.config.prices.cost(m, prompt, completion)
+                          for m in self.router.models])
+        if preferences.lam is not None:
+            seen = np.array([self.mean_cost.get(m, (0, c))[1]
+                             for m, c in zip(self.router.models, costs, strict=True)])
+            scores = scores + (self.config.lam - preferences.lam) * seen
+        keep = costs <= (np.inf if preferences.max_cost is None else preferences.max_cost)
+        return [self.router.models[int(m)] for m in np.argsort(-scores, kind="stable")
+                if keep[m]]
 
     # -- chat ----------------------------------------------------------------------------
     async def chat(self, headers: Any, body: Any) -> JSONResponse:
@@ -136,8 +174,16 @@ class _Proxy:
         if episode is not None and (len(episode) > 128 or not episode.isprintable()):
             return _error(400, f"{EPISODE_HEADER} must be at most 128 printable characters",
                           code="bad_episode")
-        with self.lock:
-            ranking = [asked] if asked in self.upstreams else self.router.ranking(region)
+        preferences = Preferences.pop(body)
+        if isinstance(preferences, str):
+            return _error(400, preferences)
+        if asked in self.upstreams:
+            ranking = [asked]
+        else:
+            ranking = self._ranking(region, body, preferences)
+            if not ranking:
+                return _error(400, f"no model's estimated cost is within canopy.max_cost "
+                                   f"({preferences.max_cost:g} $)", code="over_max_cost")
         ranking = self.breaker.order(ranking)
         request_id = f"req-{uuid.uuid4().hex}"
         if body.get("stream"):
@@ -164,8 +210,7 @@ class _Proxy:
                                                    answer.prompt_tokens,
                                                    answer.completion_tokens)
             cost = self.config.prices.cost(model, prompt, completion)
-            await run_in_threadpool(self.state.add_request, request_id, region, model, cost,
-                                    episode)
+            await self._record(request_id, region, model, cost, episode)
             overhead_ms = (time.perf_counter() - started - upstream_s) * 1000.0
             out = dict(answer.raw)
             out["model"] = model
@@ -202,6 +247,7 @@ class _Proxy:
         """Count a failed upstream call (breaker, redacted log); the attempt's public record."""
         error = error if isinstance(error, LLMError) else LLMTimeoutError("deadline")
         self.breaker.failure(model)
+        self.metrics.failovers.labels(model=model).inc()
         log.warning("request %s: upstream %s failed: %s", request_id, model,
                     redact(str(error), self.secrets))
         return {"model": model, "reason": _reason(error),
@@ -258,8 +304,7 @@ class _Proxy:
                                                int(usage.get("prompt_tokens", 0) or 0),
                                                int(usage.get("completion_tokens", 0) or 0))
             cost = self.config.prices.cost(model, prompt, completion)
-            await run_in_threadpool(self.state.add_request, request_id, region, model, cost,
-                                    episode)
+            await self._record(request_id, region, model, cost, episode)
 
     # -- feedback ------------------------------------------------------------------------
     @staticmethod
@@ -395,18 +440,34 @@ def create_app(config: ProxyConfig, *, insecure_no_auth: bool = False) -> FastAP
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Any:
+        started = time.perf_counter()
         body, problem = await json_body(request, admin=False)
-        return problem or await proxy.chat(request.headers, body)
+        answer = problem or await proxy.chat(request.headers, body)
+        proxy.metrics.chat(answer.status_code, answer.headers.get("X-Canopy-Model"),
+                           time.perf_counter() - started)
+        return answer
+
+    async def rate(request: Request, kind: str, handler: Any) -> Any:
+        body, problem = await json_body(request, admin=True)
+        answer = problem or await run_in_threadpool(handler, body)
+        status = getattr(answer, "status_code", 200)
+        proxy.metrics.feedback.labels(kind=kind, status=str(status)).inc()
+        return answer
 
     @app.post("/v1/feedback")
     async def feedback(request: Request) -> Any:
-        body, problem = await json_body(request, admin=True)
-        return problem or await run_in_threadpool(proxy.feedback, body)
+        return await rate(request, "request", proxy.feedback)
 
     @app.post("/v1/feedback/episode")
     async def episode_feedback(request: Request) -> Any:
-        body, problem = await json_body(request, admin=True)
-        return problem or await run_in_threadpool(proxy.episode_feedback, body)
+        return await rate(request, "episode", proxy.episode_feedback)
+
+    @app.get("/metrics")
+    async def metrics(request: Request) -> Any:
+        if not keys.allows(request.headers.get("authorization"), admin=True):
+            return _error(401, "missing or wrong API key: this route needs the admin key",
+                          "authentication_error")
+        return Response(proxy.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/router/stats")
     async def stats(request: Request) -> Any:

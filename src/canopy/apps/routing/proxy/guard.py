@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hmac
 import json
+import math
 import os
 import re
 import time
@@ -14,7 +15,8 @@ from typing import Any
 
 from canopy.apps.routing.prices import estimate_tokens
 
-__all__ = ["Breaker", "Keys", "SseUsage", "check_chat_body", "redact", "sane_usage"]
+__all__ = ["Breaker", "Keys", "Preferences", "SseUsage", "check_chat_body", "expected_tokens",
+           "redact", "sane_usage", "user_text"]
 
 MAX_TOKENS_PER_CALL = 2_000_000  # beyond any context window: such a usage report is wrong
 
@@ -108,6 +110,41 @@ def check_chat_body(body: Any) -> str | None:
     return None
 
 
+@dataclass(frozen=True)
+class Preferences:
+    """A request's own trade-off, from the body's optional ``"canopy"`` object (the
+    ``extra_body`` of the openai client): ``lam`` replaces the router's cost weight for this
+    request, ``max_cost`` (dollars) excludes models whose estimated cost exceeds it."""
+
+    lam: float | None = None
+    max_cost: float | None = None
+
+    @classmethod
+    def pop(cls, body: dict[str, Any]) -> Preferences | str:
+        """Remove ``"canopy"`` from ``body`` (upstreams never see it); the preferences, or
+        why they are malformed."""
+        given = body.pop("canopy", None)
+        if given is None:
+            return cls()
+        if not isinstance(given, dict) or set(given) - {"lam", "max_cost"}:
+            return "'canopy' must be an object with optional 'lam' and 'max_cost'"
+        for name in ("lam", "max_cost"):
+            value = given.get(name)
+            if value is not None and (isinstance(value, bool) or
+                                      not isinstance(value, (int, float)) or
+                                      not math.isfinite(value) or value < 0):
+                return f"canopy.{name} must be a finite number >= 0, got {value!r}"
+        return cls(given.get("lam"), given.get("max_cost"))
+
+
+def expected_tokens(body: dict[str, Any]) -> tuple[int, int]:
+    """Estimated prompt tokens and the completion tokens a request may cost (its
+    ``max_tokens``, or 0 when it sets none)."""
+    prompt = estimate_tokens("\n".join(_text(m.get("content")) or "" for m in body["messages"]))
+    limit = body.get("max_tokens") or body.get("max_completion_tokens") or 0
+    return prompt, int(limit) if isinstance(limit, int) and limit > 0 else 0
+
+
 def user_text(body: dict[str, Any]) -> str:
     """The text of the user messages (what region rules and centroids read)."""
     return "\n".join(_text(m.get("content")) or "" for m in body["messages"]
@@ -118,8 +155,7 @@ def sane_usage(body: dict[str, Any], answer_text: str, raw: dict[str, Any],
                prompt_tokens: int, completion_tokens: int) -> tuple[int, int, str]:
     """Token counts to bill: the upstream's report, an estimate when it sent none
     (``"estimated"``), or the estimate in place of an absurd report (``"clamped"``)."""
-    prompt_guess = estimate_tokens("\n".join(_text(m.get("content")) or ""
-                                             for m in body["messages"]))
+    prompt_guess = expected_tokens(body)[0]
     completion_guess = estimate_tokens(answer_text)
     if not isinstance(raw.get("usage"), dict):
         return prompt_guess, completion_guess, "estimated"

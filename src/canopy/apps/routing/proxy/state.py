@@ -139,6 +139,13 @@ class ProxyState:
                                    (request_id,)).fetchone()
         return None if row is None else RequestRecord(*row)
 
+    def mean_costs(self) -> dict[str, tuple[int, float]]:
+        """Per model: how many requests are kept and their mean cost."""
+        with self._lock:
+            rows = self._db.execute("SELECT model, COUNT(*), AVG(cost) FROM requests "
+                                    "GROUP BY model").fetchall()
+        return {model: (int(n), float(mean)) for model, n, mean in rows}
+
     def episode(self, episode: str) -> list[RequestRecord]:
         """The calls of an episode, oldest first."""
         with self._lock:

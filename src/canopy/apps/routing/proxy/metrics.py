@@ -1,0 +1,47 @@
+"""The proxy's Prometheus metrics (``GET /metrics``, admin key): requests by status,
+failed upstream attempts by model, whole-request latency, the model that answered, and
+feedback by kind and status. One registry per app, so several proxies in one process (tests,
+``serve_in_thread``) never share counters; with ``--workers N`` each worker reports its own
+(scrape each, or sum them)."""
+
+from __future__ import annotations
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    generate_latest,
+)
+
+__all__ = ["CONTENT_TYPE_LATEST", "ProxyMetrics"]
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+
+class ProxyMetrics:
+    """Counters and the latency histogram of one proxy."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter("canopy_requests", "Chat requests by HTTP status",
+                                ["status"], registry=self.registry)
+        self.failovers = Counter("canopy_failovers", "Upstream attempts that failed (the "
+                                 "request moved on to the next model)", ["model"],
+                                 registry=self.registry)
+        self.latency = Histogram("canopy_request_seconds", "Whole chat-request latency",
+                                 buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.choices = Counter("canopy_choices", "Requests answered, by model", ["model"],
+                               registry=self.registry)
+        self.feedback = Counter("canopy_feedback", "Feedback requests by kind and HTTP status",
+                                ["kind", "status"], registry=self.registry)
+
+    def chat(self, status: int, model: str | None, seconds: float) -> None:
+        self.requests.labels(status=str(status)).inc()
+        self.latency.observe(seconds)
+        if model:
+            self.choices.labels(model=model).inc()
+
+    def exposition(self) -> bytes:
+        """The metrics in Prometheus' text format."""
+        return generate_latest(self.registry)
