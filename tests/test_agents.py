@@ -77,7 +77,7 @@ def test_episode_feedback_credits_every_call_of_the_episode(tmp_path, monkeypatc
             "messages": [{"role": "user", "content": "unrelated"}], "max_tokens": 2},
             headers={"Authorization": f"Bearer {CLIENT}"}).json()["canopy"]["request_id"]
         assert client.post("/v1/feedback/episode", json={"episode_id": "ep-1", "reward": 1.0},
-                           headers={"Authorization": f"Bearer {CLIENT}"}).status_code == 401
+                           headers={"Authorization": f"Bearer {CLIENT}"}).status_code == 403
         before = client.get("/v1/router/stats", headers=admin).json()
         for bad, status in (({"episode_id": "ep-1", "reward": 1.5}, 422),
                             ({"episode_id": "ep-1"}, 422), ({"episode": "ep-1"}, 400),

@@ -70,8 +70,9 @@ def test_keys_are_required_and_separate(tmp_path, upstreams, monkeypatch):
         assert answer.status_code == 200
         rid = answer.json()["canopy"]["request_id"]
         assert c.post("/v1/feedback", json={"request_id": rid, "quality": 1.0},
-                      headers=CLIENT).status_code == 401  # the client key is not admin
-        assert c.get("/v1/router/stats", headers=CLIENT).status_code == 401
+                      headers=CLIENT).status_code == 403  # the client key is not admin
+        assert c.get("/v1/router/stats", headers=CLIENT).status_code == 403
+        assert c.get("/metrics", headers=CLIENT).status_code == 403
         assert c.post("/v1/feedback", json={"request_id": rid, "quality": 1.0},
                       headers=ADMIN).status_code == 200
         assert CLIENT_KEY not in c.get("/v1/router/stats", headers=ADMIN).text

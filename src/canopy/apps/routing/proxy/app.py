@@ -420,11 +420,21 @@ def create_app(config: ProxyConfig, *, insecure_no_auth: bool = False) -> FastAP
     app = FastAPI(title="Canopy routing proxy", lifespan=lifespan)
     app.state.proxy = proxy
 
+    def refusal(request: Request, *, admin: bool) -> JSONResponse | None:
+        status = keys.refusal(request.headers.get("authorization"), admin=admin)
+        if status == 403:
+            return _error(403, "the client key cannot use this route: it needs the admin key",
+                          "permission_error")
+        if status == 401:
+            return _error(401, "missing or wrong API key (Authorization: Bearer ...)"
+                          + (": this route needs the admin key" if admin else ""),
+                          "authentication_error")
+        return None
+
     async def json_body(request: Request, *, admin: bool) -> tuple[Any, Any]:
-        if not keys.allows(request.headers.get("authorization"), admin=admin):
-            return None, _error(401, "missing or wrong API key (Authorization: Bearer ...)"
-                                + (": this route needs the admin key" if admin else ""),
-                                "authentication_error")
+        refused = refusal(request, admin=admin)
+        if refused is not None:
+            return None, refused
         declared = request.headers.get("content-length", "")
         if declared.isdigit() and int(declared) > limit:
             return None, _error(413, f"the body exceeds {limit} bytes")
@@ -464,16 +474,16 @@ def create_app(config: ProxyConfig, *, insecure_no_auth: bool = False) -> FastAP
 
     @app.get("/metrics")
     async def metrics(request: Request) -> Any:
-        if not keys.allows(request.headers.get("authorization"), admin=True):
-            return _error(401, "missing or wrong API key: this route needs the admin key",
-                          "authentication_error")
+        refused = refusal(request, admin=True)
+        if refused is not None:
+            return refused
         return Response(proxy.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/router/stats")
     async def stats(request: Request) -> Any:
-        if not keys.allows(request.headers.get("authorization"), admin=True):
-            return _error(401, "missing or wrong API key: this route needs the admin key",
-                          "authentication_error")
+        refused = refusal(request, admin=True)
+        if refused is not None:
+            return refused
         return await run_in_threadpool(proxy.stats)
 
     @app.get("/health")

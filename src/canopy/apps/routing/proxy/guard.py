@@ -63,16 +63,21 @@ class Keys:
     def secrets(self) -> tuple[str, ...]:
         return tuple(k for k in (self.client, self.admin) if k)
 
-    def allows(self, authorization: str | None, *, admin: bool) -> bool:
-        """Whether an ``Authorization`` header opens a chat (or, ``admin``, an admin) route."""
-        wanted = [self.admin] if admin else [self.client, self.admin]
-        if all(k is None for k in wanted):
-            return self.client is None and self.admin is None  # only --insecure-no-auth
+    def _matches(self, authorization: str | None, key: str | None) -> bool:
         scheme, _, token = (authorization or "").partition(" ")
-        if scheme.lower() != "bearer" or not token:
-            return False
-        return any(k is not None and hmac.compare_digest(token.encode(), k.encode())
-                   for k in wanted)
+        return key is not None and scheme.lower() == "bearer" and bool(token) and \
+            hmac.compare_digest(token.encode(), key.encode())
+
+    def refusal(self, authorization: str | None, *, admin: bool) -> int | None:
+        """``None`` when the header opens the route; else 401 (no or a wrong key) or 403 (the
+        client key on an admin route)."""
+        if self.client is None and self.admin is None:
+            return None  # only with --insecure-no-auth
+        if self._matches(authorization, self.admin):
+            return None
+        if self._matches(authorization, self.client):
+            return 403 if admin else None
+        return 401
 
 
 def _text(content: Any) -> str | None:
