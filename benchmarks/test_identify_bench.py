@@ -4,6 +4,7 @@ probe cost 0.05. Not asserted: benchmarks measure, tests never time."""
 
 from __future__ import annotations
 
+import math
 import time
 
 import numpy as np
@@ -11,6 +12,7 @@ import pytest
 
 from canopy.bench import policy_overhead_us
 from canopy.instances import tree_lipschitz_values
+from canopy.policies.baselines import SuccessiveElimination
 from canopy.policies.identify import EdgeTargeted, TopKBeam
 from canopy.problem import LeafMeans
 from canopy.run import run
@@ -61,3 +63,80 @@ def test_ask_tell_overhead(benchmark, policy_name):
                             rounds=1, iterations=1)
     benchmark.extra_info["us_per_query"] = us
     assert us > 0
+
+
+def _numpy_successive_elimination(means: np.ndarray, sigma: float, pulls: int, keep: int,
+                                  delta: float, rng: np.random.Generator
+                                  ) -> tuple[int, float, float]:
+    """The reference: successive elimination written as a vectorised numpy loop (one array
+    operation per round). Returns the pulls made, the nanoseconds spent outside drawing the
+    observations (the algorithm's own bookkeeping), and the nanoseconds in all."""
+    n = means.size
+    alive = np.arange(n)
+    sums = np.zeros(n)
+    rounds, made, drawing = 0, 0, 0
+    start = time.thread_time_ns()
+    while alive.size > keep and made + alive.size <= pulls:
+        t0 = time.thread_time_ns()
+        observed = means[alive] + sigma * rng.standard_normal(alive.size)
+        drawing += time.thread_time_ns() - t0
+        sums[alive] += observed
+        made += alive.size
+        rounds += 1
+        radius = sigma * math.sqrt(2.0 * math.log(4.0 * n * rounds**2 / delta) / rounds)
+        mean = sums[alive] / rounds
+        kth_lower = np.partition(mean - radius, alive.size - keep)[alive.size - keep]
+        alive = alive[mean + radius >= kth_lower]
+    total = time.thread_time_ns() - start
+    return made, total - drawing, total
+
+
+def _batched_run(policy, problem: LeafMeans, budget: float, rng: np.random.Generator,
+                 size: int = 4096) -> tuple[int, float, float]:
+    """Drive ``policy`` through ``ask_batch``/``tell_batch`` with vectorised observations;
+    the queries made, the nanoseconds spent in the policy (drawing excluded), and in all."""
+    tree, spec = problem.tree, problem.spec
+    start = time.thread_time_ns()
+    policy.start(spec, budget=budget, seed=0)
+    made, drawing = 0, 0
+    while len(batch := policy.ask_batch(size)):
+        t0 = time.thread_time_ns()
+        nodes = batch.nodes
+        if batch.kind == "leaf":
+            values = problem.means[tree.node_leaf[nodes]]
+        else:
+            values = problem.means[rng.integers(tree.leaf_lo[nodes], tree.leaf_hi[nodes])]
+        values = values + spec.sigma * rng.standard_normal(nodes.size)
+        drawing += time.thread_time_ns() - t0
+        policy.tell_batch(batch, values)
+        made += nodes.size
+    policy.recommend(5)
+    total = time.thread_time_ns() - start
+    return made, total - drawing, total
+
+
+def test_batch_overhead_against_numpy_successive_elimination(benchmark):
+    """Per-query time of ``SuccessiveElimination`` and ``TopKBeam`` through the batch API at
+    100k queries, against a vectorised numpy successive-elimination loop on the same 16,384
+    leaves (issue 15: within 5x): the algorithm's own time (drawing the observations
+    excluded) and the whole loop. Recorded in ``extra_info``, not asserted."""
+    problem = _problem(14)
+    rng = np.random.default_rng(0)
+    timings = {}
+    for name, work in (
+            ("numpy-se", lambda: _numpy_successive_elimination(
+                problem.means, 0.1, 100_000, 5, 0.05, rng)),
+            ("se-batch", lambda: _batched_run(SuccessiveElimination(k=5), problem,
+                                              100_000.0 * problem.spec.leaf_cost, rng)),
+            ("beam-batch", lambda: _batched_run(TopKBeam(k=5), problem,
+                                                100_000.0 * problem.spec.probe_cost, rng))):
+        work()  # warm-up (compilation, caches)
+        made, own, total = min((work() for _ in range(5)), key=lambda r: r[1])
+        timings[name] = own / 1e3 / made
+        benchmark.extra_info[f"{name}_queries"] = made
+        benchmark.extra_info[f"{name}_us_per_query_with_drawing"] = total / 1e3 / made
+    benchmark.pedantic(lambda: None, rounds=1, iterations=1)
+    benchmark.extra_info.update({f"{k}_us_per_query": v for k, v in timings.items()})
+    benchmark.extra_info["se_ratio"] = timings["se-batch"] / timings["numpy-se"]
+    benchmark.extra_info["beam_ratio"] = timings["beam-batch"] / timings["numpy-se"]
+    print(benchmark.extra_info)

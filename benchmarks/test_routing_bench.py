@@ -105,3 +105,95 @@ def test_attack_region_header_refused(benchmark):
         return ""
 
     assert "characters" in benchmark(refuse)
+
+
+def _serve_workers(config: Path, port: int, env: dict[str, str]):
+    """``canopy serve router --workers 2`` in its own process group, once healthy."""
+    import os
+    import subprocess
+    import time
+
+    import httpx
+
+    process = subprocess.Popen([sys.executable, "-m", "canopy", "serve", "router", "--config",
+                                str(config), "--workers", "2", "--port", str(port)],
+                               env={**os.environ, **env}, start_new_session=True)
+    for _ in range(600):
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                return process
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    process.kill()
+    raise RuntimeError("the proxy did not come up")
+
+
+@pytest.mark.live
+def test_proxy_two_workers_upstream_stopped_and_kill9(benchmark, tmp_path):
+    """1,000 requests, 32 at a time, against ``--workers 2`` with the cheap upstream stopped
+    halfway (0 lost, 0 hung); then a kill -9 of the whole proxy in the middle of a second run
+    and a restart: every feedback acknowledged with 200 is in the statistics."""
+    import os
+    import signal
+    import socket
+    import threading
+    import time
+
+    import httpx
+
+    from llm_server import _require_llama
+
+    _require_llama()
+    from canopy.apps.routing.proxy.loadtest import run_load_test
+    from canopy.llm.local import LocalLlamaServer
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    url, admin = f"http://127.0.0.1:{port}", "bench-admin-key"
+    env = {"BENCH_ADMIN_KEY": admin}
+    load = {"concurrency": 32, "max_tokens": 1, "regions": ["chat", "code/python", "math"],
+            "quality": lambda answer: 1.0, "request_timeout": 400.0, "api_key": admin}
+    with LocalLlamaServer(n_threads=1) as small, LocalLlamaServer(n_threads=1) as large:
+        config = tmp_path / "router.json"
+        config.write_text(json.dumps({"upstreams": [
+            {"model": "small", "base_url": small.base_url, "upstream_model": small.model,
+             "timeout_s": 300},
+            {"model": "large", "base_url": large.base_url, "upstream_model": large.model,
+             "timeout_s": 300}],
+            "state_path": "router.sqlite", "lam": 1000.0, "deadline_s": 360,
+            "prices": {"version": "bench-1", "models": {"small": {"input": 1.0, "output": 1.0},
+                                                        "large": {"input": 50.0,
+                                                                  "output": 50.0}}},
+            "auth": {"admin_key_env": "BENCH_ADMIN_KEY"}}))
+        proxy = _serve_workers(config, port, env)
+        try:
+            first = benchmark.pedantic(run_load_test, args=(url,),
+                                       kwargs={"requests": 1000, "halfway": small.stop, **load},
+                                       rounds=1, iterations=1)
+            box: dict[str, object] = {}
+            runner = threading.Thread(target=lambda: box.update(
+                result=run_load_test(url, requests=400, **load)))
+            runner.start()
+            time.sleep(8.0)
+            os.killpg(proxy.pid, signal.SIGKILL)
+            proxy.wait()
+            runner.join()
+        finally:
+            if proxy.poll() is None:
+                os.killpg(proxy.pid, signal.SIGKILL)
+        proxy = _serve_workers(config, port, env)
+        try:
+            stats = httpx.get(f"{url}/v1/router/stats",
+                              headers={"Authorization": f"Bearer {admin}"}, timeout=60).json()
+        finally:
+            os.killpg(proxy.pid, signal.SIGKILL)
+    second = box["result"]
+    acknowledged = first.feedback_status.get(200, 0) + second.feedback_status.get(200, 0)
+    summary = {**first.summary(), "kill9_acknowledged_feedback": acknowledged,
+               "kill9_second_run_answered": second.status.get(200, 0),
+               "with_feedback_after_restart": stats["with_feedback"]}
+    benchmark.extra_info.update(summary)
+    print(json.dumps(summary, indent=1))
+    assert first.client_errors == [] and first.status == {200: 1000}
+    assert stats["with_feedback"] >= acknowledged

@@ -9,8 +9,8 @@ A *probe* of node ``v`` returns ``mu(L) + eta`` for a uniform leaf ``L`` below `
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Hashable
-from dataclasses import dataclass
+from collections.abc import Callable, Hashable, Iterator
+from dataclasses import dataclass, field
 from typing import Literal, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
@@ -25,6 +25,7 @@ __all__ = [
     "Problem",
     "ProblemSpec",
     "Query",
+    "QueryBatch",
 ]
 
 QueryKind = Literal["probe", "leaf"]
@@ -39,6 +40,24 @@ class Query(NamedTuple):
 
     kind: QueryKind
     node: Hashable
+
+
+@dataclass(frozen=True)
+class QueryBatch:
+    """Queries of one kind issued together by :meth:`~canopy.policies.base.Policy.ask_batch`:
+    ``nodes[i]`` is the node of the ``i``-th (an ``int64`` array on a finite tree), each
+    already paid for. Iterating gives the :class:`Query` objects."""
+
+    kind: QueryKind
+    nodes: np.ndarray
+    token: int = field(default=-1, compare=False, repr=False)  # the issuing policy's record
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    def __iter__(self) -> Iterator[Query]:
+        kind = self.kind
+        return (Query(kind, node) for node in self.nodes.tolist())
 
 
 @dataclass(frozen=True)
@@ -151,6 +170,28 @@ class Ledger:
         else:
             self.n_leaves += 1
         return True
+
+    def affordable(self, cost: float) -> int:
+        """How many more queries of ``cost`` the budget pays for."""
+        return max(math.floor((self._limit - self.spent) / cost), 0)
+
+    def charge_many(self, kind: QueryKind, cost: float, count: int) -> None:
+        """Charge ``count`` queries of ``cost`` at once (as ``count`` calls of :meth:`charge`:
+        :class:`BudgetExceeded` and nothing charged if the budget cannot pay them all)."""
+        if count <= 0:
+            return
+        # summed one cost at a time, as that many charges would (bit for bit the same total)
+        terms = np.full(count + 1, cost)
+        terms[0] = self.spent
+        spent = float(np.add.accumulate(terms)[-1])
+        if spent > self._limit:
+            raise BudgetExceeded(f"{count} {kind} queries cost {cost * count:g} but only "
+                                 f"{self.remaining:g} of the budget {self.budget:g} remains")
+        self.spent = spent
+        if kind == "probe":
+            self.n_probes += count
+        else:
+            self.n_leaves += count
 
     def refund(self, kind: QueryKind, cost: float) -> None:
         """Return the charge of a query that was never evaluated."""

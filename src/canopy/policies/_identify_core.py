@@ -25,8 +25,8 @@ from collections.abc import Generator
 
 import numpy as np
 
-from canopy.policies.base import Policy, check_k
-from canopy.problem import Query
+from canopy.policies.base import Policy, _check_count, check_k, top_k
+from canopy.problem import Query, QueryBatch
 from canopy.tree import Tree
 
 __all__ = ["Batch", "PhasedPolicy", "TreeStatsPolicy", "halving_entrants", "sr_schedule"]
@@ -178,8 +178,7 @@ class TreeStatsPolicy(Policy):
         score = self._score.copy()
         seen = self._leaf_n > 0
         score[seen] = self._leaf_sum[seen] / self._leaf_n[seen]
-        order = np.lexsort((self._tiebreak, -score, -self._stage))
-        return order[:k]
+        return top_k(k, -self._stage, -score, self._tiebreak)
 
 
 class PhasedPolicy(TreeStatsPolicy):
@@ -200,6 +199,8 @@ class PhasedPolicy(TreeStatsPolicy):
         self._chunk: list[Query] = []
         self._chunk_pos = 0
         self._buffer: dict[str, tuple[list, list]] = {"probe": ([], []), "leaf": ([], [])}
+        self._arrays: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {"probe": [],
+                                                                         "leaf": []}
         self._plan_iter = self._plan()
 
     def _observe(self, query: Query, value: float) -> None:
@@ -214,6 +215,11 @@ class PhasedPolicy(TreeStatsPolicy):
                 self._fold(kind, np.array(nodes, dtype=np.int64), np.array(values, dtype=float))
                 nodes.clear()
                 values.clear()
+        for kind, parts in self._arrays.items():
+            if parts:
+                self._fold(kind, np.concatenate([n for n, _ in parts]),
+                           np.concatenate([v for _, v in parts]))
+                parts.clear()
 
     def recommend(self, k: int = 1) -> np.ndarray:
         self._check_started()
@@ -229,16 +235,8 @@ class PhasedPolicy(TreeStatsPolicy):
         if pos < len(self._chunk):
             self._chunk_pos = pos + 1
             return self._chunk[pos]
-        while self._batch_pos >= self._batch_nodes.size:
-            if self._outstanding:
-                return None  # phase barrier: the next phase needs these observations
-            self._flush()
-            batch = next(self._plan_iter, None)
-            if batch is None:
-                return None
-            self._batch_kind, nodes = batch
-            self._batch_nodes = np.asarray(nodes, dtype=np.int64).ravel()
-            self._batch_pos = 0
+        if not self._advance():
+            return None
         stop = self._batch_pos + self.CHUNK
         kind = self._batch_kind
         self._chunk = [Query(kind, node) for node in
@@ -246,6 +244,40 @@ class PhasedPolicy(TreeStatsPolicy):
         self._batch_pos = min(stop, self._batch_nodes.size)
         self._chunk_pos = 1
         return self._chunk[0]
+
+    def _advance(self) -> bool:
+        """Make the current plan batch have queries left: plan the next phase once every
+        observation of this one is in. ``False`` at a barrier or when the plan is done."""
+        while self._batch_pos >= self._batch_nodes.size:
+            if self._waiting():
+                return False  # phase barrier: the next phase needs these observations
+            self._flush()
+            batch = next(self._plan_iter, None)
+            if batch is None:
+                return False
+            self._batch_kind, nodes = batch
+            self._batch_nodes = np.asarray(nodes, dtype=np.int64).ravel()
+            self._batch_pos = 0
+        return True
+
+    def ask_batch(self, n: int) -> QueryBatch:
+        """Vectorised: a slice of the current phase, charged at once."""
+        if self._held is not None or self._chunk_pos < len(self._chunk):
+            return super().ask_batch(n)  # queries already built by ask() go first
+        self._check_started()
+        n = _check_count(n)
+        if not self._advance():
+            return QueryBatch(self._batch_kind, np.zeros(0, dtype=np.int64))
+        kind, cost = self._batch_kind, self._cost(self._batch_kind)
+        take = min(n, self._batch_nodes.size - self._batch_pos,
+                   self.ledger_.affordable(cost))
+        nodes = self._batch_nodes[self._batch_pos:self._batch_pos + take].copy()
+        self._batch_pos += take
+        self.ledger_.charge_many(kind, cost, take)
+        return self._hand_out(kind, nodes)
+
+    def _observe_many(self, kind: str, nodes: np.ndarray, values: np.ndarray) -> None:
+        self._arrays[kind].append((nodes, values))
 
     # ------------------------------------------------------------------ planning helpers
     def _cost(self, kind: str) -> float:

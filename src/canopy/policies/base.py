@@ -8,6 +8,11 @@ then started on a problem's :class:`~canopy.problem.ProblemSpec` with a budget a
         policy.tell(query, observe(query))      # may happen elsewhere, later, in any order
     best = policy.recommend(k=5)
 
+or, many at a time (vectorised bookkeeping; a batch holds queries of one kind)::
+
+    while len(batch := policy.ask_batch(1024)):
+        policy.tell_batch(batch, observe_many(batch))
+
 ``ask`` charges the policy's own :class:`~canopy.problem.Ledger` when it issues a query, so a
 policy never spends past its budget even when many queries are outstanding, and returns
 ``None`` once it cannot afford another query or has nothing left to ask. ``tell`` rejects
@@ -21,7 +26,7 @@ from abc import ABC, abstractmethod
 
 import numpy as np
 
-from canopy.problem import Ledger, ProblemSpec, Query
+from canopy.problem import Ledger, ProblemSpec, Query, QueryBatch
 from canopy.stats import check_observation
 
 __all__ = ["Policy", "check_k", "top_k"]
@@ -50,6 +55,23 @@ def top_k(k: int, *keys: np.ndarray) -> np.ndarray:
         candidates = np.arange(primary.size)
     order = np.lexsort(tuple(key[candidates] for key in reversed(keys)))
     return candidates[order[:k]]
+
+
+def _check_count(n: int) -> int:
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
+        raise TypeError(f"n must be an int, got {type(n).__name__}")
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
+    return int(n)
+
+
+def _node_array(nodes: list) -> np.ndarray:
+    """Node ids as an ``int64`` array, or an object array for cell pairs of a lazy tree."""
+    if all(isinstance(node, (int, np.integer)) for node in nodes):
+        return np.array(nodes, dtype=np.int64)
+    out = np.empty(len(nodes), dtype=object)
+    out[:] = nodes
+    return out
 
 
 class Policy(ABC):
@@ -87,6 +109,9 @@ class Policy(ABC):
         self._probe_cost, self._leaf_cost = spec.probe_cost, spec.leaf_cost
         self._low, self._high = spec.value_range
         self._outstanding: dict[Query, int] = {}
+        self._held: Query | None = None  # asked by ask_batch, not yet handed out
+        self._batches: dict[int, QueryBatch] = {}  # vectorised batches not yet told
+        self._tokens = 0
         self._start()
         return self
 
@@ -96,6 +121,9 @@ class Policy(ABC):
             ledger = self.ledger_
         except AttributeError:
             self._check_started()
+        if self._held is not None:
+            query, self._held = self._held, None
+            return query
         query = self._next_query()
         if query is None:
             return None
@@ -114,7 +142,7 @@ class Policy(ABC):
         except AttributeError:
             self._check_started()
         pending = outstanding.get(query, 0)
-        if pending == 0:
+        if pending == 0 and not self._release_batched(query, take=False):
             raise ValueError(f"{query!r} was not asked by this policy, or was already told")
         if type(value) is float:  # the common case, checked without a call
             observation = value
@@ -127,8 +155,10 @@ class Policy(ABC):
             check_observation(observation, self._low, self._high)
         if pending == 1:
             del outstanding[query]
-        else:
+        elif pending > 1:
             outstanding[query] = pending - 1
+        else:
+            self._release_batched(query)
         self._observe(query, observation)
 
     def abandon(self, query: Query, *, refund: bool = False) -> None:
@@ -137,15 +167,55 @@ class Policy(ABC):
         cost to the budget (the evaluation never ran), else it stays spent."""
         self._check_started()
         pending = self._outstanding.get(query, 0)
-        if pending == 0:
+        if pending == 0 and not self._release_batched(query):
             raise ValueError(f"{query!r} was not asked by this policy, or was already told")
         if pending == 1:
             del self._outstanding[query]
-        else:
+        elif pending > 1:
             self._outstanding[query] = pending - 1
         if refund:
             self.ledger_.refund(query.kind, self._probe_cost if query.kind == "probe"
                                 else self._leaf_cost)
+
+    def ask_batch(self, n: int) -> QueryBatch:
+        """Up to ``n`` queries of one kind, each already paid for; fewer at a phase barrier, at
+        a change of kind or when the budget ends, and none (an empty batch) once the policy
+        is done or waits for outstanding observations."""
+        self._check_started()
+        n = _check_count(n)
+        nodes: list = []
+        kind = None
+        while len(nodes) < n:
+            query = self.ask()
+            if query is None:
+                break
+            if kind is not None and query.kind != kind:
+                self._held = query  # the next batch starts with it
+                break
+            kind = query.kind
+            nodes.append(query.node)
+        return QueryBatch(kind or "leaf", _node_array(nodes))
+
+    def tell_batch(self, batch: QueryBatch, values: np.ndarray) -> None:
+        """Report ``values[i]`` for the ``i``-th query of ``batch``. All or nothing: a value
+        that is not finite or outside the declared range, or a query not outstanding, raises
+        before any statistic changes."""
+        self._check_started()
+        if not isinstance(batch, QueryBatch):
+            raise TypeError(f"batch must be a QueryBatch from ask_batch, got "
+                            f"{type(batch).__name__}")
+        try:
+            observed = np.asarray(values, dtype=float)
+        except (TypeError, ValueError):
+            raise TypeError("values must be real numbers") from None
+        if observed.shape != (len(batch),):
+            raise ValueError(f"values must have shape ({len(batch)},), got {observed.shape}")
+        bad = ~(np.isfinite(observed) & (observed >= self._low) & (observed <= self._high))
+        if bad.any():
+            first = int(np.flatnonzero(bad)[0])
+            check_observation(float(observed[first]), self._low, self._high)
+        self._take_outstanding(batch)
+        self._observe_many(batch.kind, batch.nodes, observed)
 
     @abstractmethod
     def recommend(self, k: int = 1) -> np.ndarray:
@@ -171,6 +241,62 @@ class Policy(ABC):
     @abstractmethod
     def _observe(self, query: Query, value: float) -> None:
         """Fold one validated observation into the statistics."""
+
+    def _observe_many(self, kind: str, nodes: np.ndarray, values: np.ndarray) -> None:
+        """Fold validated observations of one kind (subclasses vectorise this)."""
+        for node, value in zip(nodes.tolist(), values.tolist(), strict=True):
+            self._observe(Query(kind, node), value)
+
+    # ------------------------------------------------------------------ batch bookkeeping
+    def _hand_out(self, kind: str, nodes: np.ndarray) -> QueryBatch:
+        """A vectorised batch, recorded as outstanding as a whole (O(1))."""
+        self._tokens += 1
+        batch = QueryBatch(kind, nodes, self._tokens)
+        self._batches[self._tokens] = batch
+        return batch
+
+    def _release_batched(self, query: Query, *, take: bool = True) -> bool:
+        """Whether ``query`` is outstanding from a vectorised batch (``take``: take it off).
+        Telling one query of such a batch turns the outstanding batches into per-query
+        records first (once; the common whole-batch path never does)."""
+        if not self._batches:
+            return False
+        outstanding = self._outstanding
+        for batch in self._batches.values():
+            for one in batch:
+                outstanding[one] = outstanding.get(one, 0) + 1
+        self._batches.clear()
+        pending = outstanding.get(query, 0)
+        if pending and take:
+            if pending == 1:
+                del outstanding[query]
+            else:
+                outstanding[query] = pending - 1
+        return pending > 0
+
+    def _take_outstanding(self, batch: QueryBatch) -> None:
+        """Take every query of ``batch`` off the outstanding records, or raise and change
+        nothing if one was not asked (or was already told)."""
+        if self._batches.get(batch.token) is batch:
+            del self._batches[batch.token]
+            return
+        self._release_batched(Query(batch.kind, None), take=False)  # per-query records
+        need: dict[Query, int] = {}
+        for query in batch:
+            need[query] = need.get(query, 0) + 1
+        for query, count in need.items():
+            if self._outstanding.get(query, 0) < count:
+                raise ValueError(f"{query!r} was not asked by this policy, or was already told")
+        for query, count in need.items():
+            left = self._outstanding[query] - count
+            if left:
+                self._outstanding[query] = left
+            else:
+                del self._outstanding[query]
+
+    def _waiting(self) -> bool:
+        """Whether observations are still outstanding (a phased policy's barrier)."""
+        return bool(self._outstanding) or bool(self._batches)
 
     # ------------------------------------------------------------------ helpers
     def _check_started(self) -> None:

@@ -96,7 +96,7 @@ class SuccessiveElimination(_LeafPhased):
                 2.0 * math.log(4.0 * n_total * rounds**2 / self.delta) / rounds)
             means = self._arm_mean("leaf", alive)
             lower, upper = means - radius, means + radius
-            kth_lower = np.sort(lower)[::-1][keep - 1]
+            kth_lower = np.partition(lower, lower.size - keep)[lower.size - keep]
             out = upper < kth_lower
             if np.any(out):
                 self._reject(alive[out], means[out])
