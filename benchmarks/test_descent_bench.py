@@ -1,7 +1,7 @@
 """Per-round overhead of regret play (ask + tell through the Policy surface), at 10k and 100k
 rounds, on a binary tree of depth 10 and on a 1,048,576-leaf tree (target: at most 5 us and
 flat in the horizon). Run with ``pytest benchmarks/test_descent_bench.py --benchmark-enable``;
-``extra_info["us_per_round"]`` holds the CPU-time figure of :func:`per_round_overhead_us`.
+``extra_info["us_per_round"]`` holds the CPU-time figure of :func:`policy_overhead_us`.
 ``descent-certified`` composes the sharp certificate up the explored tree;
 ``descent-certified-paper`` is Algorithm 1 per node (the former variant)."""
 
@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from canopy.policies.descent import OptimisticDescent, per_round_overhead_us
+from canopy.bench import policy_overhead_us
+from canopy.policies.descent import OptimisticDescent
 from canopy.policies.hoo import HOO
 from canopy.tree import Tree
 
@@ -38,7 +39,7 @@ def _tree(name: str) -> Tree:
 def test_per_round_overhead(benchmark, policy_name, tree_name, rounds):
     tree = _tree(tree_name)
     factory = POLICIES[policy_name]
-    per_round = benchmark.pedantic(per_round_overhead_us, args=(factory, tree, rounds, 0),
+    per_round = benchmark.pedantic(policy_overhead_us, args=(factory, tree, rounds, 0),
                                    rounds=1, iterations=1)
     benchmark.extra_info["us_per_round"] = per_round
     assert per_round > 0

@@ -9,7 +9,8 @@ import pytest
 from canopy.cli import main
 from canopy.experiments.outputs import _markdown
 from canopy.experiments.study import Measurement
-from canopy.experiments.summary import summarize, t_interval, wilson_interval
+from canopy.experiments.summary import summarize
+from canopy.stats import t_interval, wilson_interval
 
 
 def test_wilson_covers_a_rare_success_rate_and_stays_in_range():

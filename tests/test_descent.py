@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pytest
 
+from canopy.bench import policy_overhead_us
 from canopy.certificate import RunningCertificate
 from canopy.instances import heterogeneous_smoothness, infinite_depth, tree_lipschitz
 from canopy.metrics import cumulative_regret
@@ -15,7 +16,6 @@ from canopy.policies import _explored as ex
 from canopy.policies.descent import (
     MemoryBoundedDescent,
     OptimisticDescent,
-    per_round_overhead_us,
 )
 from canopy.problem import LeafMeans, ProblemSpec
 from canopy.run import run
@@ -229,7 +229,7 @@ def test_memory_follows_explored_nodes_not_tree_size():
         made.append(OptimisticDescent(expand="always"))
         return made[-1]
 
-    assert per_round_overhead_us(factory, tree, 2_000, seed=0) > 0
+    assert policy_overhead_us(factory, tree, 2_000, seed=0) > 0
     policy = made[-1]
     assert policy.max_stored_ <= 2 * 2_000 + 1
     assert policy._fs.shape[0] <= 2 * (policy.max_stored_ + 2)  # capacity doubling

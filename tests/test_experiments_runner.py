@@ -29,8 +29,9 @@ from canopy.experiments.study import (
     check_budget,
     check_positive_int,
 )
-from canopy.experiments.summary import lookup, t_interval
+from canopy.experiments.summary import lookup
 from canopy.instances import tree_lipschitz
+from canopy.stats import t_interval
 
 PROBE_COST = 0.05
 

@@ -62,7 +62,7 @@ def run_demo(*, budgets: Sequence[float] = (300.0, 750.0, 1500.0), seeds: int = 
 
 
 def _summarise(method: str, budget: float, values: list[float]) -> DemoRow:
-    from canopy.experiments.summary import t_interval
+    from canopy.stats import t_interval
 
     mean, low, high = t_interval(values, bounds=(0.0, 1.0))  # recall lives in [0, 1]
     return DemoRow(method, float(budget), mean, mean if low is None else low,

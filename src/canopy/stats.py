@@ -10,14 +10,18 @@ The empirical-Bernstein radius is the one Appendix A writes (Maurer and Pontil, 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import numpy as np
 
 __all__ = [
     "check_observation",
     "eb_radius",
+    "mean_ci",
     "merge_moments",
     "std_lower_bound",
+    "t_interval",
+    "wilson_interval",
 ]
 
 
@@ -73,3 +77,60 @@ def check_observation(value: float, low: float = -math.inf, high: float = math.i
     if not low <= number <= high:
         raise ValueError(f"observation {number} is outside the declared range [{low}, {high}]")
     return number
+
+
+# -- intervals over seeds and replicates (the one place the library computes them) --
+def mean_ci(values: np.ndarray, axis: int = -1, level: float = 0.95
+            ) -> tuple[np.ndarray, np.ndarray]:
+    """Mean and half-width of the Student-t ``level`` interval over ``axis`` (0 for one
+    value)."""
+    values = np.asarray(values, dtype=float)
+    n = values.shape[axis]
+    mean = values.mean(axis=axis)
+    if n < 2:
+        return mean, np.zeros_like(mean)
+    sem = values.std(axis=axis, ddof=1) / math.sqrt(n)
+    from scipy import stats  # lazy: scipy.stats costs a CLI start-up its import time
+
+    return mean, stats.t.ppf(0.5 + level / 2.0, n - 1) * sem
+
+
+def wilson_interval(successes: float, n: int, level: float = 0.95) -> tuple[float, float]:
+    """Wilson score interval of a binomial proportion (always inside [0, 1])."""
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
+    from scipy import stats
+
+    z = float(stats.norm.ppf(0.5 + level / 2))
+    p = successes / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(centre - half, 0.0), min(centre + half, 1.0)
+
+
+def t_interval(values: Sequence[float] | np.ndarray, level: float = 0.95,
+               bounds: tuple[float, float] | None = None
+               ) -> tuple[float, float | None, float | None]:
+    """Mean and two-sided Student-t interval of the mean at ``level``; no interval for one value.
+    With ``bounds`` (the metric's range) the interval stays inside it: Wilson score when every
+    value is at an end of the range (successes and failures), the t-interval clipped otherwise.
+    """
+    data = np.asarray(values, dtype=float)
+    if data.size == 0:
+        raise ValueError("no values to summarize")
+    if not np.all(np.isfinite(data)):
+        raise ValueError("values contain NaN or infinite entries")
+    mean = float(data.mean())
+    if data.size < 2:
+        return mean, None, None
+    if bounds is not None:
+        low, high = bounds
+        if np.any(data < low) or np.any(data > high):
+            raise ValueError(f"values outside the metric's range [{low}, {high}]")
+        if np.all((data == low) | (data == high)) and high > low:
+            p_low, p_high = wilson_interval(float(np.sum(data == high)), data.size, level)
+            return mean, low + (high - low) * p_low, low + (high - low) * p_high
+    half = float(mean_ci(data, level=level)[1])
+    if bounds is not None:
+        return mean, max(mean - half, bounds[0]), min(mean + half, bounds[1])
+    return mean, mean - half, mean + half

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["LazyTree", "Tree"]
+__all__ = ["LazyTree", "Tree", "inverse_permutation"]
 
 
 def _as_index_array(values: object, name: str) -> np.ndarray:
@@ -29,6 +29,13 @@ def _as_index_array(values: object, name: str) -> np.ndarray:
         raise TypeError(f"{name} must hold integers, got dtype {array.dtype}")
     return array.astype(np.int64, copy=False)
 
+
+
+def inverse_permutation(permutation: np.ndarray) -> np.ndarray:
+    """``out[permutation[i]] = i`` (e.g. the leaf of each row from the row of each leaf)."""
+    out = np.empty_like(permutation)
+    out[permutation] = np.arange(permutation.size)
+    return out
 
 @dataclass(frozen=True, eq=False)
 class Tree:
@@ -353,9 +360,7 @@ class _ClusteredTree(Tree):
 
     @property
     def leaf_of_row(self) -> np.ndarray:
-        out = np.empty_like(self.row_of_leaf)
-        out[self.row_of_leaf] = np.arange(self.row_of_leaf.size)
-        return out
+        return inverse_permutation(self.row_of_leaf)
 
     def with_names(self, names: Sequence[str] | None) -> _ClusteredTree:
         return _ClusteredTree.wrap(self, self.row_of_leaf, names)

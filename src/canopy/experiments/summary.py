@@ -8,12 +8,10 @@ import math
 import re
 from collections.abc import Iterable, Sequence
 
-import numpy as np
-from scipy import stats
-
 from canopy.experiments.study import Measurement, Row
+from canopy.stats import t_interval
 
-__all__ = ["lookup", "metric_bounds", "summarize", "t_interval", "wilson_interval"]
+__all__ = ["lookup", "metric_bounds", "summarize"]
 
 _PROPORTION = re.compile(r"^(recall|accuracy|precision|top-\d+ accuracy)\b")
 
@@ -21,46 +19,6 @@ _PROPORTION = re.compile(r"^(recall|accuracy|precision|top-\d+ accuracy)\b")
 def metric_bounds(metric: str) -> tuple[float, float] | None:
     """The range of a metric whose values are proportions (recall@k, accuracy), else ``None``."""
     return (0.0, 1.0) if _PROPORTION.match(metric) else None
-
-
-def wilson_interval(successes: float, n: int, level: float = 0.95) -> tuple[float, float]:
-    """Wilson score interval of a binomial proportion (always inside [0, 1])."""
-    if n < 1:
-        raise ValueError(f"n must be >= 1, got {n}")
-    z = float(stats.norm.ppf(0.5 + level / 2))
-    p = successes / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return max(centre - half, 0.0), min(centre + half, 1.0)
-
-
-def t_interval(values: Sequence[float] | np.ndarray, level: float = 0.95,
-               bounds: tuple[float, float] | None = None
-               ) -> tuple[float, float | None, float | None]:
-    """Mean and two-sided Student-t interval of the mean at ``level``; no interval for one value.
-    With ``bounds`` (the metric's range) the interval stays inside it: Wilson score when every
-    value is at an end of the range (successes and failures), the t-interval clipped otherwise.
-    """
-    data = np.asarray(values, dtype=float)
-    if data.size == 0:
-        raise ValueError("no values to summarize")
-    if not np.all(np.isfinite(data)):
-        raise ValueError("values contain NaN or infinite entries")
-    mean = float(data.mean())
-    if data.size < 2:
-        return mean, None, None
-    if bounds is not None:
-        low, high = bounds
-        if np.any(data < low) or np.any(data > high):
-            raise ValueError(f"values outside the metric's range [{low}, {high}]")
-        if np.all((data == low) | (data == high)) and high > low:
-            p_low, p_high = wilson_interval(float(np.sum(data == high)), data.size, level)
-            return mean, low + (high - low) * p_low, low + (high - low) * p_high
-    half = float(stats.t.ppf(0.5 + level / 2, data.size - 1) * data.std(ddof=1)
-                 / math.sqrt(data.size))
-    if bounds is not None:
-        return mean, max(mean - half, bounds[0]), min(mean + half, bounds[1])
-    return mean, mean - half, mean + half
 
 
 def summarize(measurements: Iterable[Measurement]) -> list[Row]:

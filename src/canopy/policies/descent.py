@@ -25,8 +25,7 @@ Choices the paper leaves open, fixed here:
 from __future__ import annotations
 
 import math
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -44,7 +43,7 @@ from canopy.policies.base import Policy, check_k
 from canopy.problem import ProblemSpec, Query
 from canopy.tree import LazyTree, Tree
 
-__all__ = ["MemoryBoundedDescent", "OptimisticDescent", "per_round_overhead_us"]
+__all__ = ["MemoryBoundedDescent", "OptimisticDescent"]
 
 _SPREADS = {"assumed": ex.ASSUMED, "certified": ex.CERTIFIED, "hybrid": ex.HYBRID,
             "estimated": ex.ESTIMATED}
@@ -474,52 +473,3 @@ class MemoryBoundedDescent(ExploredTreePolicy):
         super()._sync_counts()
         self.depth_reached_ = int(self._ctl[ex.M_DEEPEST])
         self.tree_nodes_ = self.spec_.tree.n_nodes_to_level(self.depth_reached_)
-
-
-def per_round_overhead_us(policy_factory: Callable[[], Policy], tree: Tree | LazyTree,
-                          rounds: int, seed: int = 0) -> float:
-    """Microseconds per round of ``ask`` + ``tell`` through the :class:`Policy` surface.
-
-    Measured in CPU time of this process (:func:`time.process_time`), so other work on a busy
-    machine does not inflate it (cache contention still can). Observations are a
-    tree-Lipschitz value of the played node (or the garland at the cell's midpoint on a
-    :class:`LazyTree`) plus N(0, 0.1^2) noise; the cost of producing them is measured on the
-    same node sequence and subtracted. A 200-round warm-up on a separate
-    policy from ``policy_factory`` loads the compiled kernels first."""
-    rng = np.random.default_rng(seed)
-    noise = 0.1 * rng.standard_normal(rounds)
-    if isinstance(tree, Tree):
-        from canopy.instances import tree_lipschitz_values
-
-        leaf_values = tree_lipschitz_values(tree, 1.0, rng, branching=max_branching(tree))
-        table = tree.subtree_means(leaf_values)
-
-        def value_of(node: object) -> float:
-            return table[node]  # type: ignore[index]
-    else:
-        from canopy.instances import garland
-
-        def value_of(node: object) -> float:
-            level, index = node  # type: ignore[misc]
-            return float(garland(np.array([(index + 0.5) / tree.arity**level]))[0])
-
-    spec = ProblemSpec(tree, 0.1, 1.0, 1.0)
-    warm = policy_factory().start(spec, budget=200.0, seed=seed)  # compile / load the kernels
-    while (query := warm.ask()) is not None:
-        warm.tell(query, value_of(query.node))
-    policy = policy_factory()
-    policy.start(spec, budget=float(rounds), seed=seed)
-    nodes: list[object] = []
-    started = time.process_time()
-    for i in range(rounds):
-        query = policy.ask()
-        if query is None:
-            break
-        nodes.append(query.node)
-        policy.tell(query, value_of(query.node) + noise[i])
-    total = time.process_time() - started
-    started = time.process_time()
-    for i, node in enumerate(nodes):
-        _ = value_of(node) + noise[i]
-    replay = time.process_time() - started
-    return 1e6 * max(total - replay, 0.0) / max(len(nodes), 1)

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from canopy.experiments.summary import t_interval
 from canopy.regional.router import FlatRouter, RegionalRouter
+from canopy.stats import t_interval
 
 __all__ = ["COST", "LEARNERS", "PHASES", "SUCCESS", "AgentResult", "oracle_policy",
            "run_agents", "summarize_agents"]

@@ -14,9 +14,8 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from scipy import stats
 
-__all__ = ["aiq", "mean_ci", "nondecreasing_hull"]
+__all__ = ["aiq", "nondecreasing_hull"]
 
 
 def nondecreasing_hull(costs: np.ndarray, qualities: np.ndarray
@@ -59,16 +58,3 @@ def aiq(costs: np.ndarray, qualities: np.ndarray, c_lo: float, c_hi: float) -> f
     curve = np.interp(grid, hull_c, hull_q, right=hull_q[-1])
     area = float(np.sum(np.diff(grid) * (curve[1:] + curve[:-1]) / 2.0))
     return area / (c_hi - c_lo)
-
-
-def mean_ci(values: np.ndarray, axis: int = -1, level: float = 0.95
-            ) -> tuple[np.ndarray, np.ndarray]:
-    """Mean and half-width of the Student-t ``level`` interval over ``axis`` (0 for one
-    value)."""
-    values = np.asarray(values, dtype=float)
-    n = values.shape[axis]
-    mean = values.mean(axis=axis)
-    if n < 2:
-        return mean, np.zeros_like(mean)
-    sem = values.std(axis=axis, ddof=1) / math.sqrt(n)
-    return mean, stats.t.ppf(0.5 + level / 2.0, n - 1) * sem

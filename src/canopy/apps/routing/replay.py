@@ -15,10 +15,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from canopy.apps.routing.frontier import aiq, mean_ci
+from canopy.apps.routing.frontier import aiq
 from canopy.regional import kernels
 from canopy.regional.outcomes import Outcomes, category_choices, query_choices
 from canopy.sharing import sharing_rule
+from canopy.stats import mean_ci
 
 __all__ = ["LEARNERS", "ReplayResult", "default_lambdas", "default_routers", "replay"]
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from canopy.apps.topk.pools import Pool
-from canopy.tree import Tree
+from canopy.tree import Tree, inverse_permutation
 
 __all__ = ["PoolTree", "tree_from_families", "tree_from_features"]
 
@@ -53,9 +53,7 @@ class PoolTree:
 
     @property
     def leaf_of_row(self) -> np.ndarray:
-        out = np.empty_like(self.row_of_leaf)
-        out[self.row_of_leaf] = np.arange(self.row_of_leaf.size)
-        return out
+        return inverse_permutation(self.row_of_leaf)
 
     @property
     def n_deeper(self) -> int:
