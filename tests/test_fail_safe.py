@@ -74,3 +74,16 @@ def test_a_zero_window_is_refused_before_the_sweep():
     done = _canopy("cache", "replay", "--trace", "conversation", "--capacity", "4",
                    "--window", "0")
     assert done.returncode == 2 and "--window must be >= 1" in done.stderr
+
+
+def test_the_one_jsonl_reader_names_the_line(tmp_path):
+    from canopy.data import jsonl_rows
+
+    path = tmp_path / "rows.jsonl"
+    path.write_text('\ufeff{"a": 1}\n\n{"b": 2}\n[3]\n{oops\n', encoding="utf-8")
+    rows = jsonl_rows(path)
+    assert next(rows) == (1, {"a": 1}) and next(rows) == (3, {"b": 2})  # BOM, blank skipped
+    with pytest.raises(ValueError, match=r"rows\.jsonl:4: expected a JSON object"):
+        next(rows)
+    with pytest.raises(ValueError, match=r"rows\.jsonl:5: not valid JSON"):
+        list(jsonl_rows(path, objects=False))

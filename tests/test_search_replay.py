@@ -107,10 +107,10 @@ def test_malformed_log_line_is_named(tmp_path):
             "score": [True, False], "response": ["a", "b"]}
     path = tmp_path / "log.jsonl"
     path.write_text(json.dumps(good) + "\n" + json.dumps({**good, "pred": ["1"]}) + "\n")
-    with pytest.raises(ValueError, match="line 2"):
+    with pytest.raises(ValueError, match=r"log\.jsonl:2: "):
         load_logged(path)
     path.write_text(json.dumps(good) + "\n{not json\n")
-    with pytest.raises(ValueError, match="line 2"):
+    with pytest.raises(ValueError, match=r"log\.jsonl:2: "):
         load_logged(path)
 
 

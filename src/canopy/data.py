@@ -14,14 +14,18 @@ places looked in and how to get it. Data is never part of the package.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-__all__ = ["DATASETS", "DataNotFound", "Dataset", "available", "data_dir", "path"]
+__all__ = ["DATASETS", "DataNotFound", "Dataset", "available", "bad_line", "data_dir",
+           "jsonl_rows", "path"]
 
 _GITHUB = "https://raw.githubusercontent.com/"
 
@@ -128,3 +132,26 @@ def _download(url: str, target: Path) -> Path:
         shutil.copyfileobj(response, partial)
     Path(partial.name).replace(target)
     return target
+
+
+# -- reading data files with errors that point at the line ----------------------------------
+def bad_line(file: str | Path, line: int, why: str) -> ValueError:
+    """The error for a malformed line: ``file:line: why``."""
+    return ValueError(f"{file}:{line}: {why}")
+
+
+def jsonl_rows(file: str | Path, *, objects: bool = True) -> Iterator[tuple[int, Any]]:
+    """``(line number, parsed JSON)`` for each non-blank line of a JSON-lines file (a UTF-8
+    byte-order mark is ignored). A line that is not JSON, or with ``objects`` not a JSON
+    object, raises :func:`bad_line`'s ``ValueError``."""
+    with open(file, encoding="utf-8-sig") as lines:
+        for number, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise bad_line(file, number, f"not valid JSON ({error.msg})") from None
+            if objects and not isinstance(row, dict):
+                raise bad_line(file, number, "expected a JSON object")
+            yield number, row

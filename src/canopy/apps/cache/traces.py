@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from canopy import data
+from canopy.data import bad_line, jsonl_rows
 
 __all__ = [
     "MOONCAKE_BLOCK_TOKENS",
@@ -144,29 +145,15 @@ def from_paths(paths: Iterable[Sequence[object]], *, name: str = "trace",
     return _build(name, trie, chained, ts, tokens, block_size)
 
 
-def _bad_line(file: Path, lineno: int, why: str) -> ValueError:
-    return ValueError(f"{file}:{lineno}: {why}")
-
-
-def _json_line(file: Path, lineno: int, line: str) -> object:
-    try:
-        return json.loads(line)
-    except json.JSONDecodeError as error:
-        raise _bad_line(file, lineno, f"not valid JSON ({error.msg})") from None
-
-
 def _rows(file: Path) -> Iterator[tuple[int, object]]:
     """``(line number, parsed JSON)`` for each non-blank line of ``file``."""
-    with file.open(encoding="utf-8") as lines:
-        for lineno, line in enumerate(lines, start=1):
-            if line.strip():
-                yield lineno, _json_line(file, lineno, line)
+    return jsonl_rows(file, objects=False)
 
 
 def _int_list(file: Path, lineno: int, value: object, field: str) -> list[int]:
     if not isinstance(value, list) or not all(
             isinstance(x, int) and not isinstance(x, bool) for x in value):
-        raise _bad_line(file, lineno, f"{field} must be a list of integers")
+        raise bad_line(file, lineno, f"{field} must be a list of integers")
     return value
 
 
@@ -174,13 +161,13 @@ def _number(file: Path, lineno: int, row: dict, field: str) -> float:
     value = row.get(field)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or \
             not math.isfinite(value) or value < 0:
-        raise _bad_line(file, lineno, f"{field} must be a finite number >= 0, got {value!r}")
+        raise bad_line(file, lineno, f"{field} must be a finite number >= 0, got {value!r}")
     return value
 
 
 def _in_order(file: Path, lineno: int, stamps: list[float], stamp: float) -> float:
     if stamps and stamp < stamps[-1]:
-        raise _bad_line(file, lineno, f"timestamp {stamp:g} is before the previous request's "
+        raise bad_line(file, lineno, f"timestamp {stamp:g} is before the previous request's "
                                       f"({stamps[-1]:g}); a trace must be in time order")
     return stamp
 
@@ -197,10 +184,10 @@ def load_mooncake(file: str | Path, *, name: str | None = None) -> Trace:
     tokens: list[int] = []
     for lineno, row in _rows(file):
         if not isinstance(row, dict):
-            raise _bad_line(file, lineno, "expected a JSON object")
+            raise bad_line(file, lineno, "expected a JSON object")
         missing = [k for k in ("timestamp", "input_length", "hash_ids") if k not in row]
         if missing:
-            raise _bad_line(file, lineno, f"missing field(s) {', '.join(missing)}")
+            raise bad_line(file, lineno, f"missing field(s) {', '.join(missing)}")
         hashes = _int_list(file, lineno, row["hash_ids"], "hash_ids")
         timestamps.append(_in_order(file, lineno, timestamps,
                                     _number(file, lineno, row, "timestamp")))
@@ -230,7 +217,7 @@ def load_prompt_log(file: str | Path, *, block_size: int = 16, name: str | None 
         if isinstance(row, dict):
             ids = row.get("tokens", row.get("token_ids"))
             if ids is None:
-                raise _bad_line(file, lineno, "object needs a tokens (or token_ids) list")
+                raise bad_line(file, lineno, "object needs a tokens (or token_ids) list")
             if "timestamp" in row:
                 stamp = _number(file, lineno, row, "timestamp")
         else:

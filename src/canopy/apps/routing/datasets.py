@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import csv
 import gzip
-import json
 import sys
 import zlib
 from collections.abc import Callable, Sequence
@@ -23,6 +22,7 @@ from canopy import data
 from canopy.apps.routing.logs import read_long, read_routerbench
 from canopy.apps.routing.mmlu_groups import SUBJECT_GROUPS
 from canopy.apps.routing.prices import PriceTable, estimate_tokens
+from canopy.data import jsonl_rows
 from canopy.regional.outcomes import Outcomes
 
 __all__ = [
@@ -129,22 +129,18 @@ def mt_bench(*, prices: PriceTable | None = None) -> Outcomes:
     from the conversation so far, output tokens from the judged answer."""
     folder = "routellm/evals/mt_bench/"
     questions = {}
-    with open(data.path("routellm", folder + "question.jsonl"), encoding="utf-8-sig") as handle:
-        for line in handle:
-            q = json.loads(line)
-            questions[q["question_id"]] = q
+    for _, q in jsonl_rows(data.path("routellm", folder + "question.jsonl")):
+        questions[q["question_id"]] = q
     cells: dict[tuple[int, int], dict[str, tuple[float, int, int]]] = {}
-    with open(data.path("routellm", folder + "judgements.jsonl"), encoding="utf-8-sig") as handle:
-        for line in handle:
-            j = json.loads(line)
-            qid, turn = j["question_id"], j["turn"]
-            answers = _assistant_answers(j["user_prompt"])
-            if len(answers) < (1 if turn == 1 else 2):
-                raise ValueError(f"judgement of question {qid} turn {turn}: no answer found")
-            asked = " ".join(questions[qid]["turns"][:turn] + answers[:-1])
-            answer = answers[-1]
-            cells.setdefault((qid, turn), {})[j["model"]] = (
-                (float(j["score"]) - 1.0) / 9.0, estimate_tokens(asked), estimate_tokens(answer))
+    for _, j in jsonl_rows(data.path("routellm", folder + "judgements.jsonl")):
+        qid, turn = j["question_id"], j["turn"]
+        answers = _assistant_answers(j["user_prompt"])
+        if len(answers) < (1 if turn == 1 else 2):
+            raise ValueError(f"judgement of question {qid} turn {turn}: no answer found")
+        asked = " ".join(questions[qid]["turns"][:turn] + answers[:-1])
+        answer = answers[-1]
+        cells.setdefault((qid, turn), {})[j["model"]] = (
+            (float(j["score"]) - 1.0) / 9.0, estimate_tokens(asked), estimate_tokens(answer))
     keys = sorted(k for k, v in cells.items() if set(ROUTELLM_MODELS) <= set(v))
     table = np.array([[cells[k][m] for m in ROUTELLM_MODELS] for k in keys])
     return Outcomes("mt-bench", tuple(f"{q}/turn{t}" for q, t in keys),

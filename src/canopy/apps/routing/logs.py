@@ -24,7 +24,6 @@ ignored). Regions are ``family/eval_name`` with ``family`` the eval name up to i
 from __future__ import annotations
 
 import csv
-import json
 import math
 import re
 from collections.abc import Iterator
@@ -32,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
+from canopy.data import jsonl_rows
 from canopy.regional.outcomes import Outcomes
 
 __all__ = ["LONG_COLUMNS", "read_long", "read_routerbench"]
@@ -42,25 +42,14 @@ _TOKENS = ("input_tokens", "output_tokens")
 
 def _rows(path: Path) -> Iterator[tuple[int, dict[str, object]]]:
     if path.suffix.lower() in {".jsonl", ".ndjson"}:
-        with open(path, encoding="utf-8-sig") as handle:
-            for line_number, line in enumerate(handle, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as error:
-                    raise ValueError(f"{path}:{line_number}: not JSON ({error.msg})") from None
-                if not isinstance(row, dict):
-                    raise ValueError(f"{path}:{line_number}: expected a JSON object")
-                yield line_number, row
+        yield from jsonl_rows(path)
     elif path.suffix.lower() == ".csv":
         with open(path, newline="", encoding="utf-8-sig") as handle:
             reader = csv.DictReader(handle)
             missing = set(LONG_COLUMNS) - set(reader.fieldnames or ())
             if missing:
                 raise ValueError(f"{path}: header lacks columns {sorted(missing)}")
-            for line_number, row in enumerate(reader, start=2):
-                yield line_number, row
+            yield from enumerate(reader, start=2)
     else:
         raise ValueError(f"{path}: expected a .csv or .jsonl file")
 

@@ -4,10 +4,11 @@ only to grade)."""
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
+
+from canopy.data import bad_line, jsonl_rows
 
 __all__ = ["CHATML", "Question", "extract_answer", "is_correct", "load_gsm8k", "render_prompt",
            "states_answer"]
@@ -34,19 +35,16 @@ def load_gsm8k(path: str | Path, *, n: int | None = None, offset: int = 0) -> li
     if n is not None and n < 1:
         raise ValueError(f"n must be >= 1, got {n}")
     questions = []
-    with open(path, encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            if number <= offset or not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-                gold = _normalise(str(row["answer"]).rsplit("####", 1)[1])
-                questions.append(Question(str(row["question"]), gold))
-            except (ValueError, KeyError, IndexError) as error:
-                raise ValueError(f"{path}: line {number} is not a GSM8K item: {error!r}"
-                                 ) from None
-            if n is not None and len(questions) == n:
-                break
+    for number, row in jsonl_rows(path):
+        if number <= offset:
+            continue
+        try:
+            gold = _normalise(str(row["answer"]).rsplit("####", 1)[1])
+            questions.append(Question(str(row["question"]), gold))
+        except (KeyError, IndexError) as error:
+            raise bad_line(path, number, f"not a GSM8K item: {error!r}") from None
+        if n is not None and len(questions) == n:
+            break
     if not questions:
         raise ValueError(f"{path} holds no questions after offset {offset}")
     return questions

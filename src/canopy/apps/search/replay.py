@@ -28,7 +28,6 @@ seeded random permutation per replicate, shared by all methods):
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -39,6 +38,7 @@ from scipy.stats import binom
 
 from canopy.apps.search.budget import check_budgets
 from canopy.bootstrap import Interval, bootstrap_mean, paired_bootstrap
+from canopy.data import bad_line, jsonl_rows
 from canopy.problem import Ledger
 
 __all__ = [
@@ -73,26 +73,21 @@ def load_logged(path: str | Path) -> list[LoggedProblem]:
     """Read ``math_cot_100.jsonl`` (fields ``question``, ``pred``, ``pred_score``, ``score``,
     ``response``); a malformed line raises ``ValueError`` naming its number."""
     problems = []
-    with open(path, encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-                answers = tuple(str(a) for a in row["pred"])
-                rewards = np.array([float(np.ravel(s)[0]) for s in row["pred_score"]])
-                correct = np.array([bool(s) for s in row["score"]])
-                tokens = np.array([math.ceil(len(r) / 4) for r in row["response"]])
-                question = str(row["question"])
-            except (ValueError, KeyError, TypeError, IndexError) as error:
-                raise ValueError(f"{path}: line {number} is not a logged problem: {error!r}"
-                                 ) from None
-            sizes = {len(answers), rewards.size, correct.size, tokens.size}
-            if len(sizes) != 1 or not answers:
-                raise ValueError(f"{path}: line {number} has fields of unequal length {sizes}")
-            if not np.all(np.isfinite(rewards)):
-                raise ValueError(f"{path}: line {number} has a non-finite reward score")
-            problems.append(LoggedProblem(question, answers, rewards, correct, tokens))
+    for number, row in jsonl_rows(path):
+        try:
+            answers = tuple(str(a) for a in row["pred"])
+            rewards = np.array([float(np.ravel(s)[0]) for s in row["pred_score"]])
+            correct = np.array([bool(s) for s in row["score"]])
+            tokens = np.array([math.ceil(len(r) / 4) for r in row["response"]])
+            question = str(row["question"])
+        except (ValueError, KeyError, TypeError, IndexError) as error:
+            raise bad_line(path, number, f"not a logged problem: {error!r}") from None
+        sizes = {len(answers), rewards.size, correct.size, tokens.size}
+        if len(sizes) != 1 or not answers:
+            raise bad_line(path, number, f"fields of unequal length {sizes}")
+        if not np.all(np.isfinite(rewards)):
+            raise bad_line(path, number, "a non-finite reward score")
+        problems.append(LoggedProblem(question, answers, rewards, correct, tokens))
     if not problems:
         raise ValueError(f"{path} holds no problems")
     return problems
