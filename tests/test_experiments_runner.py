@@ -27,11 +27,11 @@ from canopy.experiments.study import (
     PaperValue,
     Study,
     check_budget,
-    check_positive_int,
 )
 from canopy.experiments.summary import lookup
 from canopy.instances import tree_lipschitz
 from canopy.stats import t_interval
+from canopy.validation import check_count
 
 PROBE_COST = 0.05
 
@@ -44,7 +44,7 @@ class ToyParams:
     journal: str = ""
 
     def __post_init__(self) -> None:
-        check_positive_int("depth", self.depth)
+        check_count(self.depth, "depth")
         for budget in self.budgets:
             check_budget("budgets", budget, PROBE_COST)
 

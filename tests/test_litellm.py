@@ -97,8 +97,9 @@ def test_feedback_is_checked_and_counted_once():
         with pytest.raises(UnknownReply, match="unknown"):
             await canopy.afeedback("chatcmpl-never-seen", 0.5, wait_s=0.1)
         await canopy.afeedback(reply, 0.5)
-        for bad in (math.nan, 1.5, -0.1, "0.5", True):
-            with pytest.raises(ValueError, match="quality"):
+        for bad, error in ((math.nan, ValueError), (1.5, ValueError), (-0.1, ValueError),
+                           ("0.5", TypeError), (True, TypeError)):
+            with pytest.raises(error, match="quality"):
                 canopy.feedback(reply, bad)
         with pytest.raises(UnknownReply, match="already rated"):
             canopy.feedback(reply, 0.5)

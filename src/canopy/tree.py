@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from canopy.validation import check_count
+
 __all__ = ["LazyTree", "Tree", "inverse_permutation"]
 
 
@@ -79,7 +81,7 @@ class Tree:
         Node ids are in level order (heap layout): the children of ``v`` are
         ``b*v + 1 .. b*v + b``; leaf ``i`` is node ``(b**D - 1)/(b - 1) + i``.
         """
-        branching, depth = _check_positive_int(branching, "branching"), int(depth)
+        branching, depth = check_count(branching, "branching"), int(depth)
         if depth < 0:
             raise ValueError(f"depth must be >= 0, got {depth}")
         n_leaves = branching**depth
@@ -223,10 +225,10 @@ class Tree:
             raise ValueError(f"features must be a non-empty 2-D array, got shape {x.shape}")
         if not np.all(np.isfinite(x)):
             raise ValueError("features contain NaN or infinite values")
-        branching = _check_positive_int(branching, "branching")
+        branching = check_count(branching, "branching")
         if branching < 2:
             raise ValueError(f"branching must be >= 2 for clustering, got {branching}")
-        depth = _check_positive_int(depth, "depth")
+        depth = check_count(depth, "depth")
         rng = np.random.default_rng(seed)
         scale = x.std(axis=0)
         z = (x - x.mean(axis=0)) / np.where(scale > 0, scale, 1.0)
@@ -380,7 +382,7 @@ class LazyTree:
     max_depth: int | None = None
 
     def __post_init__(self) -> None:
-        _check_positive_int(self.arity, "arity")
+        check_count(self.arity, "arity")
         if self.arity < 2:
             raise ValueError(f"arity must be >= 2, got {self.arity}")
         if self.max_depth is not None and self.max_depth < 0:
@@ -417,14 +419,6 @@ class LazyTree:
         if self.max_depth is not None and level > self.max_depth:
             raise IndexError(f"node {node!r} is below max_depth={self.max_depth}")
         return level, index
-
-
-def _check_positive_int(value: object, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < 1:
-        raise ValueError(f"{name} must be >= 1, got {value}")
-    return int(value)
 
 
 def _check_names(names: Sequence[str] | None, n_leaves: int) -> tuple[str, ...] | None:

@@ -29,8 +29,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from canopy.experiments.study import Measurement, Row, Study, check_positive_int
+from canopy.experiments.study import Measurement, Row, Study
 from canopy.experiments.summary import summarize
+from canopy.validation import check_count
 
 __all__ = ["CellStore", "StudyRun", "Task", "cell_key", "execute", "plan", "run_study"]
 
@@ -177,8 +178,8 @@ def plan(study: Study, *, quick: bool = False, seeds: int | None = None,
     params = study.quick_params if quick else study.params
     if overrides:
         params = study.with_overrides(params, overrides)
-    n_seeds = check_positive_int("seeds", (study.quick_seeds if quick else study.seeds)
-                                 if seeds is None else seeds)
+    n_seeds = check_count((study.quick_seeds if quick else study.seeds)
+                                 if seeds is None else seeds, "seeds")
     cells = study.cells(params)
     if not cells:
         raise ValueError(f"study {study.name!r} has no cells for {params}")
@@ -204,7 +205,7 @@ def run_study(study: Study, *, store: str | os.PathLike, quick: bool = False,
     if backend not in ("local", "ray"):
         raise ValueError(f"backend must be 'local' or 'ray', got {backend!r}")
     if workers is not None:
-        check_positive_int("workers", workers)
+        check_count(workers, "workers")
     if address is not None and backend != "ray":
         raise ValueError("address is only used with backend='ray'")
     params, n_seeds, tasks = plan(study, quick=quick, seeds=seeds, overrides=overrides)

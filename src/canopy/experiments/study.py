@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple
+
+from canopy.validation import check_count, check_nonnegative, check_positive
 
 __all__ = [
     "Headline",
@@ -26,10 +28,9 @@ __all__ = [
     "PaperValue",
     "Row",
     "Study",
+    "check_all_nonnegative",
+    "check_all_positive",
     "check_budget",
-    "check_nonnegative",
-    "check_positive",
-    "check_positive_int",
 ]
 
 
@@ -145,8 +146,8 @@ class Study:
     def __post_init__(self) -> None:
         if not dataclasses.is_dataclass(self.params):
             raise TypeError(f"study {self.name!r}: params must be a dataclass instance")
-        check_positive_int("seeds", self.seeds)
-        check_positive_int("quick_seeds", self.quick_seeds)
+        check_count(self.seeds, "seeds")
+        check_count(self.quick_seeds, "quick_seeds")
 
     def with_overrides(self, params: Any, overrides: Mapping[str, str]) -> Any:
         """``params`` with fields replaced from ``KEY=VALUE`` strings (``--set``), each parsed
@@ -177,15 +178,6 @@ def _parse_like(key: str, text: str, current: Any) -> Any:
         raise ValueError(f"parameter {key}={text!r}: expected a value like {current!r}") from None
 
 
-def check_positive_int(name: str, value: Any) -> int:
-    """Validate a count (seeds, rounds, workers): an int >= 1."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < 1:
-        raise ValueError(f"{name} must be >= 1, got {value}")
-    return value
-
-
 def check_budget(name: str, budget: float, cheapest: float) -> float:
     """Validate a cost budget: finite and enough for at least one query of cost ``cheapest``."""
     if not (isinstance(budget, (int, float)) and math.isfinite(budget)):
@@ -195,20 +187,19 @@ def check_budget(name: str, budget: float, cheapest: float) -> float:
     return float(budget)
 
 
-def _check_numbers(values: Mapping[str, Any], *, strict: bool) -> None:
-    bound = "> 0" if strict else ">= 0"
+def _each(values: Mapping[str, Any]) -> Iterator[tuple[str, Any]]:
     for name, value in values.items():
         for item in value if isinstance(value, tuple) else (value,):
-            if not (isinstance(item, (int, float)) and math.isfinite(item)
-                    and (item > 0 if strict else item >= 0)):
-                raise ValueError(f"{name} must be a finite number {bound}, got {item!r}")
+            yield name, item
 
 
-def check_nonnegative(**values: Any) -> None:
+def check_all_nonnegative(**values: Any) -> None:
     """Validate named numbers (noise scales): finite and >= 0; tuples item by item."""
-    _check_numbers(values, strict=False)
+    for name, item in _each(values):
+        check_nonnegative(item, name)
 
 
-def check_positive(**values: Any) -> None:
+def check_all_positive(**values: Any) -> None:
     """Validate named numbers (Lipschitz constants): finite and > 0; tuples item by item."""
-    _check_numbers(values, strict=True)
+    for name, item in _each(values):
+        check_positive(item, name)

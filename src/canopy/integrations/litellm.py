@@ -39,6 +39,7 @@ from litellm.types.router import CustomRoutingStrategyBase
 from canopy.apps.routing.proxy.config import RegionConfig
 from canopy.apps.routing.proxy.regions import RegionSource
 from canopy.regional.router import RegionalRouter
+from canopy.validation import check_count, check_nonnegative, check_number
 
 __all__ = ["CanopyRouting", "UnknownReply"]
 
@@ -110,22 +111,14 @@ class CanopyRouting(CustomRoutingStrategyBase):
         RegionalRouter(["check"], **self._settings)  # bad settings are refused now
         config = region if isinstance(region, RegionConfig) else \
             RegionConfig.from_mapping(dict(region or {}))
-        if isinstance(max_regions, bool) or not isinstance(max_regions, int) or max_regions < 1:
-            raise ValueError(f"max_regions must be an integer >= 1, got {max_regions!r}")
-        self.regions = RegionSource(config, max_regions=max_regions)
-        for name, value in (("failure_quality", failure_quality),
-                            ("success_quality", success_quality)):
-            if value is not None and not (isinstance(value, (int, float)) and 0 <= value <= 1):
-                raise ValueError(f"{name} must be a number in [0, 1], got {value!r}")
-        for name, value in (("latency_price", latency_price),
-                            ("feedback_window_s", feedback_window_s)):
-            if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-                raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
-        if isinstance(max_pending, bool) or not isinstance(max_pending, int) or max_pending < 1:
-            raise ValueError(f"max_pending must be an integer >= 1, got {max_pending!r}")
-        self.success_quality, self.failure_quality = success_quality, float(failure_quality)
-        self.latency_price, self.window_s = float(latency_price), float(feedback_window_s)
-        self.max_pending = max_pending
+        self.regions = RegionSource(config, max_regions=check_count(max_regions, "max_regions"))
+        self.success_quality = None if success_quality is None else \
+            check_number(success_quality, "success_quality", low=0.0, high=1.0)
+        self.failure_quality = check_number(failure_quality, "failure_quality", low=0.0,
+                                            high=1.0)
+        self.latency_price = check_nonnegative(latency_price, "latency_price")
+        self.window_s = check_nonnegative(feedback_window_s, "feedback_window_s")
+        self.max_pending = check_count(max_pending, "max_pending")
         self.routers: dict[str, RegionalRouter] = {}
         self.counts = {"routed": 0, "succeeded": 0, "failed": 0, "rated": 0, "unpriced": 0}
         self._pending: OrderedDict[str, _Pending] = OrderedDict()
@@ -226,9 +219,7 @@ class CanopyRouting(CustomRoutingStrategyBase):
     def feedback(self, reply_id: str, quality: float) -> None:
         """Credit ``quality`` in [0, 1] to the call that produced reply ``reply_id``: once
         (:class:`UnknownReply` for a second rating, an unknown or an expired id)."""
-        if isinstance(quality, bool) or not isinstance(quality, (int, float)) or \
-                not math.isfinite(quality) or not 0 <= quality <= 1:
-            raise ValueError(f"quality must be a number in [0, 1], got {quality!r}")
+        quality = check_number(quality, "quality", low=0.0, high=1.0)
         with self._lock:
             self._expire(time.monotonic())
             pending = self._pending.get(reply_id)

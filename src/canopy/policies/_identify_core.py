@@ -25,9 +25,10 @@ from collections.abc import Generator
 
 import numpy as np
 
-from canopy.policies.base import Policy, _check_count, check_k, top_k
+from canopy.policies.base import Policy, check_k, top_k
 from canopy.problem import Query, QueryBatch
 from canopy.tree import Tree
+from canopy.validation import check_count
 
 __all__ = ["Batch", "PhasedPolicy", "TreeStatsPolicy", "halving_entrants", "sr_schedule"]
 
@@ -265,7 +266,7 @@ class PhasedPolicy(TreeStatsPolicy):
         if self._held is not None or self._chunk_pos < len(self._chunk):
             return super().ask_batch(n)  # queries already built by ask() go first
         self._check_started()
-        n = _check_count(n)
+        n = check_count(n, "n")
         if not self._advance():
             return QueryBatch(self._batch_kind, np.zeros(0, dtype=np.int64))
         kind, cost = self._batch_kind, self._cost(self._batch_kind)

@@ -28,6 +28,7 @@ import numpy as np
 
 from canopy.problem import Ledger, ProblemSpec, Query, QueryBatch
 from canopy.stats import check_observation
+from canopy.validation import check_count
 
 __all__ = ["Policy", "check_k", "top_k"]
 
@@ -55,14 +56,6 @@ def top_k(k: int, *keys: np.ndarray) -> np.ndarray:
         candidates = np.arange(primary.size)
     order = np.lexsort(tuple(key[candidates] for key in reversed(keys)))
     return candidates[order[:k]]
-
-
-def _check_count(n: int) -> int:
-    if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
-        raise TypeError(f"n must be an int, got {type(n).__name__}")
-    if n < 1:
-        raise ValueError(f"n must be >= 1, got {n}")
-    return int(n)
 
 
 def _node_array(nodes: list) -> np.ndarray:
@@ -182,7 +175,7 @@ class Policy(ABC):
         a change of kind or when the budget ends, and none (an empty batch) once the policy
         is done or waits for outstanding observations."""
         self._check_started()
-        n = _check_count(n)
+        n = check_count(n, "n")
         nodes: list = []
         kind = None
         while len(nodes) < n:

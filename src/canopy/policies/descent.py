@@ -38,10 +38,10 @@ from canopy.certificate import (
     sharp_width,
 )
 from canopy.policies import _explored as ex
-from canopy.policies._validate import check_positive, check_rho, check_unit
 from canopy.policies.base import Policy, check_k
 from canopy.problem import ProblemSpec, Query
 from canopy.tree import LazyTree, Tree
+from canopy.validation import check_open_unit, check_positive
 
 __all__ = ["MemoryBoundedDescent", "OptimisticDescent"]
 
@@ -388,13 +388,13 @@ class OptimisticDescent(ExploredTreePolicy):
         self.spread = _check_choice(spread, _SPREADS, "spread")
         self.certificate = _check_certificate(certificate)
         self.lipschitz = check_positive(lipschitz, "lipschitz")
-        self.rho = check_rho(rho)
+        self.rho = check_open_unit(rho, "rho", allow_none=True)
         self.c = check_positive(c, "c")
         self.expand = _check_choice(expand, _EXPANDS, "expand")
         self.max_depth = _check_level(max_depth, "max_depth")
         if expand == "fixed" and max_depth is None:
             raise ValueError('expand="fixed" needs max_depth (the resolution to play at)')
-        self.delta = check_unit(delta, "delta")
+        self.delta = check_open_unit(delta, "delta")
         self.z = check_positive(z, "z")
 
     @property
@@ -443,14 +443,14 @@ class MemoryBoundedDescent(ExploredTreePolicy):
                  z: float = 3.0, certificate: str = DEFAULT_METHOD) -> None:
         self.certificate = _check_certificate(certificate)
         self.lipschitz = check_positive(lipschitz, "lipschitz")
-        self.rho = check_rho(rho)
+        self.rho = check_open_unit(rho, "rho", allow_none=True)
         self.c = check_positive(c, "c")
         if spread not in ("assumed", "estimated", "certified"):
             raise ValueError("spread must be 'assumed', 'estimated' or 'certified', "
                              f"got {spread!r}")
         self.spread = spread
         self.max_nodes = _check_level(max_nodes, "max_nodes")
-        self.delta = check_unit(delta, "delta")
+        self.delta = check_open_unit(delta, "delta")
         self.z = check_positive(z, "z")
 
     def _start(self) -> None:

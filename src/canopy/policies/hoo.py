@@ -21,8 +21,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from canopy.policies import _explored as ex
-from canopy.policies._validate import check_positive, check_rho
 from canopy.policies.descent import ExploredTreePolicy, spec_rounds
+from canopy.validation import check_open_unit, check_positive
 
 __all__ = ["HOO", "POO", "default_schedules"]
 
@@ -41,7 +41,7 @@ class HOO(ExploredTreePolicy):
     def __init__(self, *, lipschitz: float = 1.0, rho: float | None = None,
                  c: float = 1.0) -> None:
         self.lipschitz = check_positive(lipschitz, "lipschitz")
-        self.rho = check_rho(rho)
+        self.rho = check_open_unit(rho, "rho", allow_none=True)
         self.c = check_positive(c, "c")
 
     def _start(self) -> None:
@@ -73,7 +73,7 @@ class POO(ExploredTreePolicy):
                  c: float = 1.0) -> None:
         if schedules is not None:
             schedules = [(check_positive(lip, f"schedules[{i}] lipschitz"),
-                          check_rho(rho, f"schedules[{i}] rho"))
+                          check_open_unit(rho, f"schedules[{i}] rho", allow_none=True))
                          for i, (lip, rho) in enumerate(schedules)]
             if not schedules:
                 raise ValueError("schedules is empty: POO needs at least one (lipschitz, rho)")

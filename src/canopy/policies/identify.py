@@ -55,7 +55,7 @@ from canopy.policies._identify_spread import (
     radius,
     violation_test,
 )
-from canopy.policies._validate import check_positive, check_rho, check_unit
+from canopy.validation import check_open_unit, check_positive
 
 __all__ = ["EdgeTargeted", "TopKBeam", "TopKSound"]
 
@@ -81,8 +81,8 @@ class _TreeIdentifier(PhasedPolicy):
             raise ValueError(f"certificate must be one of {METHODS}, got {certificate!r}")
         self.certificate = certificate
         self.lipschitz = check_positive(lipschitz, "lipschitz", allow_none=True)
-        self.rho = check_rho(rho)
-        self.delta = check_unit(delta, "delta")
+        self.rho = check_open_unit(rho, "rho", allow_none=True)
+        self.delta = check_open_unit(delta, "delta")
         self.z = check_positive(z, "z")
         if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
             raise ValueError(f"k must be a positive int, got {k!r}")
@@ -537,7 +537,7 @@ class EdgeTargeted(_TreeIdentifier):
         self._configure(lipschitz=lipschitz, rho=rho, delta=delta, z=z, k=k, spread="hybrid",
                         prepass=True, certificate=certificate)
         self.detect_fraction = (detect_fraction if detect_fraction is None
-                                else check_unit(detect_fraction, "detect_fraction"))
+                                else check_open_unit(detect_fraction, "detect_fraction"))
 
     def _plan(self) -> Generator[Batch, None, None]:
         tree = self.tree_

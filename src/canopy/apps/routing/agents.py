@@ -26,6 +26,7 @@ import numpy as np
 
 from canopy.regional.router import FlatRouter, RegionalRouter
 from canopy.stats import t_interval
+from canopy.validation import check_count, check_nonnegative
 
 __all__ = ["COST", "LEARNERS", "PHASES", "SUCCESS", "AgentResult", "oracle_policy",
            "run_agents", "summarize_agents"]
@@ -123,10 +124,9 @@ def run_agents(*, episodes: int = 2000, replicates: int = 10, lam: float = 5.0,
         raise ValueError(f"unknown learners {sorted(unknown)}; choose from {list(LEARNERS)}")
     if bandit not in ("thompson", "ucb"):
         raise ValueError(f"bandit must be 'thompson' or 'ucb', got {bandit!r}")
-    if isinstance(episodes, bool) or not isinstance(episodes, int) or episodes < 4:
-        raise ValueError(f"episodes must be an integer >= 4, got {episodes!r}")
-    if isinstance(replicates, bool) or not isinstance(replicates, int) or replicates < 1:
-        raise ValueError(f"replicates must be an integer >= 1, got {replicates!r}")
+    check_count(episodes, "episodes", low=4)
+    check_count(replicates, "replicates")
+    check_nonnegative(lam, "lam")
     policy, _ = oracle_policy(lam)
     results, done, total = [], 0, replicates * len(learners)
     for replicate in range(replicates):

@@ -39,6 +39,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from canopy.validation import check_number
+
 __all__ = ["MAX_PROCESSES", "SandboxResult", "interpreter", "isolation", "run_python"]
 
 MAX_PROCESSES = 32
@@ -138,13 +140,6 @@ def _limits(cpu_s: int, memory_bytes: int, file_bytes: int) -> None:
         resource.setrlimit(limit, (value, value))
 
 
-def _check(name: str, value: float, low: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or \
-            not math.isfinite(value) or value < low:
-        raise ValueError(f"{name} must be a finite number >= {low}, got {value!r}")
-    return value
-
-
 def _read(path: Path, limit: int) -> str:
     with open(path, "rb") as handle:
         return handle.read(limit).decode("utf-8", errors="replace")
@@ -197,9 +192,9 @@ def run_python(source: str, *, stdin: str = "", timeout_s: float = 5.0, memory_m
     """Run ``source`` as ``main.py`` in a fresh sandbox (see the module docstring)."""
     if not isinstance(source, str):
         raise TypeError(f"source must be a string, got {type(source).__name__}")
-    timeout_s = _check("timeout_s", timeout_s, 0.01)
-    memory_mb = int(_check("memory_mb", memory_mb, 16))
-    max_output = int(_check("max_output", max_output, 1))
+    timeout_s = check_number(timeout_s, "timeout_s", low=0.01)
+    memory_mb = int(check_number(memory_mb, "memory_mb", low=16))
+    max_output = int(check_number(max_output, "max_output", low=1))
     home = Path(tempfile.mkdtemp(prefix="canopy-sandbox-"))
     work = home / "work"
     work.mkdir()

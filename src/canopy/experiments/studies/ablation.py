@@ -27,12 +27,12 @@ from canopy.experiments.study import (
     PaperValue,
     Row,
     Study,
-    check_nonnegative,
-    check_positive,
-    check_positive_int,
+    check_all_nonnegative,
+    check_all_positive,
 )
 from canopy.experiments.summary import lookup
 from canopy.instances import heterogeneous_smoothness
+from canopy.validation import check_count
 
 __all__ = ["PAPER", "STUDY", "AblationParams"]
 
@@ -67,11 +67,11 @@ class AblationParams:
 
     def __post_init__(self) -> None:
         for name in ("branching", "depth", "horizon"):
-            check_positive_int(name, getattr(self, name))
+            check_count(getattr(self, name), name)
         if not self.assumed or any(not value > 0 for value in self.assumed):
             raise ValueError(f"assumed L values must be > 0, got {self.assumed}")
-        check_nonnegative(sigma=self.sigma)
-        check_positive(smooth_lipschitz=self.smooth_lipschitz,
+        check_all_nonnegative(sigma=self.sigma)
+        check_all_positive(smooth_lipschitz=self.smooth_lipschitz,
                        rough_lipschitz=self.rough_lipschitz)
 
 

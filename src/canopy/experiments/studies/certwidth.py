@@ -38,8 +38,8 @@ from canopy.experiments.study import (
     Panel,
     Row,
     Study,
-    check_positive_int,
 )
+from canopy.validation import check_count
 
 __all__ = ["STUDY", "CertParams", "cell_means", "method_bounds"]
 
@@ -67,10 +67,10 @@ class CertParams:
             if shape not in SHAPES:
                 raise ValueError(f"unknown shape {shape!r}; known: {SHAPES}")
         for m in self.leaves:
-            check_positive_int("leaves", m)
+            check_count(m, "leaves")
         for n in self.probes:
-            check_positive_int("probes", n)
-        check_positive_int("trials", self.trials)
+            check_count(n, "probes")
+        check_count(self.trials, "trials")
         if not (math.isfinite(self.sigma) and self.sigma >= 0):
             raise ValueError(f"sigma must be finite and >= 0, got {self.sigma}")
         if not 0 < self.delta < 1:

@@ -26,12 +26,12 @@ from canopy.experiments.study import (
     PaperValue,
     Row,
     Study,
-    check_nonnegative,
-    check_positive,
-    check_positive_int,
+    check_all_nonnegative,
+    check_all_positive,
 )
 from canopy.experiments.summary import lookup
 from canopy.instances import infinite_depth
+from canopy.validation import check_count
 
 __all__ = ["PAPER", "STUDY", "CompressionParams"]
 
@@ -61,14 +61,14 @@ class CompressionParams:
     horizons: tuple[int, ...] = (500, 1000, 2000, 4000, 8000, 15000)
 
     def __post_init__(self) -> None:
-        if check_positive_int("arity", self.arity) < 2:
+        if check_count(self.arity, "arity") < 2:
             raise ValueError(f"arity must be >= 2, got {self.arity}")
         if not self.horizons:
             raise ValueError("horizons must not be empty")
         for horizon in self.horizons:
-            check_positive_int("horizons", horizon)
-        check_nonnegative(sigma=self.sigma)
-        check_positive(lipschitz=self.lipschitz)
+            check_count(horizon, "horizons")
+        check_all_nonnegative(sigma=self.sigma)
+        check_all_positive(lipschitz=self.lipschitz)
         if not self.lipschitz:
             raise ValueError("lipschitz must list at least one constant")
         for spread in self.spreads:

@@ -41,13 +41,13 @@ from canopy.experiments.study import (
     PaperValue,
     Row,
     Study,
+    check_all_nonnegative,
+    check_all_positive,
     check_budget,
-    check_nonnegative,
-    check_positive,
-    check_positive_int,
 )
 from canopy.experiments.summary import lookup
 from canopy.run import run
+from canopy.validation import check_count
 
 __all__ = ["PAPER", "STUDY", "FidelityParams"]
 
@@ -80,13 +80,13 @@ class FidelityParams:
     budgets: tuple[float, ...] = (250.0, 500.0, 750.0, 1000.0, 1500.0, 2000.0, 3000.0)
 
     def __post_init__(self) -> None:
-        check_positive_int("branching", self.branching)
-        check_positive_int("depth", self.depth)
-        check_positive_int("k", self.k)
+        check_count(self.branching, "branching")
+        check_count(self.depth, "depth")
+        check_count(self.k, "k")
         if self.k > self.branching ** self.depth:
             raise ValueError(f"k={self.k} exceeds the {self.branching ** self.depth} leaves")
-        check_nonnegative(sigma=self.sigma)
-        check_positive(lipschitz=self.lipschitz)
+        check_all_nonnegative(sigma=self.sigma)
+        check_all_positive(lipschitz=self.lipschitz)
         for ratio in (*self.ratios, self.cheap_ratio):
             if not 0 < ratio <= 1:
                 raise ValueError(f"probe/leaf cost ratios must be in (0, 1], got {ratio}")

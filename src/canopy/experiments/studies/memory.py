@@ -34,11 +34,11 @@ from canopy.experiments.study import (
     PaperValue,
     Row,
     Study,
-    check_nonnegative,
-    check_positive,
-    check_positive_int,
+    check_all_nonnegative,
+    check_all_positive,
 )
 from canopy.experiments.summary import lookup
+from canopy.validation import check_count
 
 __all__ = ["PAPER", "STUDY", "MemoryParams"]
 
@@ -73,11 +73,11 @@ class MemoryParams:
 
     def __post_init__(self) -> None:
         for name in ("branching", "depth", "horizon"):
-            check_positive_int(name, getattr(self, name))
+            check_count(getattr(self, name), name)
         if not self.depths or any(not 1 <= d <= self.depth for d in self.depths):
             raise ValueError(f"depths must lie in 1..{self.depth}, got {self.depths}")
-        check_nonnegative(sigma=self.sigma)
-        check_positive(lipschitz=self.lipschitz)
+        check_all_nonnegative(sigma=self.sigma)
+        check_all_positive(lipschitz=self.lipschitz)
 
 
 def cells(params: MemoryParams) -> list[dict[str, Any]]:

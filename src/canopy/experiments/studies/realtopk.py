@@ -54,9 +54,9 @@ from canopy.experiments.study import (
     Row,
     Study,
     check_budget,
-    check_positive_int,
 )
 from canopy.experiments.summary import lookup
+from canopy.validation import check_count
 
 __all__ = ["STUDY", "Params", "pool_problem"]
 
@@ -84,7 +84,7 @@ class Params:
                 raise ValueError(f"unknown method {method!r}; known: {', '.join(METHODS)}")
         if not self.pools or not self.methods or not self.budgets:
             raise ValueError("pools, methods and budgets must be non-empty")
-        check_positive_int("k", self.k)
+        check_count(self.k, "k")
         if not 0 < self.probe_cost <= 1:
             raise ValueError(f"probe_cost must be in (0, 1], got {self.probe_cost}")
         for budget in self.budgets:

@@ -38,12 +38,12 @@ from canopy.experiments.study import (
     PaperValue,
     Row,
     Study,
-    check_nonnegative,
-    check_positive,
-    check_positive_int,
+    check_all_nonnegative,
+    check_all_positive,
 )
 from canopy.experiments.summary import lookup
 from canopy.problem import LeafMeans
+from canopy.validation import check_count
 
 __all__ = ["PAPER", "STUDY", "TheoryLinkParams", "near_optimality_dimension"]
 
@@ -67,15 +67,15 @@ class TheoryLinkParams:
     checkpoints: tuple[int, ...] = (250, 500, 1000, 2000, 4000, 8000, 16000)
 
     def __post_init__(self) -> None:
-        check_positive_int("depth", self.depth)
-        if check_positive_int("branching", self.branching) < 2:
+        check_count(self.depth, "depth")
+        if check_count(self.branching, "branching") < 2:
             raise ValueError(f"branching must be >= 2, got {self.branching}")
         if len(self.checkpoints) < 2 or list(self.checkpoints) != sorted(set(self.checkpoints)):
             raise ValueError("checkpoints must be at least two increasing horizons")
         for n in self.checkpoints:
-            check_positive_int("checkpoints", n)
-        check_nonnegative(sigma=self.sigma)
-        check_positive(lipschitz=self.lipschitz)
+            check_count(n, "checkpoints")
+        check_all_nonnegative(sigma=self.sigma)
+        check_all_positive(lipschitz=self.lipschitz)
 
 
 def near_optimality_dimension(problem: LeafMeans, *, branching: int, lipschitz: float

@@ -37,14 +37,14 @@ from canopy.experiments.study import (
     Panel,
     Row,
     Study,
+    check_all_nonnegative,
+    check_all_positive,
     check_budget,
-    check_nonnegative,
-    check_positive,
-    check_positive_int,
 )
 from canopy.experiments.summary import lookup
 from canopy.instances import piecewise_lipschitz
 from canopy.run import run
+from canopy.validation import check_count
 
 __all__ = ["STUDY", "ViolationsParams"]
 
@@ -67,16 +67,16 @@ class ViolationsParams:
     ks: tuple[int, ...] = (0, 1, 2, 4, 8, 16)
 
     def __post_init__(self) -> None:
-        check_positive_int("branching", self.branching)
-        check_positive_int("depth", self.depth)
+        check_count(self.branching, "branching")
+        check_count(self.depth, "depth")
         if not 0 < self.probe_cost <= 1:
             raise ValueError(f"probe_cost must be in (0, 1] leaf costs, got {self.probe_cost}")
         check_budget("budget", self.budget, 1.0)  # the blind baseline needs one leaf
         cells = self.branching ** (self.depth - 1)
         if not self.ks or any(not 0 <= k <= cells for k in self.ks):
             raise ValueError(f"ks must lie in 0..{cells} (penultimate cells), got {self.ks}")
-        check_nonnegative(sigma=self.sigma)
-        check_positive(lipschitz=self.lipschitz)
+        check_all_nonnegative(sigma=self.sigma)
+        check_all_positive(lipschitz=self.lipschitz)
 
 
 def cells(params: ViolationsParams) -> list[dict[str, Any]]:

@@ -28,7 +28,6 @@ themselves never appear in the file: ``auth`` names the environment variables th
 from __future__ import annotations
 
 import json
-import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,15 +35,9 @@ from typing import Any
 
 from canopy.apps.routing.prices import PriceTable
 from canopy.regional.router import RegionalRouter
+from canopy.validation import check_positive
 
 __all__ = ["AuthConfig", "Limits", "ProxyConfig", "RegionConfig", "Upstream"]
-
-
-def _positive(value: Any, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or \
-            not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
-    return float(value)
 
 
 @dataclass(frozen=True)
@@ -63,7 +56,7 @@ class Upstream:
         if not self.base_url.startswith(("http://", "https://")):
             raise ValueError(f"upstream {self.model!r}: base_url must be http(s), "
                              f"got {self.base_url!r}")
-        object.__setattr__(self, "timeout_s", _positive(self.timeout_s, "timeout_s"))
+        object.__setattr__(self, "timeout_s", check_positive(self.timeout_s, "timeout_s"))
         if not self.upstream_model:
             object.__setattr__(self, "upstream_model", self.model)
 
@@ -150,7 +143,7 @@ class Limits:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"limits.{name} must be an integer >= 1, got {value!r}")
         for name in ("feedback_window_s", "breaker_cooldown_s"):
-            object.__setattr__(self, name, _positive(getattr(self, name), f"limits.{name}"))
+            object.__setattr__(self, name, check_positive(getattr(self, name), f"limits.{name}"))
 
 
 @dataclass(frozen=True)
@@ -179,7 +172,7 @@ class ProxyConfig:
             raise ValueError(f"upstream model names repeat: {names}")
         for name in names:
             self.prices.price(name)  # KeyError for an unpriced model
-        object.__setattr__(self, "deadline_s", _positive(self.deadline_s, "deadline_s"))
+        object.__setattr__(self, "deadline_s", check_positive(self.deadline_s, "deadline_s"))
         self.router()  # lam, learner, sharing, delta, kappa, explore: refused now, not later
 
     def router(self) -> RegionalRouter:
