@@ -164,6 +164,70 @@ def run_command(
         raise typer.Exit(1)
 
 
+@search_app.command("prior")
+def prior_command(
+    dataset: Annotated[str, typer.Option("--dataset", help="gsm8k, humaneval or mbpp.")] = (
+        "gsm8k"),
+    from_log: Annotated[str | None, typer.Option("--from-log", help="Analyse this log "
+                                                 "(JSONL) instead of running.")] = None,
+    log: Annotated[str | None, typer.Option("--log", help="Write the run's log here "
+                                            "(JSONL: tree, node, parent, depth, probe, "
+                                            "truth).")] = None,
+    base_url: BaseUrl = None,
+    model: Model = None,
+    n: Annotated[int, typer.Option("--n", help="Questions or tasks.")] = 5,
+    offset: Annotated[int, typer.Option("--offset", help="First item.")] = 0,
+    branching: Annotated[int, typer.Option("--branching", help="Next lines per node.")] = 3,
+    depth: Annotated[int, typer.Option("--depth", help="Levels below the root.")] = 2,
+    rollouts: Annotated[int, typer.Option("--rollouts", help="Rollouts per node.")] = 2,
+    max_tokens: Annotated[int, typer.Option("--max-tokens", help="Tokens per rollout.")] = 192,
+    temperature: Annotated[float, typer.Option("--temperature")] = 0.8,
+    seed: Seed = 0,
+    cache_dir: CacheDir = None,
+    timeout: Timeout = 120.0,
+    as_json: Json = False,
+) -> None:
+    """Measure the prior: probe-vs-truth correlation, edge-following hit rate (all and
+    pivotal steps), value lost per step and the pivotal-step fraction (paper Table
+    tab:reasoningtree), from a live run over a fully expanded prefix tree or from a log."""
+    from canopy.apps.search.prior import analyse, log_prior, read_log, write_log
+    from canopy.llm.local import LocalServerError, open_endpoint
+
+    try:
+        if from_log is not None:
+            rows = read_log(from_log)
+        else:
+            config = {"branching": branching, "depth": depth, "rollouts": rollouts,
+                      "max_tokens": max_tokens, "temperature": temperature, "seed": seed}
+            with open_endpoint(base_url, model=model, cache_dir=cache_dir,
+                               timeout=timeout) as (client, _), \
+                    progress_bar("prior trees", n, enabled=not as_json) as update:
+                rows = log_prior(client, dataset, n=n, offset=offset, progress=update,
+                                 **config)
+            if log is not None:
+                write_log(rows, log)
+        result = analyse(rows)
+    except (ValueError, FileNotFoundError, LocalServerError) as error:
+        raise cli_error(error) from None
+    if as_json:
+        print_json(result)
+        return
+    table = [{"quantity": "probe-vs-truth Spearman", "value": result["spearman"]},
+             {"quantity": "probe-vs-truth Pearson", "value": result["pearson"]},
+             {"quantity": f"hit rate, all {result['steps']} steps (chance "
+                          f"{result['hit_rate_chance'] or 0:.2f})", "value": result["hit_rate"]},
+             {"quantity": "true value lost per step", "value": result["value_lost_per_step"]}]
+    for tau, entry in result["pivotal"].items():
+        table.append({"quantity": f"pivotal fraction, tau {tau}", "value": entry["fraction"]})
+        if entry.get("hit_rate") is not None:
+            low, high = entry["hit_rate_ci"]
+            table.append({"quantity": f"hit rate on {entry['steps']} pivotal steps, tau {tau} "
+                                      f"[{low:.2f}, {high:.2f}] (chance {entry['chance']:.2f})",
+                          "value": entry["hit_rate"]})
+    print_table(table, ["quantity", "value"], title=f"the prior: {result['trees']} trees, "
+                f"{result['nodes']} nodes, {result['rows']} rollouts")
+
+
 def register(app: typer.Typer) -> None:
     """Add the ``search`` command group."""
     app.add_typer(search_app, name="search")

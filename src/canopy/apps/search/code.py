@@ -1,0 +1,142 @@
+"""Code tasks for test-time search with an execution probe (paper Appendix E, HumanEval and
+MBPP): a leaf is a complete program graded by all of the task's tests; the cheap probe runs
+a partial set, the prompt's doctest examples (HumanEval) or the first test (MBPP).
+
+Every run goes through :func:`canopy.apps.search.sandbox.run_python`: the program, then a
+harness that runs each test in turn (an exception or a failed assertion fails only that test)
+and prints how many passed on its last line.
+"""
+
+from __future__ import annotations
+
+import doctest
+import gzip
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from canopy import data
+from canopy.apps.search.sandbox import run_python
+from canopy.data import bad_line
+
+__all__ = ["STOP", "CodeTask", "load_code_tasks", "pass_rate", "program"]
+
+# where a completion of one function ends (a new top-level statement or a fence)
+STOP = ["\ndef ", "\nclass ", "\nif __name__", "\nprint(", "\nassert ", "\n```", "\n#"]
+_MARK = "CANOPY_PASSED"
+_HARNESS = '''
+
+def _canopy_tests():
+    passed = 0
+    for source in {tests!r}:
+        try:
+            exec(source, globals())
+            passed += 1
+        except BaseException:
+            pass
+    print({mark!r}, passed, {count})
+
+_canopy_tests()
+'''
+
+
+@dataclass(frozen=True)
+class CodeTask:
+    """One task: the text the model continues, every test (the truth) and the probe's
+    partial set, each a Python snippet that raises when it fails."""
+
+    task_id: str
+    prompt: str
+    tests: tuple[str, ...]
+    probe_tests: tuple[str, ...]
+    canonical: str
+
+
+def program(task: CodeTask, completion: str) -> str:
+    """The program a completion makes: the prompt and the completion, cut at :data:`STOP`."""
+    text = task.prompt + completion
+    start = len(task.prompt)
+    cut = min((i for i in (text.find(stop, start) for stop in STOP) if i >= 0),
+              default=len(text))
+    return text[:cut] + "\n"
+
+
+def pass_rate(source: str, tests: Sequence[str], *, timeout_s: float = 5.0) -> float:
+    """The share of ``tests`` that pass after ``source`` runs, in the sandbox (0 when the
+    program itself fails, loops or floods its output)."""
+    if not tests:
+        raise ValueError("no tests to run")
+    harness = _HARNESS.format(tests=list(tests), mark=_MARK, count=len(tests))
+    result = run_python(source + harness, timeout_s=timeout_s)
+    for line in reversed(result.stdout.splitlines()):
+        if line.startswith(_MARK):
+            passed, total = (int(x) for x in line.split()[1:3])
+            return passed / total
+    return 0.0
+
+
+def _doctest_probes(prompt: str, entry_point: str) -> tuple[str, ...]:
+    """The prompt's ``>>>`` examples as assertions on their printed values."""
+    probes = []
+    for example in doctest.DocTestParser().get_examples(prompt):
+        lines = [line for line in example.want.splitlines()
+                 if line.strip() not in ('"""', "'''")]  # the docstring's end, not output
+        want = "\n".join(lines).strip().removesuffix('"""').removesuffix("'''").strip()
+        source = example.source.strip()
+        if entry_point in source and want:
+            probes.append(f"assert repr({source}) == repr({want})" if _literal(want) else
+                          f"assert str({source}) == {want!r}")
+    return tuple(probes)
+
+
+def _literal(text: str) -> bool:
+    try:
+        compile(text.strip(), "<want>", "eval")
+    except SyntaxError:
+        return False
+    return True
+
+
+def _humaneval(row: dict, file: str, line: int) -> CodeTask:
+    try:
+        entry, check = row["entry_point"], row["test"]
+        full = (f"{check}\ncheck({entry})",)
+        probes = _doctest_probes(row["prompt"], entry) or full
+        return CodeTask(str(row["task_id"]), row["prompt"], full, probes,
+                        row["canonical_solution"])
+    except (KeyError, TypeError) as error:
+        raise bad_line(file, line, f"not a HumanEval task: {error!r}") from None
+
+
+def _mbpp(row: dict, file: str, line: int) -> CodeTask:
+    try:
+        tests = tuple(row["test_list"])
+        setup = row.get("test_setup_code") or ""
+        tests = tuple(f"{setup}\n{t}" if setup else t for t in tests)
+        prompt = (f'"""\n{row["text"].strip()}\nYour code should pass this test:\n'
+                  f'{row["test_list"][0]}\n"""\n')
+        return CodeTask(f"mbpp/{row['task_id']}", prompt, tests, tests[:1],
+                        row["code"].replace("\r\n", "\n"))
+    except (KeyError, TypeError, IndexError) as error:
+        raise bad_line(file, line, f"not an MBPP task: {error!r}") from None
+
+
+def load_code_tasks(dataset: str, *, n: int | None = None, offset: int = 0) -> list[CodeTask]:
+    """The first ``n`` tasks from ``offset`` of ``humaneval`` or ``mbpp`` (through the data
+    registry)."""
+    if dataset == "humaneval":
+        file = data.path("humaneval", "HumanEval.jsonl.gz")
+        with gzip.open(file, "rt", encoding="utf-8") as handle:
+            rows = [(i, json.loads(line)) for i, line in enumerate(handle, start=1)
+                    if line.strip()]
+        parse = _humaneval
+    elif dataset == "mbpp":
+        file = data.path("mbpp", "mbpp.jsonl")
+        rows = list(data.jsonl_rows(file))
+        parse = _mbpp
+    else:
+        raise ValueError(f"unknown code dataset {dataset!r}; choose humaneval or mbpp")
+    chosen = rows[offset:] if n is None else rows[offset:offset + n]
+    if not chosen:
+        raise ValueError(f"{dataset}: no tasks at offset {offset}")
+    return [parse(row, str(file), line) for line, row in chosen]
