@@ -164,6 +164,62 @@ def run_command(
         raise typer.Exit(1)
 
 
+@search_app.command("code")
+def code_command(
+    dataset: Annotated[str, typer.Option("--dataset", help="humaneval or mbpp.")] = "mbpp",
+    base_url: BaseUrl = None,
+    model: Model = None,
+    n: Annotated[int, typer.Option("--n", help="Tasks.")] = 5,
+    offset: Annotated[int, typer.Option("--offset", help="First task.")] = 0,
+    budgets: Annotated[str, typer.Option("--budgets", help="Comma-separated budgets, in "
+                                         "generation calls per task.")] = "4,8",
+    methods: Annotated[str, typer.Option("--methods", help="Comma-separated methods.")] = (
+        "first,best_of_n,majority,value_guided"),
+    max_tokens: Annotated[int, typer.Option("--max-tokens", help="Tokens per rollout.")] = 256,
+    temperature: Annotated[float, typer.Option("--temperature")] = 0.8,
+    seed: Seed = 0,
+    cache_dir: CacheDir = None,
+    timeout: Timeout = 120.0,
+    reference: Reference = "best_of_n",
+    as_json: Json = False,
+) -> None:
+    """Code search with an execution probe (partial tests) against best-of-N and majority
+    by output at matched generation calls, graded by all tests; pass@k as reachability."""
+    from canopy.apps.search.code import load_code_tasks
+    from canopy.apps.search.codesearch import CODE_METHODS, run_code_search
+    from canopy.apps.search.live import SearchConfig
+    from canopy.llm.local import LocalServerError, open_endpoint
+
+    try:
+        chosen = parse_names(methods, CODE_METHODS, "--methods")
+        budget_list = [int(b) for b in parse_budgets(budgets, whole=True)]
+        config = SearchConfig(max_tokens=max_tokens, temperature=temperature)
+        tasks = load_code_tasks(dataset, n=n, offset=offset)
+        with open_endpoint(base_url, model=model, cache_dir=cache_dir, timeout=timeout) as (
+                client, _), progress_bar("code search", len(tasks),
+                                         enabled=not as_json) as update:
+            result, reach = run_code_search(client, tasks, budgets=budget_list,
+                                            methods=chosen, config=config, seed=seed,
+                                            progress=update)
+    except (ValueError, FileNotFoundError, LocalServerError) as error:
+        raise cli_error(error) from None
+    rows = result.rows(reference=reference, seed=seed)
+    if result.error is not None:
+        Console(stderr=True).print(f"[yellow]stopped early:[/yellow] {result.error}; "
+                                   f"{result.completed} of {result.n_questions} tasks kept")
+    if as_json:
+        print_json({"dataset": dataset, "tasks": result.completed, "error": result.error,
+                    "reachability": reach, "rows": rows})
+    else:
+        print_table([interval_cells(row) for row in rows], _LIVE_COLUMNS,
+                    title=f"{dataset}: {result.completed} tasks, pass (all tests), delta "
+                          f"against {reference}")
+        Console().print("reachability of the best-of-N samples: " + ", ".join(
+            f"{k} {v:.3f}" for k, v in reach.items()))
+    if result.error is not None:
+        raise typer.Exit(1)
+
+
 @search_app.command("prior")
 def prior_command(
     dataset: Annotated[str, typer.Option("--dataset", help="gsm8k, humaneval or mbpp.")] = (

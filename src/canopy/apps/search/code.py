@@ -9,6 +9,7 @@ and prints how many passed on its last line.
 
 from __future__ import annotations
 
+import ast
 import doctest
 import gzip
 import json
@@ -19,7 +20,7 @@ from canopy import data
 from canopy.apps.search.sandbox import run_python
 from canopy.data import bad_line
 
-__all__ = ["STOP", "CodeTask", "load_code_tasks", "pass_rate", "program"]
+__all__ = ["STOP", "CodeTask", "load_code_tasks", "outputs", "pass_rate", "program"]
 
 # where a completion of one function ends (a new top-level statement or a fence)
 STOP = ["\ndef ", "\nclass ", "\nif __name__", "\nprint(", "\nassert ", "\n```", "\n#"]
@@ -50,6 +51,7 @@ class CodeTask:
     tests: tuple[str, ...]
     probe_tests: tuple[str, ...]
     canonical: str
+    probe_inputs: tuple[str, ...] = ()  # the calls the probe tests make (majority by output)
 
 
 def program(task: CodeTask, completion: str) -> str:
@@ -89,6 +91,33 @@ def _doctest_probes(prompt: str, entry_point: str) -> tuple[str, ...]:
     return tuple(probes)
 
 
+def _calls(tests: Sequence[str]) -> tuple[str, ...]:
+    """The expression each ``assert <call> == <expected>`` test evaluates."""
+    calls = []
+    for test in tests:
+        try:
+            node = ast.parse(test.strip().splitlines()[-1]).body[0]
+        except (SyntaxError, IndexError):
+            continue
+        if isinstance(node, ast.Assert) and isinstance(node.test, ast.Compare):
+            left = node.test.left
+            if isinstance(left, ast.Call) and getattr(left.func, "id", "") in ("repr", "str"):
+                left = left.args[0] if left.args else left
+            calls.append(ast.unparse(left))
+    return tuple(calls)
+
+
+def outputs(source: str, calls: Sequence[str], *, timeout_s: float = 5.0) -> str:
+    """What ``source`` answers to each call (``repr`` of the value, or the exception's
+    name), one line each: programs that agree on every call behave the same there."""
+    harness = ("\n\nfor _call in " + repr(list(calls)) + ":\n"
+               "    try:\n        print(" + repr(_MARK) + ", repr(eval(_call)))\n"
+               "    except BaseException as _error:\n"
+               "        print(" + repr(_MARK) + ", type(_error).__name__)\n")
+    result = run_python(source + harness, timeout_s=timeout_s)
+    return "\n".join(line for line in result.stdout.splitlines() if line.startswith(_MARK))
+
+
 def _literal(text: str) -> bool:
     try:
         compile(text.strip(), "<want>", "eval")
@@ -103,7 +132,7 @@ def _humaneval(row: dict, file: str, line: int) -> CodeTask:
         full = (f"{check}\ncheck({entry})",)
         probes = _doctest_probes(row["prompt"], entry) or full
         return CodeTask(str(row["task_id"]), row["prompt"], full, probes,
-                        row["canonical_solution"])
+                        row["canonical_solution"], _calls(probes))
     except (KeyError, TypeError) as error:
         raise bad_line(file, line, f"not a HumanEval task: {error!r}") from None
 
@@ -116,7 +145,7 @@ def _mbpp(row: dict, file: str, line: int) -> CodeTask:
         prompt = (f'"""\n{row["text"].strip()}\nYour code should pass this test:\n'
                   f'{row["test_list"][0]}\n"""\n')
         return CodeTask(f"mbpp/{row['task_id']}", prompt, tests, tests[:1],
-                        row["code"].replace("\r\n", "\n"))
+                        row["code"].replace("\r\n", "\n"), _calls(tests[:1]))
     except (KeyError, TypeError, IndexError) as error:
         raise bad_line(file, line, f"not an MBPP task: {error!r}") from None
 

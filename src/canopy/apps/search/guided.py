@@ -61,29 +61,42 @@ class Sampler(Protocol):
     def step(self, prefix: str, seed: int) -> _Sample: ...
 
 
-def guided_spec(shape: PrefixTree, config: SearchConfig) -> ProblemSpec:
-    """The multi-fidelity problem the policy sees: costs in calls, scores in ``[0, 1]``."""
+def guided_spec(shape: PrefixTree, config: SearchConfig, *, leaf_calls: int | None = None
+                ) -> ProblemSpec:
+    """The multi-fidelity problem the policy sees: costs in calls, scores in ``[0, 1]``; a
+    leaf evaluation costs its rollout plus ``leaf_calls`` (default: the agreement
+    rollouts)."""
+    extra = config.agreement if leaf_calls is None else leaf_calls
     return ProblemSpec(shape.tree, sigma=config.score_sigma, probe_cost=1.0,
-                       leaf_cost=1.0 + config.agreement, value_range=(0.0, 1.0))
+                       leaf_cost=1.0 + extra, value_range=(0.0, 1.0))
 
 
-def value_guided(session: Sampler) -> str | None:
+def value_guided(session: Sampler, *, probe_score: Callable[[_Sample], float] | None = None,
+                 leaf_value: Callable[[Completion], float] | None = None,
+                 code: bool = False) -> str | None:
     """Run the search on one question with ``session.config`` until the policy or the
-    session's budget stops it; return the final answer (``None`` if none was reached)."""
+    session's budget stops it; return the final answer (``None`` if none was reached).
+
+    By default a probe scores a rollout by its geometric-mean token probability and a leaf
+    is graded by agreement; ``probe_score`` and ``leaf_value`` replace them (code search:
+    the partial and the full tests, no extra calls), and ``code`` keeps indentation and lets
+    only finished rollouts end an answer."""
     config = session.config
     shape = PrefixTree(arity=config.branching, depth=config.max_depth,
-                       step_tries=config.step_tries)
+                       step_tries=config.step_tries, keep_indent=code,
+                       **({"final": lambda line: False} if code else {}))
+    score = probe_score or (lambda sample: math.exp(sample.logprob))
+    agreement = 0 if leaf_value is not None else config.agreement
     policy = OptimisticDescent(spread=config.spread, lipschitz=config.lipschitz,
                                c=config.exploration)
-    policy.start(guided_spec(shape, config), budget=session.ledger.budget + config.free_rounds,
-                 seed=session.seed)
+    policy.start(guided_spec(shape, config, leaf_calls=agreement),
+                 budget=session.ledger.budget + config.free_rounds, seed=session.seed)
     seeds = itertools.count()
     leaf_answers: dict[int, Completion] = {}
 
     def rollout(prefix: str) -> Completion:
         sample = session.rollout(prefix, seed=next(seeds))
-        return shape.record(prefix, sample.text, answer=sample.answer,
-                            score=math.exp(sample.logprob))
+        return shape.record(prefix, sample.text, answer=sample.answer, score=score(sample))
 
     def step(prefix: str) -> tuple[str, float]:
         sample = session.step(prefix, seed=next(seeds))
@@ -92,14 +105,14 @@ def value_guided(session: Sampler) -> str | None:
     while (query := policy.ask()) is not None:
         node = int(query.node)
         known = shape.settled(node) or leaf_answers.get(node)
-        calls = (0 if known is not None else 1) + (config.agreement if query.kind == "leaf"
-                                                   else 0)
+        calls = (0 if known is not None else 1) + (agreement if query.kind == "leaf" else 0)
         if not session.ledger.can_afford(shape.steps_needed(node) + calls):
             break
         spare = math.floor(session.ledger.remaining + 1e-9) - calls
         prefix = shape.materialise(node, step, max_steps=spare)
         done = shape.completion(prefix) or leaf_answers.get(node) or rollout(prefix)
-        policy.tell(query, _value(query, done, rollout, config.agreement))
+        policy.tell(query, leaf_value(done) if leaf_value is not None and
+                    query.kind == "leaf" else _value(query, done, rollout, agreement))
         if query.kind == "leaf":
             leaf_answers[node] = done
     return _answer(shape, policy)

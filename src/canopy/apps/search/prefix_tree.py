@@ -39,9 +39,11 @@ class Completion:
     score: float
 
 
-def lines_of(text: str) -> list[str]:
-    """The non-blank lines of ``text``, stripped (whitespace does not tell lines apart)."""
-    return [line.strip() for line in text.split("\n") if line.strip()]
+def lines_of(text: str, *, keep_indent: bool = False) -> list[str]:
+    """The non-blank lines of ``text``, stripped (whitespace does not tell lines apart), or
+    with their indentation kept (``keep_indent``: in code it is meaning)."""
+    return [line.rstrip() if keep_indent else line.strip() for line in text.split("\n")
+            if line.strip()]
 
 
 class PrefixTree:
@@ -54,9 +56,14 @@ class PrefixTree:
             repeat a known line (or are blank) repeats the known line ``j mod n`` (its parent's
             prefix when no line is known): the tree keeps its shape, the duplicate is just a
             second copy of a sibling.
+        keep_indent: keep each line's indentation (code) instead of stripping it (prose).
+        final: whether a step's line ends the answer (default: it states ``The answer is``;
+            for code, no line does: only a finished rollout is a complete program).
     """
 
-    def __init__(self, *, arity: int, depth: int, step_tries: int = 2) -> None:
+    def __init__(self, *, arity: int, depth: int, step_tries: int = 2,
+                 keep_indent: bool = False, final: Callable[[str], bool] = states_answer
+                 ) -> None:
         if isinstance(arity, bool) or not isinstance(arity, int) or arity < 2:
             raise ValueError(f"arity must be an int >= 2, got {arity!r}")
         if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
@@ -65,6 +72,7 @@ class PrefixTree:
             raise ValueError(f"step_tries must be an int >= 1, got {step_tries!r}")
         self.tree = Tree.complete(arity, depth)
         self.arity, self.depth, self.step_tries = arity, depth, step_tries
+        self.keep_indent, self._final = keep_indent, final
         self._prefix: dict[int, str] = {0: ""}
         self._next_lines: dict[str, list[str]] = {}
         self._complete: dict[str, Completion] = {}
@@ -155,9 +163,10 @@ class PrefixTree:
                 tries += 1
                 line, score = step(parent)
                 if line.strip():
-                    self._add_line(parent, line.strip())
-                    if states_answer(line):
-                        text = parent + line.strip() + "\n"
+                    line = line.rstrip() if self.keep_indent else line.strip()
+                    self._add_line(parent, line)
+                    if self._final(line):
+                        text = parent + line + "\n"
                         self._finish(text, Completion(text, extract_answer(text), score))
             self._prefix[ancestor] = self._child_prefix(parent, slot)
         return self._prefix[node]
@@ -169,7 +178,7 @@ class PrefixTree:
         becomes a terminal prefix."""
         text = prefix
         path = [prefix]
-        for line in lines_of(continuation):
+        for line in lines_of(continuation, keep_indent=self.keep_indent):
             self._add_line(text, line)
             text += line + "\n"
             path.append(text)
@@ -214,7 +223,7 @@ class PrefixTree:
     def _finish(self, text: str, done: Completion, path: list[str] | None = None) -> None:
         self._complete.setdefault(text, done)
         if path is None:  # a step's final line: the prefixes above it
-            lines = lines_of(text)
+            lines = lines_of(text, keep_indent=self.keep_indent)
             path = ["".join(f"{line}\n" for line in lines[:i]) for i in range(len(lines))]
         for prefix in [*path, text]:
             self._through.setdefault(prefix, []).append(done)
