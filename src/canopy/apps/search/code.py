@@ -20,7 +20,8 @@ from canopy import data
 from canopy.apps.search.sandbox import run_python
 from canopy.data import bad_line
 
-__all__ = ["STOP", "CodeTask", "load_code_tasks", "outputs", "pass_rate", "program"]
+__all__ = ["STOP", "CodeTask", "arithmetic_tasks", "load_code_tasks", "outputs", "pass_rate",
+           "program"]
 
 # where a completion of one function ends (a new top-level statement or a fence)
 STOP = ["\ndef ", "\nclass ", "\nif __name__", "\nprint(", "\nassert ", "\n```", "\n#"]
@@ -150,9 +151,43 @@ def _mbpp(row: dict, file: str, line: int) -> CodeTask:
         raise bad_line(file, line, f"not an MBPP task: {error!r}") from None
 
 
+_ARITH = {  # difficulty -> (description, expression) templates over seeded integers a, b, c
+    "easy": ("returns {a} * x + {b}", "{a} * x + {b}"),
+    "medium": ("returns {a} * x * x + {b} * x + {c}", "{a} * x * x + {b} * x + {c}"),
+    "hard": ("returns {a} * x when x is even and {b} * x + {c} when x is odd",
+             "({a} * x if x % 2 == 0 else {b} * x + {c})"),
+}
+
+
+def arithmetic_tasks(level: str, n: int, *, seed: int = 0) -> list[CodeTask]:
+    """Generated code tasks of a controlled difficulty (``easy``, ``medium``, ``hard``):
+    ``f(x)`` computing a seeded arithmetic expression, five tests at fixed points, the first
+    one shown in the prompt and used as the probe (a regime where a small model has
+    headroom, issue 14)."""
+    if level not in _ARITH:
+        raise ValueError(f"arithmetic level must be one of {sorted(_ARITH)}, got {level!r}")
+    import random
+
+    rng = random.Random(f"{level}-{seed}")
+    words, expression = _ARITH[level]
+    tasks = []
+    for i in range(n):
+        values = {"a": rng.randint(2, 9), "b": rng.randint(1, 9), "c": rng.randint(1, 9)}
+        body = expression.format(**values)
+        tests = tuple(f"assert f({x}) == {eval(body, {'x': x})}" for x in (2, 3, 5, -4, 10))
+        prompt = (f'"""\nWrite a Python function f(x) that {words.format(**values)}.\n'
+                  f'Your code should pass this test:\n{tests[0]}\n"""\n')
+        tasks.append(CodeTask(f"arith-{level}/{i}", prompt, tests, tests[:1],
+                              f"def f(x):\n    return {body}\n", _calls(tests[:1])))
+    return tasks
+
+
 def load_code_tasks(dataset: str, *, n: int | None = None, offset: int = 0) -> list[CodeTask]:
     """The first ``n`` tasks from ``offset`` of ``humaneval`` or ``mbpp`` (through the data
-    registry)."""
+    registry), or of the generated ``arith:easy|medium|hard`` tasks."""
+    if dataset.startswith("arith:"):
+        tasks = arithmetic_tasks(dataset.split(":", 1)[1], offset + (n or 20))
+        return tasks[offset:]
     if dataset == "humaneval":
         file = data.path("humaneval", "HumanEval.jsonl.gz")
         with gzip.open(file, "rt", encoding="utf-8") as handle:
