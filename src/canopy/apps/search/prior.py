@@ -213,9 +213,9 @@ def log_prior(client: Any, dataset: str, *, n: int, offset: int = 0,
               **config: Any) -> list[LogRow]:
     """The prior-tree logs of ``n`` items of ``dataset`` from ``offset``: ``gsm8k`` (probe:
     the rollout's geometric-mean token probability, the guided search's cheap score; truth:
-    its answer is right), ``humaneval`` or ``mbpp`` (probe: the share of the partial tests a
-    rollout's program passes; truth: the share of all tests). ``config`` goes to
-    :func:`llm_tree`."""
+    its answer is right), ``humaneval``, ``mbpp`` or ``arith:<level>`` (probe: the share of
+    the partial tests a rollout's program passes; truth: the share of all tests).
+    ``config`` goes to :func:`llm_tree`."""
     from canopy import data
 
     rows: list[LogRow] = []
@@ -233,7 +233,7 @@ def log_prior(client: Any, dataset: str, *, n: int, offset: int = 0,
                              grade_answer, stop=_STOP, **config)
             if progress is not None:
                 progress(i + 1, len(items))
-    elif dataset in ("humaneval", "mbpp"):
+    elif dataset in ("humaneval", "mbpp") or dataset.startswith("arith:"):
         from canopy.apps.search.code import STOP, load_code_tasks, pass_rate, program
 
         tasks = load_code_tasks(dataset, n=n, offset=offset)
@@ -248,5 +248,6 @@ def log_prior(client: Any, dataset: str, *, n: int, offset: int = 0,
             if progress is not None:
                 progress(i + 1, len(tasks))
     else:
-        raise ValueError(f"dataset must be gsm8k, humaneval or mbpp, got {dataset!r}")
+        raise ValueError(f"dataset must be gsm8k, humaneval, mbpp or arith:<level>, got "
+                         f"{dataset!r}")
     return rows
