@@ -331,3 +331,20 @@ def test_the_cli_refuses_to_serve_without_keys(tmp_path):
                           timeout=120)
     assert done.returncode == 2
     assert done.stderr.count("\n") == 1 and "--insecure-no-auth" in done.stderr
+
+
+def test_ten_thousand_random_region_headers_leave_the_table_at_its_size(tmp_path, upstreams):
+    """Issue 12: 10,000 requests' region headers (random paths up to 4 levels), resolved and
+    routed by the proxy's own objects (in process: the HTTP path is the test above), leave
+    the region table at ``limits.max_regions``."""
+    import random
+
+    cfg = config(tmp_path, _urls(upstreams), limits={"max_regions": 64})
+    proxy = create_app(cfg).state.proxy
+    rng = random.Random(0)
+    body = {"messages": [{"role": "user", "content": "hi"}]}
+    for _ in range(10_000):
+        path = "/".join(f"r{rng.randrange(1000)}" for _ in range(rng.randint(1, 4)))
+        region = proxy.region({"X-Canopy-Region": path}, body)
+        proxy.router.ranking(region)
+    assert proxy.router.regions.n_nodes <= 64
