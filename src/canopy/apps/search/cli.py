@@ -33,6 +33,12 @@ search_app = typer.Typer(no_args_is_help=True, add_completion=False,
                          help="Test-time search: value-guided search against best-of-N.")
 
 _REPLAY_FILES = {"qwen25math_rm": "math_cot_100.jsonl"}
+Offset = Annotated[int, typer.Option("--offset", help="First item.")]
+LiveBudgets = Annotated[str, typer.Option("--budgets", help="Comma-separated budgets, in "
+                                          "generation calls per item.")]
+Methods = Annotated[str, typer.Option("--methods", help="Comma-separated methods.")]
+MaxTokens = Annotated[int, typer.Option("--max-tokens", help="Tokens per rollout.")]
+Temperature = Annotated[float, typer.Option("--temperature")]
 _COLUMNS = ["method", "budget", "accuracy [95% CI]", "delta [95% CI]", "calls",
             "reward_calls", "tokens"]
 
@@ -103,13 +109,11 @@ def run_command(
     base_url: BaseUrl = None,
     model: Model = None,
     n: Annotated[int, typer.Option("--n", help="GSM8K test questions.")] = 5,
-    offset: Annotated[int, typer.Option("--offset", help="First question.")] = 0,
-    budgets: Annotated[str, typer.Option("--budgets", help="Comma-separated budgets, in "
-                                         "generation calls per question.")] = "4,8",
-    methods: Annotated[str, typer.Option("--methods", help="Comma-separated methods.")] = (
-        "first,best_of_n,majority,weighted_vote,beam,value_guided"),
-    max_tokens: Annotated[int, typer.Option("--max-tokens", help="Tokens per rollout.")] = 192,
-    temperature: Annotated[float, typer.Option("--temperature")] = 0.8,
+    offset: Offset = 0,
+    budgets: LiveBudgets = "4,8",
+    methods: Methods = "first,best_of_n,majority,weighted_vote,beam,value_guided",
+    max_tokens: MaxTokens = 192,
+    temperature: Temperature = 0.8,
     seed: Seed = 0,
     cache_dir: CacheDir = None,
     timeout: Timeout = 120.0,
@@ -171,13 +175,11 @@ def code_command(
     base_url: BaseUrl = None,
     model: Model = None,
     n: Annotated[int, typer.Option("--n", help="Tasks.")] = 5,
-    offset: Annotated[int, typer.Option("--offset", help="First task.")] = 0,
-    budgets: Annotated[str, typer.Option("--budgets", help="Comma-separated budgets, in "
-                                         "generation calls per task.")] = "4,8",
-    methods: Annotated[str, typer.Option("--methods", help="Comma-separated methods.")] = (
-        "first,best_of_n,majority,value_guided"),
-    max_tokens: Annotated[int, typer.Option("--max-tokens", help="Tokens per rollout.")] = 256,
-    temperature: Annotated[float, typer.Option("--temperature")] = 0.8,
+    offset: Offset = 0,
+    budgets: LiveBudgets = "4,8",
+    methods: Methods = "first,best_of_n,majority,value_guided",
+    max_tokens: MaxTokens = 256,
+    temperature: Temperature = 0.8,
     seed: Seed = 0,
     cache_dir: CacheDir = None,
     timeout: Timeout = 120.0,
@@ -233,12 +235,12 @@ def prior_command(
     base_url: BaseUrl = None,
     model: Model = None,
     n: Annotated[int, typer.Option("--n", help="Questions or tasks.")] = 5,
-    offset: Annotated[int, typer.Option("--offset", help="First item.")] = 0,
+    offset: Offset = 0,
     branching: Annotated[int, typer.Option("--branching", help="Next lines per node.")] = 3,
     depth: Annotated[int, typer.Option("--depth", help="Levels below the root.")] = 2,
     rollouts: Annotated[int, typer.Option("--rollouts", help="Rollouts per node.")] = 2,
-    max_tokens: Annotated[int, typer.Option("--max-tokens", help="Tokens per rollout.")] = 192,
-    temperature: Annotated[float, typer.Option("--temperature")] = 0.8,
+    max_tokens: MaxTokens = 192,
+    temperature: Temperature = 0.8,
     seed: Seed = 0,
     cache_dir: CacheDir = None,
     timeout: Timeout = 120.0,

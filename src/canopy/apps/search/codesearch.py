@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from canopy.apps.search.budget import check_budgets
 from canopy.apps.search.code import STOP, CodeTask, outputs, pass_rate, program
 from canopy.apps.search.guided import value_guided
 from canopy.apps.search.live import LiveResult, SearchConfig, _mean_logprob
@@ -155,16 +156,8 @@ def run_code_search(client: LLMClient, tasks: Sequence[CodeTask], *, budgets: Se
         raise ValueError(f"unknown methods {unknown}; known: {list(CODE_METHODS)}")
     if not tasks:
         raise ValueError("no tasks")
-    checked = sorted({int(b) for b in budgets})
-    if not checked or checked[0] < 1:
-        raise ValueError(f"budgets must be whole numbers of calls >= 1, got {list(budgets)}")
-    shape = (len(checked), len(tasks))
-    result = LiveResult(tuple(checked), tuple(methods), len(tasks))
-    for method in methods:
-        result.correct[method] = np.full(shape, np.nan)
-        result.calls[method] = np.full(shape, np.nan)
-        result.tokens[method] = np.full(shape, np.nan)
-        result.answers[method] = [[None] * len(tasks) for _ in checked]
+    checked = sorted({int(b) for b in check_budgets(budgets, whole=True)})
+    result = LiveResult.empty(checked, methods, len(tasks))
     largest_counts: list[tuple[int, int]] = []
     for t, task in enumerate(tasks):
         grader = _Grader(task)

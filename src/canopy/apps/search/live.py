@@ -238,6 +238,17 @@ class LiveResult:
     completed: int = 0
     error: str | None = None
 
+    @classmethod
+    def empty(cls, budgets: Sequence[int], methods: Sequence[str], n: int) -> LiveResult:
+        """A result with every outcome still NaN (not reached)."""
+        result = cls(tuple(budgets), tuple(methods), n)
+        for method in methods:
+            result.correct[method] = np.full((len(budgets), n), np.nan)
+            result.calls[method] = np.full((len(budgets), n), np.nan)
+            result.tokens[method] = np.full((len(budgets), n), np.nan)
+            result.answers[method] = [[None] * n for _ in budgets]
+        return result
+
     def rows(self, *, reference: str = "best_of_n", n_resamples: int = 2000,
              seed: int = 0) -> list[dict[str, object]]:
         """Accuracy with bootstrap intervals over the completed questions, the paired gap to
@@ -280,13 +291,7 @@ def run_search(client: LLMClient, questions: Sequence[Question], *, budgets: Seq
     unknown = [m for m in methods if m not in LIVE_METHODS]
     if unknown:
         raise ValueError(f"unknown methods {unknown}; known: {list(LIVE_METHODS)}")
-    shape = (len(checked), len(questions))
-    result = LiveResult(tuple(checked), tuple(methods), len(questions))
-    for method in methods:
-        result.correct[method] = np.full(shape, np.nan)
-        result.calls[method] = np.full(shape, np.nan)
-        result.tokens[method] = np.full(shape, np.nan)
-        result.answers[method] = [[None] * len(questions) for _ in checked]
+    result = LiveResult.empty(checked, methods, len(questions))
     family = [m for m in methods if m in ("first", "best_of_n", "majority", "weighted_vote")]
     for q, question in enumerate(questions):
         try:

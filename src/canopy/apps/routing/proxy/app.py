@@ -307,13 +307,6 @@ class _Proxy:
             await self._record(request_id, region, model, cost, episode)
 
     # -- feedback ------------------------------------------------------------------------
-    @staticmethod
-    def _quality(value: Any, name: str) -> float | JSONResponse:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or \
-                not math.isfinite(value) or not 0.0 <= value <= 1.0:
-            return _error(422, f"'{name}' must be a number in [0, 1], got {value!r}")
-        return float(value)
-
     def _credit(self, records: list[RequestRecord], quality: float) -> JSONResponse | None:
         """Write every record's update in one transaction, then apply them in memory (in
         order: each plan reads the rows the previous one wrote)."""
@@ -338,16 +331,26 @@ class _Proxy:
             self.router.apply(planned)
         return None
 
+    @staticmethod
+    def _rating(body: Any, key: str, value_key: str) -> tuple[str, float] | JSONResponse:
+        """``(id, value)`` of a feedback body ``{key: str, value_key: number in [0, 1]}``,
+        or the 400/422 answer."""
+        if not isinstance(body, dict) or set(body) - {key, value_key}:
+            return _error(400, f"feedback must be {{'{key}': str, '{value_key}': number}}")
+        ident, value = body.get(key), body.get(value_key)
+        if not isinstance(ident, str) or not ident:
+            return _error(400, f"'{key}' must be a non-empty string")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+                not math.isfinite(value) or not 0.0 <= value <= 1.0:
+            return _error(422, f"'{value_key}' must be a number in [0, 1], got {value!r}")
+        return ident, float(value)
+
     def feedback(self, body: Any) -> JSONResponse | dict[str, Any]:
         """Runs in a worker thread (SQLite is off the event loop)."""
-        if not isinstance(body, dict) or set(body) - {"request_id", "quality"}:
-            return _error(400, "feedback must be {'request_id': str, 'quality': number}")
-        request_id = body.get("request_id")
-        if not isinstance(request_id, str) or not request_id:
-            return _error(400, "'request_id' must be a non-empty string")
-        quality = self._quality(body.get("quality"), "quality")
-        if isinstance(quality, JSONResponse):
-            return quality
+        rating = self._rating(body, "request_id", "quality")
+        if isinstance(rating, JSONResponse):
+            return rating
+        request_id, quality = rating
         window = self.config.limits.feedback_window_s
         with self.lock:
             record = self.state.request(request_id)
@@ -368,14 +371,10 @@ class _Proxy:
         """An episode's terminal reward, credited as the quality of every call of the
         episode not yet rated (paper Appendix E: each (region, model) pull of the episode
         gets the episode's outcome). Runs in a worker thread."""
-        if not isinstance(body, dict) or set(body) - {"episode_id", "reward"}:
-            return _error(400, "episode feedback must be {'episode_id': str, 'reward': number}")
-        episode = body.get("episode_id")
-        if not isinstance(episode, str) or not episode:
-            return _error(400, "'episode_id' must be a non-empty string")
-        reward = self._quality(body.get("reward"), "reward")
-        if isinstance(reward, JSONResponse):
-            return reward
+        rating = self._rating(body, "episode_id", "reward")
+        if isinstance(rating, JSONResponse):
+            return rating
+        episode, reward = rating
         oldest = time.time() - self.config.limits.feedback_window_s
         with self.lock:
             calls = self.state.episode(episode)
