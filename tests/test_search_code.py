@@ -46,6 +46,9 @@ def test_best_of_n_takes_the_probe_and_majority_the_largest_behaviour():
     assert picks["first"][0] == broken
     assert picks["best_of_n"][0] == wrong  # ties on the probe go to the higher likelihood
     assert picks["majority"][0] == broken  # three programs answer double(2) with None
+    crash = "def other(x):\n    return x\n"  # never defines double: no vote
+    picks, _ = _sampled(_Scripted([crash, crash, right, crash, wrong]), grader, 5)
+    assert picks["majority"][0] == right  # right and wrong agree on double(2): one cluster
     assert [grader.passes(p) for p in programs].count(True) == 1
     assert picks["best_of_n"][1:] == (5, 50) and picks["first"][1:] == (1, 10)
 

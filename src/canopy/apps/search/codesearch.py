@@ -6,7 +6,8 @@ Methods, each with ``B`` generation calls per task:
 - ``first``: one program; ``best_of_n``: ``B`` programs, the one passing the most partial
   tests (the probe; ties to the higher mean token log-probability); ``majority``: ``B``
   programs clustered by what they answer to the partial tests' calls, a program of the
-  largest cluster (ties to the cluster passing more partial tests);
+  largest cluster (ties to the cluster passing more partial tests; programs that raise on
+  every call cast no vote unless all do);
 - ``value_guided``: the core :class:`~canopy.policies.OptimisticDescent` over the prefix tree
   of the program (one line a step, indentation kept): a probe is a rollout scored by its
   partial-test pass rate, a leaf evaluation grades a complete program by all of the task's
@@ -117,6 +118,12 @@ class _Grader:
         """The leaf evaluation: 1 when the complete program passes every test."""
         return float(self.passes(done.answer))
 
+    def only_errors(self, behaviour: str) -> bool:
+        """Whether a behaviour is an exception on every call (a program that answers
+        nothing, e.g. one that never defines the function)."""
+        lines = behaviour.splitlines()
+        return bool(lines) and all(line.split(" ", 1)[-1].endswith("Error") for line in lines)
+
     def behaviour(self, source: str) -> str:
         if source not in self._outputs:
             self._outputs[source] = outputs(source, self.task.probe_inputs) \
@@ -135,6 +142,8 @@ def _sampled(session: _CodeSession, grader: _Grader, budget: int
     clusters: dict[str, list[int]] = {}
     for i, source in enumerate(programs):
         clusters.setdefault(grader.behaviour(source), []).append(i)
+    answering = {b: m for b, m in clusters.items() if not grader.only_errors(b)}
+    clusters = answering or clusters  # a program that answers nothing casts no vote
     largest = max(clusters.values(), key=lambda members: (
         len(members), grader.probe(programs[members[0]]), -members[0]))
     spent = session.tokens
