@@ -170,8 +170,8 @@ def run_command(
 
 @search_app.command("code")
 def code_command(
-    dataset: Annotated[str, typer.Option("--dataset", help="humaneval, mbpp or arith:easy|"
-                                         "medium|hard (generated).")] = "mbpp",
+    dataset: Annotated[str, typer.Option("--dataset", help="humaneval, mbpp or arith:trivial|"
+                                         "easy|medium|hard (generated).")] = "mbpp",
     base_url: BaseUrl = None,
     model: Model = None,
     n: Annotated[int, typer.Option("--n", help="Tasks.")] = 5,

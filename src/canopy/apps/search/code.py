@@ -152,6 +152,7 @@ def _mbpp(row: dict, file: str, line: int) -> CodeTask:
 
 
 _ARITH = {  # difficulty -> (description, expression) templates over seeded integers a, b, c
+    "trivial": ("returns x + {b}", "x + {b}"),
     "easy": ("returns {a} * x + {b}", "{a} * x + {b}"),
     "medium": ("returns {a} * x * x + {b} * x + {c}", "{a} * x * x + {b} * x + {c}"),
     "hard": ("returns {a} * x when x is even and {b} * x + {c} when x is odd",
@@ -160,7 +161,8 @@ _ARITH = {  # difficulty -> (description, expression) templates over seeded inte
 
 
 def arithmetic_tasks(level: str, n: int, *, seed: int = 0) -> list[CodeTask]:
-    """Generated code tasks of a controlled difficulty (``easy``, ``medium``, ``hard``):
+    """Generated code tasks of a controlled difficulty (``trivial``, ``easy``, ``medium``,
+    ``hard``):
     ``f(x)`` computing a seeded arithmetic expression, five tests at fixed points, the first
     one shown in the prompt and used as the probe (a regime where a small model has
     headroom, issue 14)."""
