@@ -180,6 +180,10 @@ def code_command(
     methods: Methods = "first,best_of_n,majority,value_guided",
     max_tokens: MaxTokens = 256,
     temperature: Temperature = 0.8,
+    branching: Annotated[int, typer.Option("--branching", help="value_guided: distinct next "
+                                           "lines per prefix.")] = 4,
+    depth: Annotated[int, typer.Option("--depth", help="value_guided: program lines at the "
+                                       "tree's leaves.")] = 2,
     seed: Seed = 0,
     cache_dir: CacheDir = None,
     timeout: Timeout = 120.0,
@@ -196,7 +200,8 @@ def code_command(
     try:
         chosen = parse_names(methods, CODE_METHODS, "--methods")
         budget_list = [int(b) for b in parse_budgets(budgets, whole=True)]
-        config = SearchConfig(max_tokens=max_tokens, temperature=temperature)
+        config = SearchConfig(max_tokens=max_tokens, temperature=temperature,
+                              branching=branching, max_depth=depth)
         tasks = load_code_tasks(dataset, n=n, offset=offset)
         with open_endpoint(base_url, model=model, cache_dir=cache_dir, timeout=timeout) as (
                 client, _), progress_bar("code search", len(tasks),

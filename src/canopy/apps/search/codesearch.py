@@ -11,7 +11,9 @@ Methods, each with ``B`` generation calls per task:
 - ``value_guided``: the core :class:`~canopy.policies.OptimisticDescent` over the prefix tree
   of the program (one line a step, indentation kept): a probe is a rollout scored by its
   partial-test pass rate, a leaf evaluation grades a complete program by all of the task's
-  tests (no generation call), as the paper's protocol has it.
+  tests (no generation call), as the paper's protocol has it. Programs are a few lines, so
+  the tree is wide and shallow (default 4 lines per prefix, 2 levels): a deep binary tree of
+  lines holds only a handful of distinct short programs.
 
 The answer of each method is graded by all of the task's tests (pass = every test passes).
 ``pass@k`` of the ``B`` best-of-N programs (the unbiased estimator of Chen et al., 2021) is
@@ -159,7 +161,7 @@ def run_code_search(client: LLMClient, tasks: Sequence[CodeTask], *, budgets: Se
     """Every method at every budget on every task; the per-task outcomes (a
     :class:`~canopy.apps.search.live.LiveResult`, correct = all tests pass) and pass@k of the
     best-of-N samples at the largest budget, for ``k`` = 1 and each budget."""
-    config = config or SearchConfig(max_tokens=256, step_tokens=48)
+    config = config or SearchConfig(max_tokens=256, step_tokens=48, branching=4, max_depth=2)
     unknown = [m for m in methods if m not in CODE_METHODS]
     if unknown:
         raise ValueError(f"unknown methods {unknown}; known: {list(CODE_METHODS)}")
