@@ -48,7 +48,7 @@ def _cell(value: object) -> str:
 
 def cli_error(error: Exception) -> typer.Exit:
     """Print ``error`` on stderr and return the exit (status 2) for the CLI to raise."""
-    Console(stderr=True).print(f"[red]error:[/red] {error}")
+    Console(stderr=True, soft_wrap=True).print(f"[red]error:[/red] {error}")
     return typer.Exit(2)
 
 

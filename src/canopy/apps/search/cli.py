@@ -254,13 +254,14 @@ def prior_command(
     """Measure the prior: probe-vs-truth correlation, edge-following hit rate (all and
     pivotal steps), value lost per step and the pivotal-step fraction (paper Table
     tab:reasoningtree), from a live run over a fully expanded prefix tree or from a log."""
-    from canopy.apps.search.prior import analyse, log_prior, read_log, write_log
+    from canopy.apps.search.prior import analyse, check_dataset, log_prior, read_log, write_log
     from canopy.llm.local import LocalServerError, open_endpoint
 
     try:
         if from_log is not None:
             rows = read_log(from_log)
         else:
+            check_dataset(dataset)
             config = {"branching": branching, "depth": depth, "rollouts": rollouts,
                       "max_tokens": max_tokens, "temperature": temperature, "seed": seed}
             with open_endpoint(base_url, model=model, cache_dir=cache_dir,

@@ -201,7 +201,8 @@ def load_code_tasks(dataset: str, *, n: int | None = None, offset: int = 0) -> l
         rows = list(data.jsonl_rows(file))
         parse = _mbpp
     else:
-        raise ValueError(f"unknown code dataset {dataset!r}; choose humaneval or mbpp")
+        raise ValueError(f"unknown code dataset {dataset!r}; choose humaneval, mbpp or "
+                         f"arith:<level> ({', '.join(_ARITH)})")
     chosen = rows[offset:] if n is None else rows[offset:offset + n]
     if not chosen:
         raise ValueError(f"{dataset}: no tasks at offset {offset}")

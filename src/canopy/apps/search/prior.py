@@ -36,8 +36,8 @@ from canopy.data import bad_line, jsonl_rows
 from canopy.stats import wilson_interval
 from canopy.validation import check_count
 
-__all__ = ["LogRow", "analyse", "expand_tree", "llm_tree", "log_prior", "read_log",
-           "write_log"]
+__all__ = ["LogRow", "analyse", "check_dataset", "expand_tree", "llm_tree", "log_prior",
+           "read_log", "write_log"]
 
 TAUS = (0.25, 0.5, 0.75)
 
@@ -208,6 +208,18 @@ def llm_tree(client: Any, tree: str, prompt: str, grade: Grade, *, stop: Sequenc
                        rollouts=rollouts)
 
 
+def check_dataset(dataset: str) -> str:
+    """``dataset`` if :func:`log_prior` can run it, else ``ValueError`` (before any call)."""
+    from canopy.apps.search.code import arithmetic_tasks
+
+    if dataset.startswith("arith:"):
+        arithmetic_tasks(dataset.split(":", 1)[1], 0)
+    elif dataset not in ("gsm8k", "humaneval", "mbpp"):
+        raise ValueError(f"dataset must be gsm8k, humaneval, mbpp or arith:<level>, got "
+                         f"{dataset!r}")
+    return dataset
+
+
 def log_prior(client: Any, dataset: str, *, n: int, offset: int = 0,
               progress: Callable[[int, int], None] | None = None,
               **config: Any) -> list[LogRow]:
@@ -218,6 +230,7 @@ def log_prior(client: Any, dataset: str, *, n: int, offset: int = 0,
     ``config`` goes to :func:`llm_tree`."""
     from canopy import data
 
+    check_dataset(dataset)
     rows: list[LogRow] = []
     if dataset == "gsm8k":
         from canopy.apps.search.gsm8k import extract_answer, is_correct, load_gsm8k, render_prompt
@@ -233,7 +246,7 @@ def log_prior(client: Any, dataset: str, *, n: int, offset: int = 0,
                              grade_answer, stop=_STOP, **config)
             if progress is not None:
                 progress(i + 1, len(items))
-    elif dataset in ("humaneval", "mbpp") or dataset.startswith("arith:"):
+    else:
         from canopy.apps.search.code import STOP, load_code_tasks, pass_rate, program
 
         tasks = load_code_tasks(dataset, n=n, offset=offset)
@@ -247,7 +260,4 @@ def log_prior(client: Any, dataset: str, *, n: int, offset: int = 0,
                              **config)
             if progress is not None:
                 progress(i + 1, len(tasks))
-    else:
-        raise ValueError(f"dataset must be gsm8k, humaneval, mbpp or arith:<level>, got "
-                         f"{dataset!r}")
     return rows
