@@ -63,6 +63,7 @@ MISSING_FILE = {
     "route replay": ["route", "replay", "--dataset", "missing.jsonl"],
     "serve router": ["serve", "router", "--config", "missing.json"],
     "cache replay": ["cache", "replay", "--trace", "missing.jsonl"],
+    "search prior": ["search", "prior", "--from-log", "missing.jsonl"],
 }
 
 
@@ -79,6 +80,8 @@ MISSING_DATA = {
     "run realtopk": ["run", "realtopk", "--quick", "--workers", "1"],
     "search run": ["search", "run", "--n", "1"],
     "trim run": ["trim", "run", "--n", "1"],
+    "search code": ["search", "code", "--dataset", "mbpp", "--n", "1"],
+    "search prior": ["search", "prior", "--dataset", "humaneval", "--n", "1"],
 }
 
 

@@ -114,12 +114,13 @@ def test_canonical_programs_pass_and_broken_ones_fail(data_file):
 
 def test_a_short_live_prior_run(tmp_path, llm_server, data_file):
     data_file("mbpp", "mbpp.jsonl")
-    from canopy.apps.search.prior import log_prior
+    from canopy.apps.search.prior import log_prior, prior_items
     from canopy.llm import LLMClient
 
     client = LLMClient(llm_server.base_url, model=llm_server.model, api_key_env=None,
                        timeout=120.0, cache_dir=tmp_path / "cache")
-    rows = log_prior(client, "mbpp", n=1, branching=2, depth=1, rollouts=1, max_tokens=48)
+    rows = log_prior(client, "mbpp", prior_items("mbpp", n=1), branching=2, depth=1,
+                     rollouts=1, max_tokens=48)
     client.close()
     assert {row.depth for row in rows} <= {0, 1} and len({row.node for row in rows}) >= 2
     assert all(0 <= row.probe <= 1 and 0 <= row.truth <= 1 for row in rows)

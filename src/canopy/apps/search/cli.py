@@ -254,21 +254,20 @@ def prior_command(
     """Measure the prior: probe-vs-truth correlation, edge-following hit rate (all and
     pivotal steps), value lost per step and the pivotal-step fraction (paper Table
     tab:reasoningtree), from a live run over a fully expanded prefix tree or from a log."""
-    from canopy.apps.search.prior import analyse, check_dataset, log_prior, read_log, write_log
+    from canopy.apps.search.prior import analyse, log_prior, prior_items, read_log, write_log
     from canopy.llm.local import LocalServerError, open_endpoint
 
     try:
         if from_log is not None:
             rows = read_log(from_log)
         else:
-            check_dataset(dataset)
+            items = prior_items(dataset, n=n, offset=offset)
             config = {"branching": branching, "depth": depth, "rollouts": rollouts,
                       "max_tokens": max_tokens, "temperature": temperature, "seed": seed}
             with open_endpoint(base_url, model=model, cache_dir=cache_dir,
                                timeout=timeout) as (client, _), \
-                    progress_bar("prior trees", n, enabled=not as_json) as update:
-                rows = log_prior(client, dataset, n=n, offset=offset, progress=update,
-                                 **config)
+                    progress_bar("prior trees", len(items), enabled=not as_json) as update:
+                rows = log_prior(client, dataset, items, progress=update, **config)
             if log is not None:
                 write_log(rows, log)
         result = analyse(rows)

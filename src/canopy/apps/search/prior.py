@@ -36,7 +36,7 @@ from canopy.data import bad_line, jsonl_rows
 from canopy.stats import wilson_interval
 from canopy.validation import check_count
 
-__all__ = ["LogRow", "analyse", "check_dataset", "expand_tree", "llm_tree", "log_prior",
+__all__ = ["LogRow", "analyse", "expand_tree", "llm_tree", "log_prior", "prior_items",
            "read_log", "write_log"]
 
 TAUS = (0.25, 0.5, 0.75)
@@ -208,56 +208,52 @@ def llm_tree(client: Any, tree: str, prompt: str, grade: Grade, *, stop: Sequenc
                        rollouts=rollouts)
 
 
-def check_dataset(dataset: str) -> str:
-    """``dataset`` if :func:`log_prior` can run it, else ``ValueError`` (before any call)."""
-    from canopy.apps.search.code import arithmetic_tasks
+def prior_items(dataset: str, *, n: int, offset: int = 0) -> list[Any]:
+    """The questions (``gsm8k``) or code tasks (``humaneval``, ``mbpp``, ``arith:<level>``)
+    :func:`log_prior` runs on, loaded before any call (a missing data set fails first)."""
+    if dataset == "gsm8k":
+        from canopy import data
+        from canopy.apps.search.gsm8k import load_gsm8k
 
-    if dataset.startswith("arith:"):
-        arithmetic_tasks(dataset.split(":", 1)[1], 0)
-    elif dataset not in ("gsm8k", "humaneval", "mbpp"):
-        raise ValueError(f"dataset must be gsm8k, humaneval, mbpp or arith:<level>, got "
-                         f"{dataset!r}")
-    return dataset
+        return load_gsm8k(data.path("gsm8k", "test.jsonl"), n=n, offset=offset)
+    if dataset in ("humaneval", "mbpp") or dataset.startswith("arith:"):
+        from canopy.apps.search.code import load_code_tasks
+
+        return load_code_tasks(dataset, n=n, offset=offset)
+    raise ValueError(f"dataset must be gsm8k, humaneval, mbpp or arith:<level>, got "
+                     f"{dataset!r}")
 
 
-def log_prior(client: Any, dataset: str, *, n: int, offset: int = 0,
+def log_prior(client: Any, dataset: str, items: Sequence[Any], *,
               progress: Callable[[int, int], None] | None = None,
               **config: Any) -> list[LogRow]:
-    """The prior-tree logs of ``n`` items of ``dataset`` from ``offset``: ``gsm8k`` (probe:
-    the rollout's geometric-mean token probability, the guided search's cheap score; truth:
-    its answer is right), ``humaneval``, ``mbpp`` or ``arith:<level>`` (probe: the share of
-    the partial tests a rollout's program passes; truth: the share of all tests).
-    ``config`` goes to :func:`llm_tree`."""
-    from canopy import data
-
-    check_dataset(dataset)
+    """The prior-tree logs of ``items`` (from :func:`prior_items`): ``gsm8k`` (probe: the
+    rollout's geometric-mean token probability, the guided search's cheap score; truth: its
+    answer is right), ``humaneval``, ``mbpp`` or ``arith:<level>`` (probe: the share of the
+    partial tests a rollout's program passes; truth: the share of all tests). ``config``
+    goes to :func:`llm_tree`."""
     rows: list[LogRow] = []
-    if dataset == "gsm8k":
-        from canopy.apps.search.gsm8k import extract_answer, is_correct, load_gsm8k, render_prompt
-        from canopy.apps.search.live import _STOP
+    for i, item in enumerate(items):
+        if dataset == "gsm8k":
+            from canopy.apps.search.gsm8k import extract_answer, is_correct, render_prompt
+            from canopy.apps.search.live import _STOP
 
-        items = load_gsm8k(data.path("gsm8k", "test.jsonl"), n=n, offset=offset)
-        for i, question in enumerate(items):
-            def grade_answer(text: str, logprob: float, q: Any = question
+            def grade_answer(text: str, logprob: float, q: Any = item
                              ) -> tuple[float, float]:
                 return math.exp(logprob), float(is_correct(extract_answer(text), q))
 
-            rows += llm_tree(client, f"gsm8k/{offset + i}", render_prompt(question.text),
-                             grade_answer, stop=_STOP, **config)
-            if progress is not None:
-                progress(i + 1, len(items))
-    else:
-        from canopy.apps.search.code import STOP, load_code_tasks, pass_rate, program
+            rows += llm_tree(client, f"gsm8k/{i}", render_prompt(item.text), grade_answer,
+                             stop=_STOP, **config)
+        else:
+            from canopy.apps.search.code import STOP, pass_rate, program
 
-        tasks = load_code_tasks(dataset, n=n, offset=offset)
-        for i, task in enumerate(tasks):
-            def grade_program(text: str, logprob: float, t: Any = task
+            def grade_program(text: str, logprob: float, t: Any = item
                               ) -> tuple[float, float]:
                 source = program(t, text)
                 return pass_rate(source, t.probe_tests), pass_rate(source, t.tests)
 
-            rows += llm_tree(client, task.task_id, task.prompt, grade_program, stop=STOP,
+            rows += llm_tree(client, item.task_id, item.prompt, grade_program, stop=STOP,
                              **config)
-            if progress is not None:
-                progress(i + 1, len(tasks))
+        if progress is not None:
+            progress(i + 1, len(items))
     return rows
