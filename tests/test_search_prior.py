@@ -126,3 +126,17 @@ def test_a_short_live_prior_run(tmp_path, llm_server, data_file):
     assert all(0 <= row.probe <= 1 and 0 <= row.truth <= 1 for row in rows)
     write_log(rows, tmp_path / "log.jsonl")
     assert analyse(read_log(tmp_path / "log.jsonl"))["nodes"] == len({r.node for r in rows})
+
+
+def test_bbh_items_come_with_their_few_shot_prompt(data_file):
+    data_file("bbh", "bbh/navigate.json")
+    from canopy.apps.search.prior import prior_items
+    from canopy.tasks.bbh import cot_prompt
+
+    items = prior_items("bbh:navigate", n=2, offset=1)
+    assert len(items) == 2
+    fewshot, item = items[0]
+    prompt = cot_prompt(fewshot, item.question)
+    assert prompt.count("Q: ") == len(fewshot.shots) + 1 and prompt.endswith("step by step.\n")
+    with pytest.raises(ValueError, match="unknown BBH task"):
+        prior_items("bbh:no_such_task", n=1)

@@ -14,7 +14,6 @@ from canopy.apps.trim.bandit import (
     regional_bandit,
     trim_outcomes,
 )
-from canopy.apps.trim.bbh import Item, grade, load_task, parse_cot_prompt
 from canopy.apps.trim.run import TrimRun, summarise
 from canopy.apps.trim.trimmers import (
     approx_tokens,
@@ -25,6 +24,7 @@ from canopy.apps.trim.trimmers import (
     select_chunks,
 )
 from canopy.cli import app
+from canopy.tasks.bbh import Item, grade, load_task, parse_cot_prompt
 
 TEXT = " ".join(f"word{i}" for i in range(200))
 

@@ -12,8 +12,8 @@ import sys
 
 import pytest
 
-from canopy.apps.trim.bbh import FewShotPrompt, Shot
 from canopy.apps.trim.trimmers import LLMLinguaTrimmer, approx_tokens, render_query
+from canopy.tasks.bbh import FewShotPrompt, Shot
 
 PROMPT = FewShotPrompt(
     "Answer the question about sports.",

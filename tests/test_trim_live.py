@@ -8,10 +8,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from canopy.apps.trim.bbh import Item, load_task, parse_cot_prompt
 from canopy.apps.trim.run import collect, summarise
 from canopy.apps.trim.trimmers import default_levels
 from canopy.llm import LLMClient
+from canopy.tasks.bbh import Item, load_task, parse_cot_prompt
 
 
 @pytest.mark.live

@@ -230,8 +230,8 @@ def code_command(
 
 @search_app.command("prior")
 def prior_command(
-    dataset: Annotated[str, typer.Option("--dataset", help="gsm8k, humaneval, mbpp or "
-                                         "arith:easy|medium|hard.")] = "gsm8k",
+    dataset: Annotated[str, typer.Option("--dataset", help="gsm8k, bbh:TASK, humaneval, mbpp "
+                                         "or arith:trivial|easy|medium|hard.")] = "gsm8k",
     from_log: Annotated[str | None, typer.Option("--from-log", help="Analyse this log "
                                                  "(JSONL) instead of running.")] = None,
     log: Annotated[str | None, typer.Option("--log", help="Write the run's log here "

@@ -209,19 +209,27 @@ def llm_tree(client: Any, tree: str, prompt: str, grade: Grade, *, stop: Sequenc
 
 
 def prior_items(dataset: str, *, n: int, offset: int = 0) -> list[Any]:
-    """The questions (``gsm8k``) or code tasks (``humaneval``, ``mbpp``, ``arith:<level>``)
-    :func:`log_prior` runs on, loaded before any call (a missing data set fails first)."""
+    """The questions (``gsm8k``, ``bbh:<task>``) or code tasks (``humaneval``, ``mbpp``,
+    ``arith:<level>``) :func:`log_prior` runs on, loaded before any call (a missing data set
+    fails first)."""
     if dataset == "gsm8k":
         from canopy import data
         from canopy.apps.search.gsm8k import load_gsm8k
 
         return load_gsm8k(data.path("gsm8k", "test.jsonl"), n=n, offset=offset)
+    if dataset.startswith("bbh:"):
+        from canopy import data
+        from canopy.tasks.bbh import load_task
+
+        fewshot, questions = load_task(data.path("bbh"), dataset.split(":", 1)[1], n=n,
+                                       offset=offset)
+        return [(fewshot, item) for item in questions]
     if dataset in ("humaneval", "mbpp") or dataset.startswith("arith:"):
         from canopy.apps.search.code import load_code_tasks
 
         return load_code_tasks(dataset, n=n, offset=offset)
-    raise ValueError(f"dataset must be gsm8k, humaneval, mbpp or arith:<level>, got "
-                     f"{dataset!r}")
+    raise ValueError(f"dataset must be gsm8k, bbh:<task>, humaneval, mbpp or arith:<level>, "
+                     f"got {dataset!r}")
 
 
 def log_prior(client: Any, dataset: str, items: Sequence[Any], *,
@@ -229,7 +237,8 @@ def log_prior(client: Any, dataset: str, items: Sequence[Any], *,
               **config: Any) -> list[LogRow]:
     """The prior-tree logs of ``items`` (from :func:`prior_items`): ``gsm8k`` (probe: the
     rollout's geometric-mean token probability, the guided search's cheap score; truth: its
-    answer is right), ``humaneval``, ``mbpp`` or ``arith:<level>`` (probe: the share of the
+    answer is right; ``bbh:<task>`` alike, with the task's 3-shot chain-of-thought prompt),
+    ``humaneval``, ``mbpp`` or ``arith:<level>`` (probe: the share of the
     partial tests a rollout's program passes; truth: the share of all tests). ``config``
     goes to :func:`llm_tree`."""
     rows: list[LogRow] = []
@@ -244,6 +253,17 @@ def log_prior(client: Any, dataset: str, items: Sequence[Any], *,
 
             rows += llm_tree(client, f"gsm8k/{i}", render_prompt(item.text), grade_answer,
                              stop=_STOP, **config)
+        elif dataset.startswith("bbh:"):
+            from canopy.tasks.bbh import cot_prompt, grade
+
+            fewshot, question = item
+
+            def grade_reasoning(text: str, logprob: float, q: Any = question
+                                ) -> tuple[float, float]:
+                return math.exp(logprob), float(grade(text, q))
+
+            rows += llm_tree(client, f"{dataset}/{i}", cot_prompt(fewshot, question.question),
+                             grade_reasoning, stop=["\n\nQ:", "\nQ:"], **config)
         else:
             from canopy.apps.search.code import STOP, pass_rate, program
 

@@ -72,11 +72,11 @@ def run_command(
     """Collect every trim level's answer on BBH items, then compare the regional bandit
     with every fixed trim level (at matched tokens) and the per-task and per-item oracles."""
     from canopy import data
-    from canopy.apps.trim.bbh import load_task
     from canopy.apps.trim.run import collect, summarise
     from canopy.apps.trim.trimmers import default_levels
     from canopy.llm.local import LocalServerError, open_endpoint
     from canopy.regional.router import RegionalRouter
+    from canopy.tasks.bbh import load_task
 
     console = Console(stderr=True)
     try:

@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from canopy.apps.trim.bandit import category_oracle, oracle, regional_bandit, trim_outcomes
-from canopy.apps.trim.bbh import FewShotPrompt, Item, grade
 from canopy.apps.trim.trimmers import TrimLevel, approx_tokens, render_query
 from canopy.bootstrap import bootstrap_mean, paired_bootstrap
 from canopy.llm.client import LLMClient, LLMError
+from canopy.tasks.bbh import FewShotPrompt, Item, grade
 
 __all__ = ["TrimRun", "collect", "summarise"]
 

@@ -21,7 +21,7 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from canopy.apps.trim.bbh import FewShotPrompt
+from canopy.tasks.bbh import FewShotPrompt
 
 __all__ = [
     "LLMLinguaTrimmer",

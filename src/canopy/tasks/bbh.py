@@ -1,6 +1,6 @@
-"""BIG-Bench Hard few-shot prompts for trimming: each task's 3-shot chain-of-thought prompt
-split into an instruction and its shots, the task's examples, answer extraction and exact-match
-grading."""
+"""BIG-Bench Hard few-shot prompts (prompt trimming, the search prior): each task's 3-shot
+chain-of-thought prompt split into an instruction and its shots, the task's examples, answer
+extraction and exact-match grading."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["FewShotPrompt", "Item", "Shot", "extract_answer", "grade", "load_task",
-           "parse_cot_prompt"]
+__all__ = ["FewShotPrompt", "Item", "Shot", "cot_prompt", "extract_answer", "grade",
+           "load_task", "parse_cot_prompt"]
 
 _ANSWER = re.compile(r"answer is\s*(.+?)(?:\.\s|\.$|\n|$)", re.IGNORECASE)
 
@@ -88,6 +88,14 @@ def load_task(folder: str | Path, task: str, *, n: int | None = None,
         raise ValueError(f"{task_file} is not a BBH task file: {error!r}") from None
     stop = None if n is None else offset + n
     return prompt, items[offset:stop]
+
+
+def cot_prompt(prompt: FewShotPrompt, question: str) -> str:
+    """The whole few-shot chain-of-thought prompt for ``question``, ending where the model's
+    reasoning starts."""
+    shots = "\n\n".join(shot.render() for shot in prompt.shots)
+    head = f"{prompt.instruction}\n\n" if prompt.instruction else ""
+    return f"{head}{shots}\n\nQ: {question}\nA: Let's think step by step.\n"
 
 
 def _normalise(text: str) -> str:
