@@ -79,8 +79,9 @@ def value_guided(session: Sampler, *, probe_score: Callable[[_Sample], float] | 
 
     By default a probe scores a rollout by its geometric-mean token probability and a leaf
     is graded by agreement; ``probe_score`` and ``leaf_value`` replace them (code search:
-    the partial and the full tests, no extra calls), and ``code`` keeps indentation and lets
-    only finished rollouts end an answer."""
+    the partial and the full tests, no extra calls), and ``code`` keeps indentation, lets
+    only finished rollouts end an answer, and answers with the best-probed program rather
+    than a plurality of texts."""
     config = session.config
     shape = PrefixTree(arity=config.branching, depth=config.max_depth,
                        step_tries=config.step_tries, keep_indent=code,
@@ -115,7 +116,7 @@ def value_guided(session: Sampler, *, probe_score: Callable[[_Sample], float] | 
                     query.kind == "leaf" else _value(query, done, rollout, agreement))
         if query.kind == "leaf":
             leaf_answers[node] = done
-    return _answer(shape, policy)
+    return _answer(shape, policy, by_score=code)
 
 
 def _value(query: Query, done: Completion, rollout: Callable[[str], Completion],
@@ -127,10 +128,16 @@ def _value(query: Query, done: Completion, rollout: Callable[[str], Completion],
     return sum(rollout("").answer == done.answer for _ in range(agreement)) / agreement
 
 
-def _answer(shape: PrefixTree, policy: OptimisticDescent) -> str | None:
+def _answer(shape: PrefixTree, policy: OptimisticDescent, *, by_score: bool = False
+            ) -> str | None:
+    """The answer at the recommended leaf's deepest materialised node: the plurality of the
+    complete answers through it, or with ``by_score`` (programs, whose texts rarely repeat)
+    the one with the best probe score (the earliest on ties)."""
     leaf = int(shape.tree.leaf_node[int(policy.recommend(1)[0])])
     for node in shape.tree.path_to_root(leaf):  # deepest first
         prefix = shape.prefix(node)
-        if prefix is not None and shape.through(prefix):
+        if prefix is not None and (candidates := shape.through(prefix)):
+            if by_score:
+                return max(candidates, key=lambda done: done.score).answer
             return shape.plurality(prefix)
     return None
