@@ -22,19 +22,18 @@ the reachability reference: what any selector among those samples could reach.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
 from canopy.apps.search.budget import check_budgets
 from canopy.apps.search.code import STOP, CodeTask, outputs, pass_rate, program
 from canopy.apps.search.guided import value_guided
-from canopy.apps.search.live import LiveResult, SearchConfig, _mean_logprob
+from canopy.apps.search.live import LiveResult, SearchConfig, _Sample, _Session
 from canopy.apps.search.prefix_tree import Completion
 from canopy.llm.client import LLMClient, LLMError
-from canopy.problem import Ledger
 
 __all__ = ["CODE_METHODS", "pass_at_k", "run_code_search"]
 
@@ -50,45 +49,11 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - math.comb(n - c, k) / math.comb(n, k)
 
 
-@dataclass(frozen=True)
-class _Sample:
-    text: str
-    logprob: float
-    answer: str | None  # the program this rollout makes
-    tokens: int
-
-
-class _CodeSession:
-    """One task under one budget: rollouts complete the program, steps add one line; every
-    call is charged to the ledger (the :class:`~canopy.apps.search.guided.Sampler` form)."""
-
-    def __init__(self, client: LLMClient, config: SearchConfig, task: CodeTask,
-                 budget: float, seed: int) -> None:
-        self.client, self.config, self.task, self.seed = client, config, task, seed
-        self.ledger = Ledger(budget)
-        self.tokens = 0
-
-    def _call(self, prefix: str, *, kind: str, seed: int, max_tokens: int,
-              stop: list[str]) -> _Sample:
-        self.ledger.charge("leaf" if kind == "rollout" else "probe", 1.0)
-        reply = self.client.complete(self.task.prompt + prefix, max_tokens=max_tokens,
-                                     temperature=self.config.temperature,
-                                     seed=self.seed + seed, stop=stop, logprobs=1)
-        self.tokens += reply.total_tokens
-        return _Sample(reply.text, _mean_logprob(reply.raw),
-                       program(self.task, prefix + reply.text), reply.total_tokens)
-
-    def rollout(self, prefix: str, seed: int) -> _Sample:
-        return self._call(prefix, kind="rollout", seed=seed, max_tokens=self.config.max_tokens,
-                          stop=STOP)
-
-    def step(self, prefix: str, seed: int) -> _Sample:
-        return self._call(prefix, kind="step", seed=seed, max_tokens=self.config.step_tokens,
-                          stop=["\n", *STOP])
-
-    @property
-    def calls(self) -> int:
-        return self.ledger.n_probes + self.ledger.n_leaves
+def _session(client: LLMClient, config: SearchConfig, task: CodeTask, budget: float,
+             seed: int) -> _Session:
+    """A live session on one task: rollouts complete the program, steps add one line."""
+    return _Session(client, config, task.prompt, budget, seed,
+                    answer_of=functools.partial(program, task), stop=STOP)
 
 
 class _Grader:
@@ -133,7 +98,7 @@ class _Grader:
         return self._outputs[source]
 
 
-def _sampled(session: _CodeSession, grader: _Grader, budget: int
+def _sampled(session: _Session, grader: _Grader, budget: int
              ) -> tuple[dict[str, tuple[str | None, int, int]], list[str]]:
     """``first``, ``best_of_n`` and ``majority`` (answer, calls, tokens) on one shared set
     of ``budget`` rollouts, and the programs sampled."""
@@ -174,12 +139,12 @@ def run_code_search(client: LLMClient, tasks: Sequence[CodeTask], *, budgets: Se
         grader = _Grader(task)
         try:
             for b, budget in enumerate(checked):
-                session = _CodeSession(client, config, task, budget, seed)
+                session = _session(client, config, task, budget, seed)
                 outcome, programs = _sampled(session, grader, budget)
                 if b == len(checked) - 1:
                     largest_counts.append((len(programs), sum(map(grader.passes, programs))))
                 if "value_guided" in methods:
-                    guided = _CodeSession(client, config, task, budget, seed)
+                    guided = _session(client, config, task, budget, seed)
                     answer = value_guided(guided, probe_score=grader.probe_sample,
                                           leaf_value=grader.grade, code=True)
                     outcome["value_guided"] = (answer, guided.calls, guided.tokens)

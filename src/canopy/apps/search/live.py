@@ -102,14 +102,16 @@ class _Sample:
 
 
 class _Session:
-    """One question under one budget: every call goes through here and is charged to a
-    :class:`~canopy.problem.Ledger` (rollouts as leaf evaluations, steps as probes)."""
+    """One question (or code task) under one budget: every call goes through here and is
+    charged to a :class:`~canopy.problem.Ledger` (rollouts as leaf evaluations, steps as
+    probes); ``answer_of`` reads the answer of a complete text (GSM8K's number, or the
+    program a completion makes)."""
 
-    def __init__(self, client: LLMClient, config: SearchConfig, question: Question,
-                 budget: float, seed: int) -> None:
-        self.client, self.config, self.seed = client, config, seed
-        self.prompt = render_prompt(question.text, template=config.template,
-                                    system=config.system)
+    def __init__(self, client: LLMClient, config: SearchConfig, prompt: str, budget: float,
+                 seed: int, *, answer_of: Callable[[str], str | None] = extract_answer,
+                 stop: Sequence[str] = _STOP) -> None:
+        self.client, self.config, self.seed, self.prompt = client, config, seed, prompt
+        self.answer_of, self.stop = answer_of, list(stop)
         self.ledger = Ledger(budget)
         self.prompt_tokens = 0
         self.completion_tokens = 0
@@ -123,15 +125,19 @@ class _Session:
         self.prompt_tokens += response.prompt_tokens
         self.completion_tokens += response.completion_tokens
         return _Sample(response.text, _mean_logprob(response.raw),
-                       extract_answer(prefix + response.text), response.total_tokens)
+                       self.answer_of(prefix + response.text), response.total_tokens)
 
     def rollout(self, prefix: str, seed: int) -> _Sample:
         return self._call(prefix, kind="rollout", seed=seed,
-                          max_tokens=self.config.max_tokens, stop=_STOP)
+                          max_tokens=self.config.max_tokens, stop=self.stop)
 
     def step(self, prefix: str, seed: int) -> _Sample:
         return self._call(prefix, kind="step", seed=seed, max_tokens=self.config.step_tokens,
-                          stop=["\n", *_STOP])
+                          stop=["\n", *self.stop])
+
+    @property
+    def tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
 
     @property
     def calls(self) -> int:
@@ -314,16 +320,16 @@ def _one_question(client: LLMClient, question: Question, budgets: Sequence[int],
                   methods: Sequence[str], family: Sequence[str], config: SearchConfig,
                   seed: int) -> dict[tuple[str, int], tuple[str | None, int, int]]:
     outcomes: dict[tuple[str, int], tuple[str | None, int, int]] = {}
+    prompt = render_prompt(question.text, template=config.template, system=config.system)
     for b, budget in enumerate(budgets):
         if family:
-            session = _Session(client, config, question, budget, seed)
+            session = _Session(client, config, prompt, budget, seed)
             picks = _best_of_n_family(session, budget)
             for method in family:
                 outcomes[method, b] = picks[method]
         for method, search in (("beam", _beam), ("value_guided", value_guided)):
             if method in methods:
-                session = _Session(client, config, question, budget, seed)
+                session = _Session(client, config, prompt, budget, seed)
                 answer = search(session)
-                outcomes[method, b] = (answer, session.calls,
-                                       session.prompt_tokens + session.completion_tokens)
+                outcomes[method, b] = (answer, session.calls, session.tokens)
     return outcomes
