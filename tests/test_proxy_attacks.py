@@ -43,18 +43,6 @@ def config(tmp_path, urls, *, timeout_s=10.0, **extra) -> ProxyConfig:
     return ProxyConfig.from_mapping(data, base=tmp_path)
 
 
-@pytest.fixture
-def upstreams():
-    servers = [ScriptedServer().start(), ScriptedServer().start()]
-    for number, server in enumerate(servers):
-        server.routes["/v1/chat/completions"] = (
-            lambda _, n=number: (200, chat_body(f"answer {n}", prompt_tokens=10,
-                                                completion_tokens=2), 0.0))
-    yield servers
-    for server in servers:
-        server.close()
-
-
 def _urls(servers) -> list[str]:
     return [s.url("/v1") for s in servers]
 

@@ -45,18 +45,6 @@ def keys(monkeypatch):
     monkeypatch.setenv("TEST_CANOPY_ADMIN_KEY", ADMIN_KEY)
 
 
-@pytest.fixture
-def upstreams():
-    servers = [ScriptedServer().start(), ScriptedServer().start()]
-    for number, server in enumerate(servers):
-        server.routes["/v1/chat/completions"] = (
-            lambda _, n=number: (200, chat_body(f"answer {n}", prompt_tokens=10,
-                                                completion_tokens=2), 0.0))
-    yield servers
-    for server in servers:
-        server.close()
-
-
 def test_config_refuses_unpriced_models_and_bad_fields(tmp_path):
     with pytest.raises(KeyError, match="no price for model 'small'"):
         ProxyConfig.from_mapping({"upstreams": [{"model": "small", "base_url": "http://x"}],

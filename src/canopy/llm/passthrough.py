@@ -9,10 +9,11 @@ on ``httpx.AsyncClient``, reusing the client's error classes, response parsing a
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import httpx
@@ -63,23 +64,14 @@ class AsyncPassthrough:
             raise ValueError("stream=True is not supported by the pass-through")
         url = f"{self.base_url}/chat/completions"
         payload = {**body, "model": self.model}
-        key = os.environ.get(self.api_key_env) if self.api_key_env else None
-        headers = {"Authorization": f"Bearer {key}"} if key else {}
         try:
-            response = await self._http.post(url, json=payload, headers=headers,
-                                             timeout=httpx.Timeout(timeout))
+            with self._transport_errors(url, timeout):
+                response = await self._http.post(url, json=payload, headers=self._headers(),
+                                                 timeout=httpx.Timeout(timeout))
             if response.status_code >= 400:
                 raise LLMServerError(f"POST {url} returned HTTP {response.status_code}: "
                                      f"{response.text[:300]!r}", response.status_code)
             result = _parse("chat/completions", _json_body(url, response), cached=False)
-        except httpx.TimeoutException as error:
-            self._count_error()
-            raise LLMTimeoutError(f"POST {url} timed out after {timeout:.3g} s: {error}"
-                                  ) from None
-        except httpx.TransportError as error:
-            self._count_error()
-            raise LLMConnectionError(f"cannot reach {url}: {str(error) or type(error).__name__}"
-                                     ) from None
         except (LLMServerError, LLMResponseError):
             self._count_error()
             raise
@@ -99,20 +91,10 @@ class AsyncPassthrough:
         options = dict(body.get("stream_options") or {})
         payload = {**body, "model": self.model, "stream": True,
                    "stream_options": {**options, "include_usage": True}}
-        key = os.environ.get(self.api_key_env) if self.api_key_env else None
-        headers = {"Authorization": f"Bearer {key}"} if key else {}
-        request = self._http.build_request("POST", url, json=payload, headers=headers,
+        request = self._http.build_request("POST", url, json=payload, headers=self._headers(),
                                            timeout=httpx.Timeout(timeout))
-        try:
+        with self._transport_errors(url, timeout):
             response = await self._http.send(request, stream=True)
-        except httpx.TimeoutException as error:
-            self._count_error()
-            raise LLMTimeoutError(f"POST {url} timed out after {timeout:.3g} s: {error}"
-                                  ) from None
-        except httpx.TransportError as error:
-            self._count_error()
-            raise LLMConnectionError(f"cannot reach {url}: {str(error) or type(error).__name__}"
-                                     ) from None
         if response.status_code >= 400:
             text = (await response.aread())[:300]
             await response.aclose()
@@ -122,6 +104,24 @@ class AsyncPassthrough:
         with self._lock:
             self.usage.calls += 1
         return response
+
+    def _headers(self) -> dict[str, str]:
+        key = os.environ.get(self.api_key_env) if self.api_key_env else None
+        return {"Authorization": f"Bearer {key}"} if key else {}
+
+    @contextlib.contextmanager
+    def _transport_errors(self, url: str, timeout: float) -> Iterator[None]:
+        """httpx's timeouts and transport failures as the client's errors (counted)."""
+        try:
+            yield
+        except httpx.TimeoutException as error:
+            self._count_error()
+            raise LLMTimeoutError(f"POST {url} timed out after {timeout:.3g} s: {error}"
+                                  ) from None
+        except httpx.TransportError as error:
+            self._count_error()
+            raise LLMConnectionError(f"cannot reach {url}: {str(error) or type(error).__name__}"
+                                     ) from None
 
     def _count_error(self) -> None:
         with self._lock:
