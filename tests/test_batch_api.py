@@ -100,3 +100,11 @@ def test_a_batch_holds_one_kind_and_a_lazy_tree_gets_cell_pairs():
         policy.tell_batch(batch, [float(np.clip(problem.probe(node, rng), 0, 1))
                                   for node in batch.nodes.tolist()])
     assert kinds == {"probe"} and policy.remaining < 1.0
+
+
+def test_a_batch_told_query_by_query_releases_the_phase_barrier():
+    policy = SuccessiveElimination(k=2).start(PROBLEM.spec, budget=600.0, seed=0)
+    batch = policy.ask_batch(len(TREE.leaf_node))  # the whole first round
+    for query in batch:  # told one at a time, the first one included
+        policy.tell(query, _value(query.kind, query.node))
+    assert len(policy.ask_batch(8)) == 8  # the next round is planned: nothing left waiting

@@ -135,7 +135,10 @@ class Policy(ABC):
         except AttributeError:
             self._check_started()
         pending = outstanding.get(query, 0)
-        if pending == 0 and not self._release_batched(query, take=False):
+        if pending == 0 and self._batches:  # one query of a vectorised batch, told alone
+            self._unbatch()
+            pending = outstanding.get(query, 0)
+        if pending == 0:
             raise ValueError(f"{query!r} was not asked by this policy, or was already told")
         if type(value) is float:  # the common case, checked without a call
             observation = value
@@ -148,10 +151,8 @@ class Policy(ABC):
             check_observation(observation, self._low, self._high)
         if pending == 1:
             del outstanding[query]
-        elif pending > 1:
-            outstanding[query] = pending - 1
         else:
-            self._release_batched(query)
+            outstanding[query] = pending - 1
         self._observe(query, observation)
 
     def abandon(self, query: Query, *, refund: bool = False) -> None:
@@ -160,11 +161,14 @@ class Policy(ABC):
         cost to the budget (the evaluation never ran), else it stays spent."""
         self._check_started()
         pending = self._outstanding.get(query, 0)
-        if pending == 0 and not self._release_batched(query):
+        if pending == 0 and self._batches:
+            self._unbatch()
+            pending = self._outstanding.get(query, 0)
+        if pending == 0:
             raise ValueError(f"{query!r} was not asked by this policy, or was already told")
         if pending == 1:
             del self._outstanding[query]
-        elif pending > 1:
+        else:
             self._outstanding[query] = pending - 1
         if refund:
             self.ledger_.refund(query.kind, self._probe_cost if query.kind == "probe"
@@ -248,24 +252,14 @@ class Policy(ABC):
         self._batches[self._tokens] = batch
         return batch
 
-    def _release_batched(self, query: Query, *, take: bool = True) -> bool:
-        """Whether ``query`` is outstanding from a vectorised batch (``take``: take it off).
-        Telling one query of such a batch turns the outstanding batches into per-query
-        records first (once; the common whole-batch path never does)."""
-        if not self._batches:
-            return False
+    def _unbatch(self) -> None:
+        """Turn the outstanding vectorised batches into per-query records (once, when a
+        query of one is told or abandoned alone; the whole-batch path never does)."""
         outstanding = self._outstanding
         for batch in self._batches.values():
             for one in batch:
                 outstanding[one] = outstanding.get(one, 0) + 1
         self._batches.clear()
-        pending = outstanding.get(query, 0)
-        if pending and take:
-            if pending == 1:
-                del outstanding[query]
-            else:
-                outstanding[query] = pending - 1
-        return pending > 0
 
     def _take_outstanding(self, batch: QueryBatch) -> None:
         """Take every query of ``batch`` off the outstanding records, or raise and change
@@ -273,7 +267,7 @@ class Policy(ABC):
         if self._batches.get(batch.token) is batch:
             del self._batches[batch.token]
             return
-        self._release_batched(Query(batch.kind, None), take=False)  # per-query records
+        self._unbatch()
         need: dict[Query, int] = {}
         for query in batch:
             need[query] = need.get(query, 0) + 1
