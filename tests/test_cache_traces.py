@@ -53,7 +53,7 @@ def test_hash_reused_under_another_parent_is_another_block(tmp_path):
 @pytest.mark.parametrize(("line", "why"), [
     ("{not json", "not valid JSON"),
     ('{"timestamp": 1, "input_length": 5}', "missing field"),
-    ('{"timestamp": 1, "input_length": 5, "hash_ids": [1, "x"]}', "list of integers"),
+    ('{"timestamp": 1, "input_length": 5, "hash_ids": [1, null]}', "list of integers"),
     ('{"timestamp": -1, "input_length": 5, "hash_ids": [1]}', "timestamp"),
     ("[1, 2]", "JSON object"),
 ])

@@ -352,23 +352,34 @@ def _run_canopy(t0, t1, offsets, nodes, parent, depth, capacity, params, ni, cel
     """Canopy's replay: update the cells, evict by the current arm; on a hashed sample of
     requests, replay every arm in its shadow cache, fold its reuse into discounted statistics
     and switch the main cache to the best arm once it leads the current one significantly."""
-    rate, gamma, z, min_n = ac[0], ac[1], ac[2], ac[3]
     for t in range(t0, t1):
-        lo, hi = offsets[t], offsets[t + 1]
-        _cells_update(lo, hi, nodes, parent, cells, sc, params)
-        reused[t] = _request(CANOPY, t, lo, hi, nodes, nodes, parent, depth, capacity, params,
-                             ni, cells, sc, hkey, hnode, hver)
-        if hi == lo or _unit_hash(nodes[min(lo + 1, hi - 1)], sm[1]) >= rate:
-            continue
-        for a in range(len(skinds)):
-            got[a] = _request(skinds[a], t, lo, hi, nodes, nodes, parent, depth, scap, params,
-                              sni[a], cells, ssc[a], shkey[a], shnode[a], shver[a])
-        _score(stats, pairs, got, gamma)
-        best = np.argmax(stats[:len(skinds)])
-        if best != sc[_ARM] and _leads(stats, pairs, best, sc[_ARM], z, min_n):
-            sc[_ARM] = best
-            sm[0] += 1
-            _heap_compact(CANOPY, depth, ni, cells, params, sc, hkey, hnode, hver, True)
+        reused[t] = _canopy_request(t, offsets[t], offsets[t + 1], nodes, parent, depth,
+                                    capacity, params, ni, cells, sc, hkey, hnode, hver, ac,
+                                    stats, pairs, got, sm, skinds, scap, sni, ssc, shkey,
+                                    shnode, shver)
+
+
+@nb.njit(cache=True)
+def _canopy_request(t, lo, hi, nodes, parent, depth, capacity, params, ni, cells, sc, hkey,
+                    hnode, hver, ac, stats, pairs, got, sm, skinds, scap, sni, ssc, shkey,
+                    shnode, shver):
+    """One request of :func:`_run_canopy` (``nodes[lo:hi]``); returns the blocks it reused."""
+    rate, gamma, z, min_n = ac[0], ac[1], ac[2], ac[3]
+    _cells_update(lo, hi, nodes, parent, cells, sc, params)
+    reused = _request(CANOPY, t, lo, hi, nodes, nodes, parent, depth, capacity, params, ni,
+                      cells, sc, hkey, hnode, hver)
+    if hi == lo or _unit_hash(nodes[min(lo + 1, hi - 1)], sm[1]) >= rate:
+        return reused
+    for a in range(len(skinds)):
+        got[a] = _request(skinds[a], t, lo, hi, nodes, nodes, parent, depth, scap, params,
+                          sni[a], cells, ssc[a], shkey[a], shnode[a], shver[a])
+    _score(stats, pairs, got, gamma)
+    best = np.argmax(stats[:len(skinds)])
+    if best != sc[_ARM] and _leads(stats, pairs, best, sc[_ARM], z, min_n):
+        sc[_ARM] = best
+        sm[0] += 1
+        _heap_compact(CANOPY, depth, ni, cells, params, sc, hkey, hnode, hver, True)
+    return reused
 
 
 def _node_table(n: int) -> np.ndarray:
@@ -376,6 +387,12 @@ def _node_table(n: int) -> np.ndarray:
     ni = np.zeros((n, _NI), dtype=np.int64)
     ni[:, [_PIN, _PREV, _NEXT]] = -1
     return ni
+
+
+def shadow_heap_size(capacity: int, longest: int) -> int:
+    """Heap entries a cache of ``capacity`` blocks needs for requests of up to ``longest``
+    blocks: live leaves plus the dead entries one request can leave before a compaction."""
+    return 8 * capacity + 2 * longest + 16
 
 
 def _scalars() -> np.ndarray:
@@ -388,7 +405,7 @@ class _Shadows:
     """Metadata-only shadow caches, one per arm, over the sampled requests (see
     :class:`~canopy.apps.cache.policies.Canopy`); they read the main cache's cells."""
 
-    def __init__(self, trace, policy, capacity: int) -> None:
+    def __init__(self, n_nodes: int, longest: int, policy, capacity: int) -> None:
         arms = policy.arms(capacity)
         self.capacity = arms.capacity
         self.ac = np.array([arms.rate, arms.gamma, arms.z, arms.min_evidence])
@@ -398,10 +415,10 @@ class _Shadows:
         self.pairs = np.zeros((2, k, k))
         self.got = np.zeros(k)
         self.sm = np.array([0, arms.seed], dtype=np.int64)  # switches, salt
-        self.ni = np.stack([_node_table(trace.n_nodes) for _ in range(k)])
+        self.ni = np.stack([_node_table(n_nodes) for _ in range(k)])
         self.sc = np.stack([_scalars() for _ in range(k)])
         self.sc[:, _ARM] = np.arange(k)  # shadow a evicts by arm a
-        heap = 8 * arms.capacity + 2 * int(np.diff(trace.offsets).max(initial=0)) + 16
+        heap = shadow_heap_size(arms.capacity, longest)
         self.hkey = np.zeros((k, heap), dtype=np.float64)
         self.hnode = np.zeros((k, heap), dtype=np.int64)
         self.hver = np.zeros((k, heap), dtype=np.int64)
@@ -438,7 +455,8 @@ class RadixCache:
         if self.kind == CANOPY:
             self._cells = np.zeros((n, len(self.params) - _LAM0 + _S0), dtype=np.float64)
             self._cells[:, _CL] = -1.0
-            self._shadows = _Shadows(trace, policy, self.capacity)
+            self._shadows = _Shadows(n, int(np.diff(trace.offsets).max(initial=0)), policy,
+                                     self.capacity)
             self._sc[_ARM] = policy.start_arm
         heap = 2 * (trace.n_refs + trace.n_requests) + 16
         self._hkey = np.zeros(heap, dtype=np.float64)

@@ -34,6 +34,7 @@ __all__ = [
     "TRACE_FILES",
     "Trace",
     "from_paths",
+    "iter_mooncake",
     "load_mooncake",
     "load_prompt_log",
     "resolve",
@@ -172,8 +173,39 @@ def _in_order(file: Path, lineno: int, stamps: list[float], stamp: float) -> flo
     return stamp
 
 
+def _block_ids(file: Path, lineno: int, value: object) -> list[int | str]:
+    """``hash_ids``: integers, or strings (the prefix-hash format some gateways log)."""
+    if not isinstance(value, list) or not all(
+            (isinstance(x, int) and not isinstance(x, bool)) or isinstance(x, str)
+            for x in value):
+        raise bad_line(file, lineno, "hash_ids must be a list of integers or strings")
+    return value
+
+
+def iter_mooncake(file: str | Path) -> Iterator[tuple[float, int, list[int | str]]]:
+    """``(timestamp, input_length, hash_ids)`` of each request of a Mooncake JSONL trace, read
+    lazily (a stream of any length in constant memory). Raises :class:`ValueError` naming the
+    file and line of the first malformed request."""
+    file = Path(file)
+    last = None
+    for lineno, row in _rows(file):
+        if not isinstance(row, dict):
+            raise bad_line(file, lineno, "expected a JSON object")
+        missing = [k for k in ("timestamp", "input_length", "hash_ids") if k not in row]
+        if missing:
+            raise bad_line(file, lineno, f"missing field(s) {', '.join(missing)}")
+        hashes = _block_ids(file, lineno, row["hash_ids"])
+        last = _in_order(file, lineno, [] if last is None else [last],
+                         _number(file, lineno, row, "timestamp"))
+        tokens = int(_number(file, lineno, row, "input_length"))
+        if "output_length" in row:
+            _number(file, lineno, row, "output_length")
+        yield last, tokens, hashes
+
+
 def load_mooncake(file: str | Path, *, name: str | None = None) -> Trace:
-    """Read a Mooncake JSONL trace (conversation, synthetic or tool-agent; 512-token blocks).
+    """Read a Mooncake JSONL trace (conversation, synthetic or tool-agent; 512-token blocks;
+    block ids integers or strings).
 
     Raises :class:`ValueError` naming the file and line of the first malformed request.
     """
@@ -182,18 +214,9 @@ def load_mooncake(file: str | Path, *, name: str | None = None) -> Trace:
     paths: list[list[int]] = []
     timestamps: list[float] = []
     tokens: list[int] = []
-    for lineno, row in _rows(file):
-        if not isinstance(row, dict):
-            raise bad_line(file, lineno, "expected a JSON object")
-        missing = [k for k in ("timestamp", "input_length", "hash_ids") if k not in row]
-        if missing:
-            raise bad_line(file, lineno, f"missing field(s) {', '.join(missing)}")
-        hashes = _int_list(file, lineno, row["hash_ids"], "hash_ids")
-        timestamps.append(_in_order(file, lineno, timestamps,
-                                    _number(file, lineno, row, "timestamp")))
-        tokens.append(int(_number(file, lineno, row, "input_length")))
-        if "output_length" in row:
-            _number(file, lineno, row, "output_length")
+    for stamp, length, hashes in iter_mooncake(file):
+        timestamps.append(stamp)
+        tokens.append(length)
         paths.append(trie.chain(hashes))
     if not paths:
         raise ValueError(f"{file}: no requests")

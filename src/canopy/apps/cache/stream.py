@@ -1,0 +1,276 @@
+"""The radix block cache fed one request at a time, for servers (paper Section 4, "Serving
+systems").
+
+:class:`~canopy.apps.cache.radix.RadixCache` replays a whole :class:`Trace` whose block
+universe is known in advance. A server meets its blocks one request at a time, keyed by
+whatever its engine hashes (token tuples, prefix-hash strings, integers), and runs for ever.
+:class:`StreamingCache` runs the same per-request kernels (so the same victims, request for
+request: the tests compare it with :meth:`RadixCache.run`) on node tables that grow as new
+blocks appear, and bounds them: once the tables hold twice what was kept last time, nodes that
+no cache holds and whose decayed counts (``canopy``'s cells) have fallen below
+``history_floor`` are forgotten, with the subtrees below them. What remains is O(capacity):
+the cached blocks of the main cache and the shadows, and the cells referenced within about
+``log2(1 / history_floor)`` half-lives of traffic.
+
+The offline optimum reads the future and has no streaming form; replay it on a whole trace.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterable, Sequence
+
+import numba as nb
+import numpy as np
+
+from canopy.apps.cache import radix
+from canopy.apps.cache.policies import EvictionPolicy, make_policy
+
+__all__ = ["StreamingCache", "replay_stream"]
+
+_MAX_DEPTH = 65_535
+"""Deepest block a streaming cache orders exactly by recency (``canopy``'s recency key breaks
+ties by depth up to this)."""
+
+
+class _Unbounded:
+    """What a policy's kernel reads of a trace, for a stream of unknown length: LFU orders by
+    ``(hits, last use)`` exactly for up to 2^32 requests, ``canopy``'s recency arm by ``(last
+    use, depth)`` for chains up to ``_MAX_DEPTH`` blocks."""
+
+    n_requests = 2**32 - 1
+    depth = np.array([_MAX_DEPTH])
+
+
+@nb.njit(cache=True)
+def _close_upward(keep: np.ndarray, parent: np.ndarray) -> None:
+    """Mark every ancestor of a kept node (parents have smaller ids than their children)."""
+    for v in range(len(keep) - 1, -1, -1):
+        if keep[v] and parent[v] >= 0:
+            keep[parent[v]] = True
+
+
+def _remap_links(table: np.ndarray, remap: np.ndarray, columns: Sequence[int]) -> None:
+    for column in columns:
+        linked = table[..., column] >= 0
+        table[..., column][linked] = remap[table[..., column][linked]]
+
+
+def _remap_heap(hkey: np.ndarray, hnode: np.ndarray, hver: np.ndarray, sc: np.ndarray,
+                remap: np.ndarray) -> None:
+    """Keep the entries of nodes that survive, renumbered; a sorted array is a min-heap."""
+    n = sc[radix._HLEN]
+    alive = remap[hnode[:n]] >= 0
+    keys, nodes, vers = hkey[:n][alive], remap[hnode[:n][alive]], hver[:n][alive]
+    order = np.argsort(keys, kind="stable")
+    m = len(order)
+    hkey[:m], hnode[:m], hver[:m] = keys[order], nodes[order], vers[order]
+    sc[radix._HLEN] = m
+
+
+class StreamingCache:
+    """A radix block cache of ``capacity`` blocks under ``policy`` (a name or an online
+    :class:`~canopy.apps.cache.policies.EvictionPolicy`), fed one request at a time.
+
+    :meth:`request` takes a request's block keys, root first (any hashables; a key means its
+    whole prefix, as in a prefix-hash chain), and returns how many leading blocks were cached.
+    ``history_floor=None`` keeps every node ever seen (exactly :class:`RadixCache`).
+    """
+
+    def __init__(self, policy: EvictionPolicy | str, capacity: int, *,
+                 history_floor: float | None = 0.5) -> None:
+        policy = make_policy(policy) if isinstance(policy, str) else policy
+        if policy.offline:
+            raise ValueError(f"policy {policy.name!r} reads the future; replay it on a whole "
+                             "trace (canopy.apps.cache.replay)")
+        if isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer)):
+            raise TypeError(f"capacity must be an int, got {type(capacity).__name__}")
+        if capacity < 1:
+            raise ValueError(f"capacity must be at least 1 block, got {capacity}")
+        if history_floor is not None and not 0 < history_floor < 1:
+            raise ValueError(f"history_floor must be in (0, 1) or None, got {history_floor!r}")
+        self.policy = policy
+        self.capacity = int(capacity)
+        self.history_floor = history_floor
+        self.kind, self.params = policy.kernel(_Unbounded(), self.capacity)
+        self.requests = 0
+        self.forgotten = 0
+        self._index: dict[tuple[int, Hashable], int] = {}
+        self._keys: list[Hashable] = []
+        self._n = 0
+        self._parent = np.full(1024, -1, dtype=np.int64)
+        self._depth = np.zeros(1024, dtype=np.int64)
+        self._ni = radix._node_table(1024)
+        self._sc = radix._scalars()
+        self._canopy = self.kind == radix.CANOPY
+        self._cells = np.zeros((1, radix._S0))
+        self._shadows = None
+        self._longest = 1
+        if self._canopy:
+            self._cells = np.zeros((1024, len(self.params) - radix._LAM0 + radix._S0))
+            self._cells[:, radix._CL] = -1.0
+            self._shadows = radix._Shadows(1024, self._longest, policy, self.capacity)
+            self._sc[radix._ARM] = policy.start_arm
+        self._hkey, self._hnode, self._hver = self._heap(radix.shadow_heap_size(
+            self.capacity, self._longest))
+        shadow_blocks = 0 if self._shadows is None else self._shadows.capacity * len(
+            self._shadows.kinds)
+        self._floor_nodes = 4 * (self.capacity + shadow_blocks) + 1024
+        self._limit = 2 * self._floor_nodes
+
+    @staticmethod
+    def _heap(size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        return (np.zeros(size), np.zeros(size, dtype=np.int64), np.zeros(size, dtype=np.int64))
+
+    @property
+    def n_nodes(self) -> int:
+        """Nodes of the prefix tree held now (cached blocks and remembered history)."""
+        return self._n
+
+    @property
+    def size(self) -> int:
+        """Blocks cached now."""
+        return int(self._sc[radix._SIZE])
+
+    @property
+    def arm(self) -> int:
+        """``canopy``: the arm whose priority evicts now (index into ``policy.arm_names``)."""
+        return int(self._sc[radix._ARM])
+
+    def request(self, keys: Iterable[Hashable]) -> int:
+        """Serve one request (its block keys, root first): reuse the longest cached prefix,
+        insert the rest, evict by the policy. Returns the number of blocks reused."""
+        path = self._chain(keys)
+        self._fit(len(path))
+        t = self.requests
+        if self._canopy:
+            reused = radix._canopy_request(
+                t, 0, len(path), path, self._parent, self._depth, self.capacity, self.params,
+                self._ni, self._cells, self._sc, self._hkey, self._hnode, self._hver,
+                *self._shadows.args())
+        else:
+            reused = radix._request(
+                self.kind, t, 0, len(path), path, path, self._parent, self._depth,
+                self.capacity, self.params, self._ni, self._cells, self._sc, self._hkey,
+                self._hnode, self._hver)
+        self.requests += 1
+        if self.history_floor is not None and self._n >= self._limit:
+            self._forget()
+        return int(reused)
+
+    def cached_prefix(self, keys: Iterable[Hashable]) -> int:
+        """How many leading blocks of ``keys`` are cached now (nothing changes)."""
+        node, count = -1, 0
+        for key in keys:
+            node = self._index.get((node, key), -1)
+            if node < 0 or self._ni[node, radix._CACHED] == 0:
+                break
+            count += 1
+        return count
+
+    # ------------------------------------------------------------ node tables
+    def _chain(self, keys: Iterable[Hashable]) -> np.ndarray:
+        out: list[int] = []
+        node = -1
+        for key in keys:
+            child = self._index.get((node, key))
+            if child is None:
+                child = self._add(node, key, len(out) + 1)
+            out.append(child)
+            node = child
+        if len(out) > _MAX_DEPTH:
+            raise ValueError(f"a request of {len(out)} blocks is deeper than the "
+                             f"{_MAX_DEPTH} a streaming cache orders exactly")
+        return np.asarray(out, dtype=np.int64)
+
+    def _add(self, parent: int, key: Hashable, depth: int) -> int:
+        v = self._n
+        if v == len(self._parent):
+            self._grow(2 * v)
+        self._index[(parent, key)] = v
+        self._keys.append(key)
+        self._parent[v] = parent
+        self._depth[v] = depth
+        self._n = v + 1
+        return v
+
+    def _grow(self, n: int) -> None:
+        old = len(self._parent)
+        self._parent = np.concatenate([self._parent, np.full(n - old, -1, dtype=np.int64)])
+        self._depth = np.concatenate([self._depth, np.zeros(n - old, dtype=np.int64)])
+        self._ni = np.concatenate([self._ni, radix._node_table(n - old)])
+        if self._canopy:
+            fresh = np.zeros((n - old, self._cells.shape[1]))
+            fresh[:, radix._CL] = -1.0
+            self._cells = np.concatenate([self._cells, fresh])
+            shadows = self._shadows
+            shadows.ni = np.concatenate(
+                [shadows.ni, np.stack([radix._node_table(n - old)] * len(shadows.kinds))],
+                axis=1)
+
+    def _fit(self, length: int) -> None:
+        """Heaps large enough for a request of ``length`` blocks."""
+        if length <= self._longest:
+            return
+        self._longest = length
+        size = radix.shadow_heap_size(self.capacity, length)
+        self._hkey, self._hnode, self._hver = (
+            np.concatenate([a, np.zeros(size - len(a), dtype=a.dtype)])
+            for a in (self._hkey, self._hnode, self._hver))
+        if self._shadows is not None:
+            shadows = self._shadows
+            size = radix.shadow_heap_size(shadows.capacity, length)
+            k, old = shadows.hkey.shape
+            shadows.hkey, shadows.hnode, shadows.hver = (
+                np.concatenate([a, np.zeros((k, size - old), dtype=a.dtype)], axis=1)
+                for a in (shadows.hkey, shadows.hnode, shadows.hver))
+
+    def _forget(self) -> None:
+        """Drop nodes no cache holds whose every decayed count is below the floor, then
+        renumber what is kept (order-preserving, so parents stay below their children)."""
+        n = self._n
+        keep = self._ni[:n, radix._CACHED] == 1
+        if self._canopy:
+            keep |= (self._shadows.ni[:, :n, radix._CACHED] == 1).any(axis=0)
+            cells = self._cells[:n]
+            age = self._sc[radix._CLOCK] - cells[:, radix._CL]
+            counts = cells[:, radix._S0:] * np.exp(-np.outer(age, self.params[radix._LAM0:]))
+            keep |= (cells[:, radix._CL] >= 0) & (counts.max(axis=1) >= self.history_floor)
+        _close_upward(keep, self._parent[:n])
+        kept = np.flatnonzero(keep)
+        remap = np.full(n, -1, dtype=np.int64)
+        remap[kept] = np.arange(len(kept))
+        m = len(kept)
+        parent = self._parent[kept]
+        self._parent[:m] = np.where(parent >= 0, remap[np.maximum(parent, 0)], -1)
+        self._depth[:m] = self._depth[kept]
+        self._ni[:m] = self._ni[kept]
+        self._ni[m:n] = radix._node_table(n - m)
+        tables = [(self._ni, self._sc, self._hkey, self._hnode, self._hver)]
+        if self._canopy:
+            self._cells[:m] = self._cells[kept]
+            self._cells[m:n] = 0.0
+            self._cells[m:n, radix._CL] = -1.0
+            s = self._shadows
+            s.ni[:, :m] = s.ni[:, kept]
+            s.ni[:, m:n] = radix._node_table(n - m)
+            tables += [(s.ni[a], s.sc[a], s.hkey[a], s.hnode[a], s.hver[a])
+                       for a in range(len(s.kinds))]
+        for ni, sc, hkey, hnode, hver in tables:
+            _remap_links(ni[:m], remap, (radix._PREV, radix._NEXT))
+            for field in (radix._HEAD, radix._TAIL, radix._HAND):
+                if sc[field] >= 0:
+                    sc[field] = remap[sc[field]]
+            _remap_heap(hkey, hnode, hver, sc, remap)
+        self._keys = [self._keys[v] for v in kept]
+        self._index = {(int(self._parent[i]), key): i for i, key in enumerate(self._keys)}
+        self._n = m
+        self.forgotten += n - m
+        self._limit = max(m + m // 4, 2 * self._floor_nodes)
+
+
+def replay_stream(requests: Iterable[Sequence[Hashable]], policy: EvictionPolicy | str,
+                  capacity: int, *, history_floor: float | None = 0.5) -> np.ndarray:
+    """Blocks reused by each request of a stream (block keys per request, root first),
+    holding O(capacity) state whatever the stream's length."""
+    cache = StreamingCache(policy, capacity, history_floor=history_floor)
+    return np.fromiter((cache.request(keys) for keys in requests), dtype=np.int64)
