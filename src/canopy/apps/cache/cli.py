@@ -1,4 +1,5 @@
-"""``canopy cache replay``: replay a trace under eviction policies at several capacities."""
+"""``canopy cache replay``: replay a trace under eviction policies at several capacities;
+``canopy cache live``: the policies inside a running llama.cpp engine, time to first token."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import typer
 
 __all__ = ["register"]
 
-cache_app = typer.Typer(no_args_is_help=True, help="Prefix-cache eviction: replay traces.")
+cache_app = typer.Typer(no_args_is_help=True,
+                        help="Prefix-cache eviction: replay traces, measure a live engine.")
 
 
 def _ints(text: str, what: str) -> list[int]:
@@ -34,6 +36,9 @@ def replay_command(
                                       "itself in a disjoint block space)"),
     block_size: int = typer.Option(16, help="tokens a block for prompt logs"),
     ms_per_token: float = typer.Option(0.1, help="TTFT model: prefill ms per uncached token"),
+    calibration: Annotated[Path | None, typer.Option(
+        help="TTFT model from a calibration file of 'canopy cache live --calibration-out' "
+             "(overrides --ms-per-token)")] = None,
     window: int = typer.Option(500, help="requests per point of the shift recovery curve"),
     seed: int = typer.Option(0, help="canopy: hash seed of the shadows' spatial sample"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
@@ -43,6 +48,7 @@ def replay_command(
     from rich.console import Console
     from rich.table import Table
 
+    from canopy.apps.cache.live import load_calibration
     from canopy.apps.cache.policies import make_policy
     from canopy.apps.cache.replay import recovery_curve, sweep
     from canopy.apps.cache.traces import resolve
@@ -54,7 +60,8 @@ def replay_command(
     try:
         chosen = [make_policy(p, **({"seed": seed} if p == "canopy" else {}))
                   for p in (x.strip() for x in policies.split(",")) if p]
-        ttft = TTFTModel(ms_per_token=ms_per_token)
+        ttft = TTFTModel(ms_per_token=ms_per_token) if calibration is None else \
+            load_calibration(calibration)
         loaded = resolve(trace, block_size=block_size)
         pre = None if before is None else resolve(before, block_size=block_size)
     except (ValueError, FileNotFoundError) as error:
@@ -64,7 +71,11 @@ def replay_command(
     results = sweep(loaded, policies=chosen, capacities=capacities, scenario_name=scenario,
                     before=pre, ttft=ttft)
     out: dict = {"trace": loaded.name, "scenario": scenario, "requests_counted":
-                 len(results[0].reused), "results": {}}
+                 len(results[0].reused),
+                 "ttft_model": {"ms_per_token": ttft.ms_per_token, "overhead_ms": ttft.overhead_ms,
+                                "source": "default" if calibration is None and ms_per_token == 0.1
+                                else str(calibration or "--ms-per-token")},
+                 "results": {}}
     for r in results:
         entry = r.metrics()
         if scenario == "shift":
@@ -109,6 +120,139 @@ def _plot(out: dict, capacities: list[int], window: int, file: Path) -> None:
     if shift:
         axes[0][1].set(xlabel="requests after the shift", ylabel="blocks reused / request",
                        title=f"recovery at {capacities[-1]} blocks")
+    fig.tight_layout()
+    fig.savefig(file, dpi=120)
+    plt.close(fig)
+
+
+@cache_app.command("live")
+def live_command(
+    policies: str = typer.Option("off,lru,canopy", help="off (no caching), lru, lfu, sieve, "
+                                 "canopy"),
+    capacity_mb: float = typer.Option(6.0, help="KV memory of the cache (MiB)"),
+    scenario: str = typer.Option("shift", help="stationary or shift (count after the shift)"),
+    workload: str = typer.Option("zipf", help="zipf (system prompts and few-shot contexts), "
+                                 "conversation or synthetic (a Mooncake trace's prefixes)"),
+    requests: int = typer.Option(80, help="requests a run"),
+    repeats: int = typer.Option(1, help="runs per policy, on workloads of seeds seed, seed+1..."),
+    seed: int = typer.Option(0, help="workload seed"),
+    block_tokens: int = typer.Option(16, help="tokens a cache block"),
+    max_tokens: int = typer.Option(4, help="tokens generated a request"),
+    threads: int = typer.Option(2, help="engine threads"),
+    calibration: Annotated[Path | None, typer.Option(
+        help="predict TTFT saved with this calibration file instead of fitting one")] = None,
+    calibration_out: Annotated[Path | None, typer.Option(
+        help="write the TTFT model fitted on these runs (for 'cache replay --calibration')")
+    ] = None,
+    as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
+    plot: Annotated[Path | None, typer.Option(help="TTFT distribution per policy (needs "
+                                              "matplotlib)")] = None,
+) -> None:
+    """Run the policies inside llama.cpp (SmolLM2-135M, loopback) and measure time to first
+    token, hit rate and throughput; the replay's prediction beside each."""
+    from canopy.apps.cache.live import (
+        WORKLOADS,
+        load_calibration,
+        mooncake_workload,
+        run_live,
+        word_vocabulary,
+        zipf_workload,
+    )
+    from canopy.apps.cache.policies import POLICIES
+    from canopy.llm.local import find_smollm2_gguf
+    from canopy.reporting import progress_bar
+
+    names = [p.strip() for p in policies.split(",") if p.strip()]
+    unknown = [p for p in names if p != "off" and (p not in POLICIES or p == "optimal")]
+    if not names or unknown:
+        raise typer.BadParameter(f"--policies takes off, lru, lfu, sieve, canopy; got "
+                                 f"{policies!r}")
+    if scenario not in ("stationary", "shift"):
+        raise typer.BadParameter(f"--scenario must be stationary or shift, got {scenario!r}")
+    if workload not in WORKLOADS:
+        raise typer.BadParameter(f"--workload must be one of {', '.join(WORKLOADS)}, "
+                                 f"got {workload!r}")
+    for name, value, low in (("--requests", requests, 2), ("--repeats", repeats, 1),
+                             ("--block-tokens", block_tokens, 1),
+                             ("--max-tokens", max_tokens, 1), ("--threads", threads, 1)):
+        if value < low:
+            raise typer.BadParameter(f"{name} must be >= {low}, got {value}")
+    if not capacity_mb > 0:
+        raise typer.BadParameter(f"--capacity-mb must be > 0, got {capacity_mb}")
+    given = None if calibration is None else load_calibration(calibration)
+    model_path = find_smollm2_gguf()
+    words, vocab = word_vocabulary(model_path)
+
+    def workload_of(s: int):
+        if workload == "zipf":
+            return zipf_workload(words, requests=requests, scenario=scenario, seed=s)
+        return mooncake_workload(words, workload, requests=requests, scenario=scenario,
+                                 block_tokens=block_tokens, seed=s)
+
+    workload_of(seed)  # bad data fails before any server starts
+    total = len(names) * repeats * requests
+    with progress_bar("cache live", total, enabled=not as_json) as update:
+        done = [0]
+
+        def advance(n: int) -> None:
+            done[0] += n
+            update(done[0], total)
+
+        out = run_live(names, workload_of, repeats=repeats, seed=seed, capacity_mb=capacity_mb,
+                       block_tokens=block_tokens, n_threads=threads, max_tokens=max_tokens,
+                       model_path=model_path, vocab=vocab, calibration=given, progress=advance)
+    if calibration_out is not None:
+        calibration_out.write_text(json.dumps({"calibration": out["calibration"],
+                                               "workload": out["workload"]}, indent=2))
+    if as_json:
+        typer.echo(json.dumps(out))
+    else:
+        _live_table(out)
+    if plot is not None:
+        _plot_live(out, plot)
+        from canopy.plotting import announce_plot
+
+        announce_plot(plot)
+
+
+def _live_table(out: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    fit = out["calibration"]
+    table = Table(title=f"{out['workload']}, {out['capacity_mb']:g} MiB "
+                        f"({out['capacity_blocks']} blocks of {out['block_tokens']} tokens), "
+                        f"{out['repeats']} repeat(s)")
+    for column in ("policy", "TTFT p50 s", "TTFT mean s", "hit rate", "req/s", "saved s",
+                   "replay saved s"):
+        table.add_column(column, justify="right")
+    for policy, r in out["results"].items():
+        saved = r.get("ttft_saved_s", {}).get("mean")
+        table.add_row(policy, f"{r['ttft_p50_s']:.3f}", f"{r['ttft_mean_s']:.3f}",
+                      f"{r['hit_rate']:.3f}", f"{r['throughput_rps']:.2f}",
+                      "-" if saved is None else f"{saved:.3f}",
+                      f"{r['predicted_ttft_saved_s']:.3f}")
+    console = Console()
+    console.print(table)
+    console.print(f"TTFT model ({fit['source']}): {fit['overhead_ms']:.1f} ms + "
+                  f"{fit['ms_per_token']:.2f} ms per uncached token "
+                  f"(fit on these runs: R^2 {fit['fitted_r2']:.3f})")
+
+
+def _plot_live(out: dict, file: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axis = plt.subplots(figsize=(5.5, 3.6))
+    names = list(out["results"])
+    for i, (policy, r) in enumerate(out["results"].items()):
+        axis.errorbar(i, r["ttft_mean_s"], fmt="o", capsize=4, label=f"{policy} mean")
+        axis.plot([i - 0.2, i + 0.2], [r["ttft_p50_s"]] * 2, color="black", lw=1)
+    axis.set_xticks(range(len(names)), names)
+    axis.set(ylabel="time to first token (s)", ylim=(0, None),
+             title=f"{out['workload']}: mean (dot), p50 (bar)")
     fig.tight_layout()
     fig.savefig(file, dpi=120)
     plt.close(fig)

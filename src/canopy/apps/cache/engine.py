@@ -1,0 +1,245 @@
+"""Canopy's eviction inside a real inference engine: llama.cpp through llama-cpp-python.
+
+llama-cpp-python looks a prompt up in a replaceable cache (``Llama.set_cache``) before it
+prefills: the cache returns a saved engine state (the KV cache of some token sequence) and the
+engine reuses the state's longest common prefix with the prompt, prefilling only the rest;
+after the completion it offers the state of prompt plus completion to the cache. Its built-in
+``LlamaRAMCache`` is LRU over whole states. :class:`PolicyStateCache` puts any online policy of
+:mod:`canopy.apps.cache` in charge instead, with the policy code itself
+(:class:`~canopy.apps.cache.stream.StreamingCache`, the replay's kernels):
+
+* **Blocks.** A prompt is a chain of ``block_tokens``-token blocks (the trailing partial
+  block is not cacheable, as in vLLM); the policy sees the chain, reuses its longest cached
+  prefix, inserts the rest and evicts leaves, under a capacity of ``capacity_bytes`` of KV
+  memory: ``capacity_bytes // (block_tokens * kv_bytes_per_token)`` blocks, the memory a paged
+  engine (vLLM, SGLang) holds for them.
+* **States.** llama.cpp's states are whole-prefix snapshots, not pages. The cache keeps one
+  snapshot per cached chain end (anchored at the deepest cached block of the request that
+  saved it; cut back when the policy evicts below it, dropped when nothing of it is cached),
+  and serves a hit of ``r`` blocks from a snapshot covering them, *capped at ``r *
+  block_tokens`` tokens*, so the engine reuses exactly what the policy cached, no more. The
+  snapshots' real bytes (:attr:`PolicyStateCache.state_bytes`) exceed the paged accounting
+  where chains share prefixes; both are reported.
+* **No hidden cache.** llama.cpp also reuses the prefix its context still holds from the
+  previous request (a one-slot cache no policy controls); :meth:`PolicyStateCache.bind` makes
+  the engine clear its context at the start of every completion, so the policy is the only
+  source of reuse. ``policy=None`` is caching off: lookups are counted and miss, and the
+  engine is told not to save states (it checks ``if cache`` before saving).
+
+Run as a server (``python -m canopy.apps.cache.engine --policy canopy --capacity-mb 8 ...``):
+llama-cpp-python's own OpenAI-compatible server (``llama_cpp.server``) with the cache swapped
+in, on 127.0.0.1, requiring the key in ``CANOPY_SERVER_API_KEY``; ``GET /canopy/cache``
+returns the cache's statistics and each request's reused blocks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections import deque
+from collections.abc import Sequence
+from typing import Any
+
+import llama_cpp  # the ``engine`` extra
+import numpy as np
+from llama_cpp import BaseLlamaCache, Llama, LlamaState
+
+from canopy.apps.cache.policies import EvictionPolicy
+from canopy.apps.cache.stream import StreamingCache
+
+__all__ = ["PolicyStateCache", "kv_bytes_per_token", "main"]
+
+F16_BYTES = 2
+LOG_REQUESTS = 100_000
+"""Requests whose reuse :meth:`PolicyStateCache.stats` reports (the latest ones)."""
+
+
+def kv_bytes_per_token(llama: Llama) -> int:
+    """KV-cache bytes one token occupies: ``2 (K and V) * layers * kv_heads * head_dim * 2``
+    (f16, llama.cpp's default cache type). SmolLM2-135M: 2 * 30 * 3 * 64 * 2 = 23,040."""
+    model = llama._model.model
+    heads = llama_cpp.llama_model_n_head(model)
+    head_dim = llama_cpp.llama_model_n_embd(model) // heads
+    return 2 * llama_cpp.llama_model_n_layer(model) * llama_cpp.llama_model_n_head_kv(
+        model) * head_dim * F16_BYTES
+
+
+class PolicyStateCache(BaseLlamaCache):
+    """A llama-cpp-python prompt cache whose evictions follow a Canopy policy (see the module
+    docstring). ``policy`` is a policy name or online policy object, or ``None`` for caching
+    off; bind the engine with :meth:`bind` before use."""
+
+    def __init__(self, policy: EvictionPolicy | str | None, capacity_bytes: int, *,
+                 block_tokens: int = 16, kv_bytes: int, history_floor: float | None = 0.5
+                 ) -> None:
+        for name, value in (("capacity_bytes", capacity_bytes), ("block_tokens", block_tokens),
+                            ("kv_bytes", kv_bytes)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        super().__init__(capacity_bytes)
+        self.block_tokens = block_tokens
+        self.capacity_blocks = capacity_bytes // (block_tokens * kv_bytes)
+        if policy is not None and self.capacity_blocks < 1:
+            raise ValueError(f"capacity_bytes {capacity_bytes} holds no block of "
+                             f"{block_tokens} tokens ({block_tokens * kv_bytes} bytes)")
+        self.policy_cache = None if policy is None else StreamingCache(
+            policy, self.capacity_blocks, history_floor=history_floor)
+        # per-request log for measurement, bounded for a long-running server
+        self.reused: deque[int] = deque(maxlen=LOG_REQUESTS)
+        self.prompt_blocks: deque[int] = deque(maxlen=LOG_REQUESTS)
+        self.prompt_tokens: deque[int] = deque(maxlen=LOG_REQUESTS)
+        self.requests = 0
+        self.unbacked = 0
+        self._states: dict[tuple[int, ...], LlamaState] = {}
+        self._lookup_open = False
+
+    def bind(self, llama: Llama) -> PolicyStateCache:
+        """Install in ``llama`` and make each of its completions start from an empty context
+        (``Llama.__call__`` calls ``self.create_completion``, wrapped here)."""
+        complete = llama.create_completion
+
+        def create_completion(*args: Any, **kwargs: Any) -> Any:
+            llama.reset()
+            self._lookup_open = True
+            return complete(*args, **kwargs)
+
+        llama.create_completion = create_completion
+        llama.set_cache(self)
+        return self
+
+    # ------------------------------------------------------------ the engine's interface
+    def __bool__(self) -> bool:
+        """The engine checks ``if cache`` before its lookup and again before saving a state;
+        caching off takes the lookup (to count it) and declines the save."""
+        return self.policy_cache is not None or self._lookup_open
+
+    @property
+    def cache_size(self) -> int:
+        return self.state_bytes
+
+    def __getitem__(self, key: Sequence[int]) -> LlamaState:
+        tokens = tuple(key)
+        blocks = self._blocks(tokens)
+        self.prompt_blocks.append(len(blocks))
+        self.prompt_tokens.append(len(tokens))
+        self.requests += 1
+        self._lookup_open = False
+        if self.policy_cache is None:
+            self.reused.append(0)
+            raise KeyError("caching is off")
+        reused = self.policy_cache.request(blocks)
+        self.reused.append(reused)
+        self._prune()
+        if reused == 0:
+            raise KeyError("no cached prefix")
+        prefix = tokens[:reused * self.block_tokens]
+        state = next((s for anchor, s in self._states.items()
+                      if anchor[:len(prefix)] == prefix), None)
+        if state is None:  # blocks inserted by a request that never finished
+            self.unbacked += 1
+            raise KeyError("cached blocks without a saved state")
+        return LlamaState(input_ids=state.input_ids, scores=state.scores,
+                          n_tokens=len(prefix), llama_state=state.llama_state,
+                          llama_state_size=state.llama_state_size, seed=state.seed)
+
+    def __contains__(self, key: Sequence[int]) -> bool:
+        return self.policy_cache is not None and self.policy_cache.cached_prefix(
+            self._blocks(tuple(key))) > 0
+
+    def __setitem__(self, key: Sequence[int], value: LlamaState) -> None:
+        if self.policy_cache is None:
+            return
+        tokens = tuple(key)
+        cached = self.policy_cache.cached_prefix(self._blocks(tokens))
+        if cached == 0:
+            return
+        anchor = tokens[:cached * self.block_tokens]
+        for other in [a for a in self._states if anchor[:len(a)] == a]:
+            del self._states[other]  # a shorter chain this one covers
+        # the engine re-evaluates at least one token after a load, so the logits are dead
+        # weight (n_batch x vocabulary floats); keep one row for the engine's copy
+        self._states[anchor] = LlamaState(
+            input_ids=value.input_ids, scores=np.zeros((1, value.scores.shape[1]),
+                                                       dtype=value.scores.dtype),
+            n_tokens=value.n_tokens, llama_state=value.llama_state,
+            llama_state_size=value.llama_state_size, seed=value.seed)
+
+    # ------------------------------------------------------------ bookkeeping
+    @property
+    def state_bytes(self) -> int:
+        """Bytes of the engine snapshots held now."""
+        return sum(s.llama_state_size for s in self._states.values())
+
+    def stats(self) -> dict[str, Any]:
+        """Counts so far and each request's reused and prompt blocks (in request order)."""
+        return {"policy": None if self.policy_cache is None else
+                self.policy_cache.policy.name,
+                "capacity_blocks": self.capacity_blocks, "block_tokens": self.block_tokens,
+                "requests": self.requests, "reused_blocks": list(self.reused),
+                "prompt_blocks": list(self.prompt_blocks),
+                "prompt_tokens": list(self.prompt_tokens), "unbacked": self.unbacked,
+                "states": len(self._states), "state_bytes": self.state_bytes,
+                "cached_blocks": 0 if self.policy_cache is None else self.policy_cache.size}
+
+    def _blocks(self, tokens: tuple[int, ...]) -> list[tuple[int, ...]]:
+        b = self.block_tokens
+        return [tokens[i:i + b] for i in range(0, len(tokens) // b * b, b)]
+
+    def _prune(self) -> None:
+        """Cut each snapshot back to the part of its chain still cached; drop the rest."""
+        for anchor in list(self._states):
+            cached = self.policy_cache.cached_prefix(self._blocks(anchor))
+            kept = anchor[:cached * self.block_tokens]
+            if len(kept) == len(anchor):
+                continue
+            state = self._states.pop(anchor)
+            if kept and kept not in self._states and not any(
+                    a[:len(kept)] == kept for a in self._states):
+                self._states[kept] = state
+
+
+def _serve(args: argparse.Namespace) -> None:
+    import uvicorn
+    from fastapi import Depends
+    from llama_cpp.server import app as server_app
+    from llama_cpp.server.settings import ModelSettings, ServerSettings
+
+    key = os.environ.get("CANOPY_SERVER_API_KEY")
+    if not key and not args.no_auth:
+        raise SystemExit("set CANOPY_SERVER_API_KEY (or pass --no-auth on a trusted host)")
+    app = server_app.create_app(
+        server_settings=ServerSettings(host=args.host, port=args.port, api_key=key or None),
+        model_settings=[ModelSettings(model=args.model, model_alias=args.model_alias,
+                                      n_ctx=args.n_ctx, n_threads=args.n_threads,
+                                      n_threads_batch=args.n_threads, verbose=False)])
+    llama = server_app._llama_proxy(args.model_alias)  # the loaded engine
+    policy = None if args.policy == "off" else args.policy
+    cache = PolicyStateCache(policy, int(args.capacity_mb * 2**20),
+                             block_tokens=args.block_tokens,
+                             kv_bytes=kv_bytes_per_token(llama)).bind(llama)
+
+    @app.get("/canopy/cache", dependencies=[Depends(server_app.authenticate)])
+    def cache_stats() -> dict[str, Any]:
+        return cache.stats()
+
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """``python -m canopy.apps.cache.engine``: the llama.cpp server with a policy cache."""
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--model", required=True, help="GGUF file")
+    parser.add_argument("--model_alias", default="smollm2-135m")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--n_ctx", type=int, default=2048)
+    parser.add_argument("--n_threads", type=int, default=1)
+    parser.add_argument("--policy", default="canopy", help="off, lru, lfu, sieve or canopy")
+    parser.add_argument("--capacity-mb", type=float, default=64.0)
+    parser.add_argument("--block-tokens", type=int, default=16)
+    parser.add_argument("--no-auth", action="store_true")
+    _serve(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,330 @@
+"""Live prefix caching on a real engine: workloads, time to first token, calibration.
+
+``canopy cache live`` sends a shared-prefix request stream to the llama.cpp server of
+:mod:`canopy.apps.cache.engine` once per policy (a fresh server each, so every policy starts
+cold) and measures, per request, the time to the first streamed token (TTFT, from sending the
+request to the first completion chunk). Prompts are made of words the model's tokenizer maps
+to one token each (``" word"``), so text prefixes are token prefixes and a block of
+``block_tokens`` words is a block of the engine.
+
+Workloads (:func:`zipf_workload`, :func:`mooncake_workload`):
+
+* ``zipf``: ``systems`` system prompts, each with ``contexts`` few-shot contexts (the shared
+  prefix: system then context), chosen with Zipf popularity, then a question of fresh words.
+  ``shift``: the second half of the stream draws from a disjoint set of prefixes (a
+  popularity shift); only requests after it are counted.
+* ``conversation`` / ``synthetic``: the prefix structure of the first requests of a Mooncake
+  trace, each 512-token block of the trace replaced by ``block_tokens`` words derived from its
+  hash (chains cut at ``max_blocks``), then a question.
+
+Calibration (:func:`calibrate`): the least-squares fit of the replay's TTFT model
+(:class:`~canopy.apps.cache.ttft.TTFTModel`: fixed cost plus cost per uncached token) to every
+measured request, the uncached tokens being the prompt minus the blocks the server's policy
+reused. The replay (:func:`~canopy.apps.cache.stream.replay_stream` on the same block chains)
+then predicts each policy's TTFT saved over caching off.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import re
+import secrets
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from canopy.apps.cache.stream import replay_stream
+from canopy.apps.cache.ttft import TTFTModel
+
+__all__ = ["LiveRun", "Workload", "calibrate", "load_calibration", "mooncake_workload",
+           "run_live", "summarize", "word_vocabulary", "zipf_workload"]
+
+SCENARIOS = ("stationary", "shift")
+WORKLOADS = ("zipf", "conversation", "synthetic")
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Prompts (lists of one-token words) and the index of the first counted request."""
+
+    name: str
+    prompts: list[list[str]]
+    start: int = 0
+
+    def text(self, i: int) -> str:
+        return "".join(" " + w for w in self.prompts[i])
+
+
+def word_vocabulary(model_path: str | Path, *, limit: int = 4000) -> tuple[list[str], Any]:
+    """Lower-case words the model's tokenizer maps to exactly one token with a leading space,
+    and the vocabulary-only model (for tokenizing prompts as the engine does)."""
+    from llama_cpp import Llama
+    from llama_cpp._utils import suppress_stdout_stderr
+
+    with suppress_stdout_stderr(disable=False):  # llama.cpp's context notes on stderr
+        vocab = Llama(model_path=str(model_path), vocab_only=True, verbose=False)
+    words = []
+    for token in range(vocab.n_vocab()):
+        piece = vocab.detokenize([token])
+        if re.fullmatch(rb" [a-z]{3,9}", piece) and vocab.tokenize(
+                piece, add_bos=False) == [token]:
+            words.append(piece[1:].decode())
+            if len(words) == limit:
+                break
+    if len(words) < 100:
+        raise ValueError(f"{model_path}: only {len(words)} single-token words in the vocabulary")
+    return words, vocab
+
+
+def _zipf_choice(rng: random.Random, n: int, exponent: float) -> int:
+    weights = [1.0 / (rank + 1) ** exponent for rank in range(n)]
+    return rng.choices(range(n), weights=weights)[0]
+
+
+def zipf_workload(words: Sequence[str], *, requests: int = 80, scenario: str = "shift",
+                  systems: int = 4, contexts: int = 6, system_tokens: int = 32,
+                  context_tokens: int = 32, question_tokens: int = 12,
+                  exponent: float = 1.0, seed: int = 0) -> Workload:
+    """System prompt + few-shot context drawn with Zipf popularity, then a fresh question."""
+    if scenario not in SCENARIOS:
+        raise ValueError(f"scenario must be one of {', '.join(SCENARIOS)}, got {scenario!r}")
+    rng = random.Random(seed)
+
+    def pool() -> list[list[str]]:
+        out = []
+        for _ in range(systems):
+            system = rng.choices(words, k=system_tokens)
+            out += [system + rng.choices(words, k=context_tokens) for _ in range(contexts)]
+        rng.shuffle(out)  # popularity rank independent of the system
+        return out
+
+    phases = [pool(), pool()] if scenario == "shift" else [pool()]
+    prompts = []
+    for i in range(requests):
+        prefixes = phases[min(i * len(phases) // requests, len(phases) - 1)]
+        prefix = prefixes[_zipf_choice(rng, len(prefixes), exponent)]
+        prompts.append(prefix + rng.choices(words, k=question_tokens))
+    return Workload(f"zipf-{scenario}", prompts, requests // 2 if scenario == "shift" else 0)
+
+
+def mooncake_workload(words: Sequence[str], trace: str = "conversation", *, requests: int = 80,
+                      scenario: str = "stationary", block_tokens: int = 16,
+                      max_blocks: int = 6, question_tokens: int = 12,
+                      seed: int = 0) -> Workload:
+    """A Mooncake trace's prefix structure with text: each hash becomes ``block_tokens``
+    words (the same words wherever the hash recurs). ``shift``: the first half of the
+    requests, then the same requests under fresh words (a disjoint block space)."""
+    from itertools import islice
+
+    from canopy import data
+    from canopy.apps.cache.traces import TRACE_FILES, iter_mooncake
+
+    if scenario not in SCENARIOS:
+        raise ValueError(f"scenario must be one of {', '.join(SCENARIOS)}, got {scenario!r}")
+    file = data.path("mooncake", TRACE_FILES[trace])
+    half = requests // 2 if scenario == "shift" else requests
+    chains = [hashes[:max_blocks] for _, _, hashes in islice(iter_mooncake(file), half)]
+    rng = random.Random(seed)
+    prompts = []
+    for phase in range(requests // half if scenario == "shift" else 1):
+        for chain in chains:
+            text = [w for h in chain for w in random.Random(f"{seed}:{phase}:{h}").choices(
+                words, k=block_tokens)]
+            prompts.append(text + rng.choices(words, k=question_tokens))
+    return Workload(f"{trace}-{scenario}", prompts, half if scenario == "shift" else 0)
+
+
+@dataclass
+class LiveRun:
+    """One policy's pass over a workload: per-request TTFT and total time (seconds), and the
+    server cache's per-request reused and prompt blocks and prompt tokens."""
+
+    policy: str
+    start: int = 0
+    ttft_s: list[float] = field(default_factory=list)
+    total_s: list[float] = field(default_factory=list)
+    wall_s: float = 0.0
+    server: dict[str, Any] = field(default_factory=dict)
+
+
+def _stream_one(client: Any, model: str, prompt: str, max_tokens: int) -> tuple[float, float]:
+    """TTFT and total time of one streamed completion."""
+    began = time.perf_counter()
+    first = math.nan
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
+            "stream": True}
+    with client.stream("POST", "/completions", json=body) as response:
+        response.raise_for_status()
+        for line in response.iter_lines():
+            if line.startswith("data:") and line[5:].strip() not in ("", "[DONE]") and (
+                    math.isnan(first)):
+                if json.loads(line[5:]).get("choices"):
+                    first = time.perf_counter() - began
+    if math.isnan(first):
+        raise RuntimeError("the server streamed no completion chunk")
+    return first, time.perf_counter() - began
+
+
+def run_policy(policy: str, workload: Workload, *, capacity_mb: float, block_tokens: int,
+               n_threads: int, max_tokens: int, model_path: Path, n_ctx: int,
+               progress: Callable[[int], None] | None = None) -> LiveRun:
+    """Start the engine with ``policy`` (``off`` for no caching), send every prompt in order,
+    return the timings and the server cache's statistics."""
+    import httpx
+
+    from canopy.llm.local import LocalLlamaServer
+
+    key = secrets.token_urlsafe(24)
+    args = ["--policy", policy, "--capacity-mb", repr(capacity_mb), "--block-tokens",
+            str(block_tokens)]
+    run = LiveRun(policy, workload.start)
+    with LocalLlamaServer(model_path, n_ctx=n_ctx, n_threads=n_threads, extra_args=args,
+                          module="canopy.apps.cache.engine", api_key=key) as server, \
+            httpx.Client(base_url=server.direct_url, timeout=600.0,
+                         headers={"Authorization": f"Bearer {key}"}) as client:
+        _stream_one(client, server.model, " hello", 1)  # warm-up: shorter than a block
+        began = time.perf_counter()
+        for i in range(len(workload.prompts)):
+            if i == workload.start:
+                began = time.perf_counter()
+            ttft, total = _stream_one(client, server.model, workload.text(i), max_tokens)
+            run.ttft_s.append(ttft)
+            run.total_s.append(total)
+            if progress is not None:
+                progress(1)
+        run.wall_s = time.perf_counter() - began
+        answer = client.get(server.direct_url.removesuffix("/v1") + "/canopy/cache")
+        answer.raise_for_status()
+        run.server = answer.json()
+    run.server = {**run.server, **{k: run.server[k][1:] for k in (
+        "reused_blocks", "prompt_blocks", "prompt_tokens")}}  # drop the warm-up
+    return run
+
+
+def calibrate(runs: Sequence[LiveRun]) -> tuple[TTFTModel, float]:
+    """Least-squares ``ttft = overhead + per_token * uncached_tokens`` over every request of
+    ``runs`` (milliseconds); returns the model and the fit's R^2."""
+    uncached, ttft = [], []
+    for run in runs:
+        tokens = np.asarray(run.server["prompt_tokens"], dtype=float)
+        reused = np.asarray(run.server["reused_blocks"], dtype=float) * run.server[
+            "block_tokens"]
+        uncached.append(tokens - reused)
+        ttft.append(np.asarray(run.ttft_s) * 1000.0)
+    x, y = np.concatenate(uncached), np.concatenate(ttft)
+    if np.ptp(x) == 0:
+        raise ValueError("every request prefilled the same number of tokens; calibration "
+                         "needs runs with caching (pass a policy besides off)")
+    slope, intercept = np.polyfit(x, y, 1)
+    r2 = 1.0 - np.sum((y - (intercept + slope * x)) ** 2) / np.sum((y - y.mean()) ** 2)
+    return TTFTModel(ms_per_token=max(float(slope), 0.0),
+                     overhead_ms=max(float(intercept), 0.0)), float(r2)
+
+
+def load_calibration(file: str | Path) -> TTFTModel:
+    """A TTFT model from a calibration file written by ``canopy cache live``."""
+    try:
+        fitted = json.loads(Path(file).read_text())["calibration"]
+        return TTFTModel(ms_per_token=fitted["ms_per_token"], overhead_ms=fitted["overhead_ms"])
+    except (OSError, json.JSONDecodeError, KeyError, TypeError) as error:
+        raise ValueError(f"{file}: not a calibration file of canopy cache live "
+                         f"({type(error).__name__}: {error})") from None
+
+
+def _blocks(tokens: Sequence[int], block_tokens: int) -> list[tuple[int, ...]]:
+    return [tuple(tokens[i:i + block_tokens])
+            for i in range(0, len(tokens) // block_tokens * block_tokens, block_tokens)]
+
+
+def predicted_reuse(workload: Workload, vocab: Any, policy: str, capacity_blocks: int,
+                    block_tokens: int) -> np.ndarray:
+    """Blocks each request reuses in the replay of the workload's block chains (tokenized as
+    the engine tokenizes them)."""
+    chains = [_blocks(vocab.tokenize(workload.text(i).encode(), add_bos=True, special=True),
+                      block_tokens)
+              for i in range(len(workload.prompts))]
+    if policy == "off":
+        return np.zeros(len(chains), dtype=np.int64)
+    return replay_stream(chains, policy, capacity_blocks)
+
+
+def run_live(policies: Sequence[str], workload_of: Callable[[int], Workload], *,
+             repeats: int = 1, seed: int = 0, capacity_mb: float = 6.0,
+             block_tokens: int = 16, n_threads: int = 2, max_tokens: int = 4,
+             n_ctx: int = 512, model_path: Path, vocab: Any,
+             calibration: TTFTModel | None = None,
+             progress: Callable[[int], None] | None = None) -> dict[str, Any]:
+    """Every policy on ``repeats`` workloads (seeds ``seed``, ``seed + 1``, ...): per-policy
+    summaries, the calibration fitted on these runs (or the one given) and the replay's
+    prediction of TTFT saved, and whether the replay's reuse matched the server's."""
+    runs: dict[str, list[LiveRun]] = {p: [] for p in policies}
+    workloads = []
+    for r in range(repeats):
+        workload = workload_of(seed + r)
+        workloads.append(workload)
+        for policy in policies:
+            runs[policy].append(run_policy(policy, workload, capacity_mb=capacity_mb,
+                                           block_tokens=block_tokens, n_threads=n_threads,
+                                           max_tokens=max_tokens, model_path=model_path,
+                                           n_ctx=n_ctx, progress=progress))
+    fitted, r2 = calibrate([run for per in runs.values() for run in per])
+    model = fitted if calibration is None else calibration
+    capacity_blocks = next(iter(runs.values()))[0].server["capacity_blocks"]
+    out: dict[str, Any] = {
+        "workload": workloads[0].name, "capacity_mb": capacity_mb,
+        "capacity_blocks": capacity_blocks, "block_tokens": block_tokens, "repeats": repeats,
+        "requests_per_run": len(workloads[0].prompts), "counted_from": workloads[0].start,
+        "calibration": {"ms_per_token": model.ms_per_token, "overhead_ms": model.overhead_ms,
+                        "source": "fitted on these runs" if calibration is None else "given",
+                        "fitted_r2": r2, "fitted_ms_per_token": fitted.ms_per_token,
+                        "fitted_overhead_ms": fitted.overhead_ms},
+        "results": {}}
+    for policy, per in runs.items():
+        predicted = [predicted_reuse(w, vocab, policy, capacity_blocks, block_tokens)
+                     for w in workloads]
+        out["results"][policy] = summarize(per, predicted, runs.get("off"), model)
+    return out
+
+
+def summarize(runs: Sequence[LiveRun], predicted: Sequence[np.ndarray],
+              off: Sequence[LiveRun] | None, model: TTFTModel) -> dict[str, Any]:
+    """One policy's headline numbers over its repeats (counted requests only)."""
+    from canopy.stats import t_interval
+
+    def counted(run: LiveRun, values: Sequence[float]) -> np.ndarray:
+        return np.asarray(values, dtype=float)[run.start:]
+
+    ttft = np.concatenate([counted(r, r.ttft_s) for r in runs])
+    reused = np.concatenate([counted(r, r.server["reused_blocks"]) for r in runs])
+    blocks = np.concatenate([counted(r, r.server["prompt_blocks"]) for r in runs])
+    block_tokens = runs[0].server["block_tokens"]
+    matched = all(np.array_equal(counted(r, r.server["reused_blocks"]), counted(r, p))
+                  for r, p in zip(runs, predicted, strict=True))
+    entry: dict[str, Any] = {
+        "ttft_p50_s": float(np.median(ttft)), "ttft_p90_s": float(np.quantile(ttft, 0.9)),
+        "ttft_mean_s": float(ttft.mean()),
+        "hit_rate": float(reused.sum() / max(blocks.sum(), 1)),
+        "requests": len(ttft),
+        "throughput_rps": float(sum(len(counted(r, r.ttft_s)) for r in runs) / sum(
+            r.wall_s for r in runs)),
+        "replay_matches_server": bool(matched),
+        "predicted_ttft_saved_s": float(np.mean([
+            model.saved_ms(counted(r, p) * block_tokens).mean() / 1000.0
+            for r, p in zip(runs, predicted, strict=True)])),
+        "state_bytes": int(np.mean([r.server["state_bytes"] for r in runs])),
+        "unbacked": int(sum(r.server["unbacked"] for r in runs)),
+    }
+    if off is not None:
+        saved = [counted(o, o.ttft_s).mean() - counted(r, r.ttft_s).mean()
+                 for o, r in zip(off, runs, strict=True)]
+        mean, low, high = t_interval(saved)
+        entry["ttft_saved_s"] = {"mean": mean, "ci95": None if low is None else [low, high],
+                                 "per_repeat": [float(s) for s in saved]}
+    return entry
+
