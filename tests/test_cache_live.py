@@ -153,3 +153,18 @@ def test_live_cli_rejects_bad_options_in_one_line():
                           (["--capacity-mb", "0"], "--capacity-mb")):
         result = runner.invoke(app, ["cache", "live", *args])
         assert result.exit_code == 2 and message in result.output, (args, result.output)
+
+
+def test_replay_only_needs_no_engine_and_shows_lfu_stuck_after_the_shift(engine):
+    """The replay of the live workload (tokenizer only, no server): after the popularity
+    shift LFU's stale counts hold the cache (Mooncake's lesson, here in 200 requests), while
+    canopy, which starts on recency, equals LRU until its shadows show a lead."""
+    result = CliRunner().invoke(app, ["cache", "live", "--replay-only", "--policies",
+                                      "lru,lfu,canopy", "--capacity-mb", "4", "--requests",
+                                      "80", "--repeats", "3", "--json"])
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.output)
+    assert out["capacity_blocks"] == 11
+    lru, lfu, canopy = (np.array(out["results"][p]) for p in ("lru", "lfu", "canopy"))
+    assert np.all(lfu < 0.6 * lru)
+    assert np.array_equal(canopy, lru)

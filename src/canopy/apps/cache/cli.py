@@ -144,6 +144,8 @@ def live_command(
     calibration_out: Annotated[Path | None, typer.Option(
         help="write the TTFT model fitted on these runs (for 'cache replay --calibration')")
     ] = None,
+    replay_only: bool = typer.Option(False, "--replay-only", help="no engine: the replay's "
+                                     "blocks reused per counted request (any length, seconds)"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
     plot: Annotated[Path | None, typer.Option(help="TTFT distribution per policy (needs "
                                               "matplotlib)")] = None,
@@ -190,6 +192,10 @@ def live_command(
                                  block_tokens=block_tokens, seed=s)
 
     workload_of(seed)  # bad data fails before any server starts
+    if replay_only:
+        _replay_only(names, workload_of, seed, repeats, capacity_mb, block_tokens, vocab,
+                     as_json)
+        return
     total = len(names) * repeats * requests
     with progress_bar("cache live", total, enabled=not as_json) as update:
         done = [0]
@@ -213,6 +219,28 @@ def live_command(
         from canopy.plotting import announce_plot
 
         announce_plot(plot)
+
+
+def _replay_only(names: list[str], workload_of, seed: int, repeats: int, capacity_mb: float,
+                 block_tokens: int, vocab, as_json: bool) -> None:
+    from canopy.apps.cache.engine import kv_bytes_per_token
+    from canopy.apps.cache.live import predicted_reuse
+
+    blocks = int(capacity_mb * 2**20) // (block_tokens * kv_bytes_per_token(vocab))
+    out: dict = {"capacity_blocks": blocks, "repeats": repeats, "results": {}}
+    for r in range(repeats):
+        workload = workload_of(seed + r)
+        out["workload"] = workload.name
+        for name in names:
+            reused = predicted_reuse(workload, vocab, name, blocks, block_tokens)
+            out["results"].setdefault(name, []).append(float(reused[workload.start:].mean()))
+    if as_json:
+        typer.echo(json.dumps(out))
+        return
+    typer.echo(f"{out['workload']}, {blocks} blocks: blocks reused per counted request "
+               f"(replay, {repeats} workload(s))")
+    for name, values in out["results"].items():
+        typer.echo(f"  {name:7s} " + " ".join(f"{v:.3f}" for v in values))
 
 
 def _live_table(out: dict) -> None:

@@ -40,9 +40,8 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
-import llama_cpp  # the ``engine`` extra
 import numpy as np
-from llama_cpp import BaseLlamaCache, Llama, LlamaState
+from llama_cpp import BaseLlamaCache, Llama, LlamaState  # the ``engine`` extra
 
 from canopy.apps.cache.policies import EvictionPolicy
 from canopy.apps.cache.stream import StreamingCache
@@ -55,13 +54,17 @@ LOG_REQUESTS = 100_000
 
 
 def kv_bytes_per_token(llama: Llama) -> int:
-    """KV-cache bytes one token occupies: ``2 (K and V) * layers * kv_heads * head_dim * 2``
-    (f16, llama.cpp's default cache type). SmolLM2-135M: 2 * 30 * 3 * 64 * 2 = 23,040."""
-    model = llama._model.model
-    heads = llama_cpp.llama_model_n_head(model)
-    head_dim = llama_cpp.llama_model_n_embd(model) // heads
-    return 2 * llama_cpp.llama_model_n_layer(model) * llama_cpp.llama_model_n_head_kv(
-        model) * head_dim * F16_BYTES
+    """KV-cache bytes one token occupies, from the model's GGUF metadata: ``2 (K and V) *
+    layers * kv_heads * head_dim * 2`` (f16, llama.cpp's default cache type; ``head_dim`` the
+    key length, else embedding / heads). SmolLM2-135M: 2 * 30 * 3 * 64 * 2 = 23,040. Works on
+    a ``vocab_only`` model too."""
+    meta = llama.metadata
+    arch = meta["general.architecture"]
+    heads = int(meta[f"{arch}.attention.head_count"])
+    head_dim = int(meta.get(f"{arch}.attention.key_length",
+                            int(meta[f"{arch}.embedding_length"]) // heads))
+    kv_heads = int(meta.get(f"{arch}.attention.head_count_kv", heads))
+    return 2 * int(meta[f"{arch}.block_count"]) * kv_heads * head_dim * F16_BYTES
 
 
 class PolicyStateCache(BaseLlamaCache):

@@ -309,6 +309,7 @@ def summarize(runs: Sequence[LiveRun], predicted: Sequence[np.ndarray],
     entry: dict[str, Any] = {
         "ttft_p50_s": float(np.median(ttft)), "ttft_p90_s": float(np.quantile(ttft, 0.9)),
         "ttft_mean_s": float(ttft.mean()),
+        "latency_mean_s": float(np.concatenate([counted(r, r.total_s) for r in runs]).mean()),
         "hit_rate": float(reused.sum() / max(blocks.sum(), 1)),
         "requests": len(ttft),
         "throughput_rps": float(sum(len(counted(r, r.ttft_s)) for r in runs) / sum(
