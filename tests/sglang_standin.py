@@ -1,0 +1,187 @@
+"""A stand-in for SGLang's radix cache (``sglang.srt.mem_cache.radix_cache``, v0.5.23) with
+its interface and the behaviour the eviction results depend on, for machines where SGLang
+cannot be installed (it needs its CUDA stack):
+
+* a compressed radix tree: a node holds a run of tokens; a match or an insert that ends
+  inside a node splits it (the new upper node inherits the hit count and locks);
+* ``match_prefix`` and ``insert`` stamp every node on the path with a new access time
+  (SGLang: ``time.monotonic()``; here a counter, one tick a call); ``insert`` adds one hit
+  to each node on the path that ends past ``inserted_len`` (what this request inserted
+  before, so a request counts once) and to the node it creates;
+* ``evict(num_tokens)``: a heap of the unlocked leaf nodes by the strategy's
+  ``get_priority``; pop, delete the *whole node* (all its tokens), push the parent when it
+  is left childless and unlocked, until ``num_tokens`` are freed;
+* ``inc_lock_ref`` / ``dec_lock_ref`` lock the path to the root; sizes count tokens.
+
+Strategies: LRU ``last_access_time``, LFU ``(hit_count, last_access_time)``, as in SGLang's
+``evict_policy.py``. Only what :func:`canopy.apps.cache.sglang.drive` calls is provided.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+
+class RadixKey:
+    def __init__(self, token_ids: Any) -> None:
+        self.token_ids = list(token_ids)
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+    def __getitem__(self, index: slice) -> RadixKey:
+        return RadixKey(self.token_ids[index])
+
+
+@dataclass
+class MatchPrefixParams:
+    key: RadixKey
+
+
+@dataclass
+class InsertParams:
+    key: RadixKey
+    value: Any = None
+    inserted_len: int = 0
+
+
+@dataclass
+class EvictParams:
+    num_tokens: int = 0
+
+
+@dataclass
+class MatchResult:
+    device_prefix_len: int
+    last_device_node: Node
+
+
+@dataclass(eq=False)
+class Node:
+    key: list = field(default_factory=list)
+    parent: Node | None = None
+    children: dict = field(default_factory=dict)
+    lock_ref: int = 0
+    hit_count: int = 0
+    last_access_time: int = 0
+
+
+class LRU:
+    def get_priority(self, node: Node) -> int:
+        return node.last_access_time
+
+
+class LFU:
+    def get_priority(self, node: Node) -> tuple[int, int]:
+        return (node.hit_count, node.last_access_time)
+
+
+class RadixCache:
+    def __init__(self, eviction_policy: str = "lru") -> None:
+        self.eviction_strategy = {"lru": LRU, "lfu": LFU}[eviction_policy]()
+        self.root = Node(lock_ref=1)
+        self._clock = itertools.count(1)
+        self._evictable = 0
+        self._protected = 0
+
+    def evictable_size(self) -> int:
+        return self._evictable
+
+    def protected_size(self) -> int:
+        return self._protected
+
+    def _split(self, node: Node, at: int) -> Node:
+        upper = Node(key=node.key[:at], parent=node.parent, lock_ref=node.lock_ref,
+                     hit_count=node.hit_count, last_access_time=node.last_access_time)
+        upper.parent.children[upper.key[0]] = upper
+        node.key = node.key[at:]
+        node.parent = upper
+        upper.children[node.key[0]] = node
+        return upper
+
+    def _walk(self, tokens: list, now: int, counted_from: float) -> tuple[int, Node]:
+        node, done = self.root, 0
+        node.last_access_time = now
+        while done < len(tokens) and tokens[done] in node.children:
+            child = node.children[tokens[done]]
+            child.last_access_time = now
+            common = 0
+            for a, b in zip(child.key, tokens[done:], strict=False):
+                if a != b:
+                    break
+                common += 1
+            if common < len(child.key):
+                child = self._split(child, common)
+            if done + common > counted_from:
+                child.hit_count += 1
+            node, done = child, done + common
+            if common < len(child.key):
+                break
+        return done, node
+
+    def match_prefix(self, params: MatchPrefixParams) -> MatchResult:
+        done, node = self._walk(params.key.token_ids, next(self._clock), float("inf"))
+        return MatchResult(done, node)
+
+    def insert(self, params: InsertParams) -> None:
+        tokens = params.key.token_ids
+        now = next(self._clock)
+        done, node = self._walk(tokens, now, params.inserted_len)
+        if done < len(tokens):
+            leaf = Node(key=tokens[done:], parent=node, last_access_time=now,
+                        hit_count=int(len(tokens) > params.inserted_len))
+            node.children[tokens[done]] = leaf
+            self._evictable += len(leaf.key)
+
+    def _evictable_leaf(self, node: Node) -> bool:
+        return node is not self.root and node.lock_ref == 0 and not node.children
+
+    def evict(self, params: EvictParams) -> None:
+        leaves = [n for n in self._nodes() if self._evictable_leaf(n)]
+        tie = itertools.count()
+        heap = [(self.eviction_strategy.get_priority(n), n.last_access_time, next(tie), n)
+                for n in leaves]
+        heapq.heapify(heap)
+        freed = 0
+        while freed < params.num_tokens and heap:
+            *_, node = heapq.heappop(heap)
+            del node.parent.children[node.key[0]]
+            freed += len(node.key)
+            self._evictable -= len(node.key)
+            if self._evictable_leaf(node.parent):
+                parent = node.parent
+                heapq.heappush(heap, (self.eviction_strategy.get_priority(parent),
+                                      parent.last_access_time, next(tie), parent))
+
+    def _nodes(self) -> list[Node]:
+        out, stack = [], [self.root]
+        while stack:
+            node = stack.pop()
+            out.append(node)
+            stack.extend(node.children.values())
+        return out
+
+    def inc_lock_ref(self, node: Node) -> None:
+        while node is not self.root:
+            if node.lock_ref == 0:
+                self._evictable -= len(node.key)
+                self._protected += len(node.key)
+            node.lock_ref += 1
+            node = node.parent
+
+    def dec_lock_ref(self, node: Node) -> None:
+        while node is not self.root:
+            if node.lock_ref == 1:
+                self._evictable += len(node.key)
+                self._protected -= len(node.key)
+            node.lock_ref -= 1
+            node = node.parent
+
+
+api = SimpleNamespace(RadixKey=RadixKey, MatchPrefixParams=MatchPrefixParams,
+                      InsertParams=InsertParams, EvictParams=EvictParams,
+                      simulated=RadixCache)
