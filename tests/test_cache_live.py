@@ -168,3 +168,15 @@ def test_replay_only_needs_no_engine_and_shows_lfu_stuck_after_the_shift(engine)
     lru, lfu, canopy = (np.array(out["results"][p]) for p in ("lru", "lfu", "canopy"))
     assert np.all(lfu < 0.6 * lru)
     assert np.array_equal(canopy, lru)
+
+
+def test_live_plot_is_written(tmp_path):
+    pytest.importorskip("matplotlib")
+    from canopy.apps.cache.cli import _plot_live
+
+    entry = {"ttft_mean_s": 0.4, "ttft_p50_s": 0.43}
+    out = {"workload": "zipf-shift", "results": {"off": {**entry, "ttft_mean_s": 0.7},
+                                                "lru": entry}}
+    file = tmp_path / "ttft.png"
+    _plot_live(out, file)
+    assert file.stat().st_size > 1000
