@@ -224,15 +224,16 @@ def live_command(
 def _replay_only(names: list[str], workload_of, seed: int, repeats: int, capacity_mb: float,
                  block_tokens: int, vocab, as_json: bool) -> None:
     from canopy.apps.cache.engine import kv_bytes_per_token
-    from canopy.apps.cache.live import predicted_reuse
+    from canopy.apps.cache.live import block_chains, predicted_reuse
 
     blocks = int(capacity_mb * 2**20) // (block_tokens * kv_bytes_per_token(vocab))
     out: dict = {"capacity_blocks": blocks, "repeats": repeats, "results": {}}
     for r in range(repeats):
         workload = workload_of(seed + r)
         out["workload"] = workload.name
+        chains = block_chains(workload, vocab, block_tokens)
         for name in names:
-            reused = predicted_reuse(workload, vocab, name, blocks, block_tokens)
+            reused = predicted_reuse(chains, name, blocks)
             out["results"].setdefault(name, []).append(float(reused[workload.start:].mean()))
     if as_json:
         typer.echo(json.dumps(out))

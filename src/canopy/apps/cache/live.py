@@ -42,8 +42,9 @@ import numpy as np
 from canopy.apps.cache.stream import replay_stream
 from canopy.apps.cache.ttft import TTFTModel
 
-__all__ = ["LiveRun", "Workload", "calibrate", "load_calibration", "mooncake_workload",
-           "run_live", "summarize", "word_vocabulary", "zipf_workload"]
+__all__ = ["LiveRun", "Workload", "block_chains", "calibrate", "load_calibration",
+           "mooncake_workload", "predicted_reuse", "run_live", "summarize", "word_vocabulary",
+           "zipf_workload"]
 
 SCENARIOS = ("stationary", "shift")
 WORKLOADS = ("zipf", "conversation", "synthetic")
@@ -104,13 +105,14 @@ def zipf_workload(words: Sequence[str], *, requests: int = 80, scenario: str = "
         rng.shuffle(out)  # popularity rank independent of the system
         return out
 
+    start = requests // 2 if scenario == "shift" else 0
     phases = [pool(), pool()] if scenario == "shift" else [pool()]
     prompts = []
     for i in range(requests):
-        prefixes = phases[min(i * len(phases) // requests, len(phases) - 1)]
+        prefixes = phases[-1 if i >= start else 0]
         prefix = prefixes[_zipf_choice(rng, len(prefixes), exponent)]
         prompts.append(prefix + rng.choices(words, k=question_tokens))
-    return Workload(f"zipf-{scenario}", prompts, requests // 2 if scenario == "shift" else 0)
+    return Workload(f"zipf-{scenario}", prompts, start)
 
 
 def mooncake_workload(words: Sequence[str], trace: str = "conversation", *, requests: int = 80,
@@ -128,16 +130,17 @@ def mooncake_workload(words: Sequence[str], trace: str = "conversation", *, requ
     if scenario not in SCENARIOS:
         raise ValueError(f"scenario must be one of {', '.join(SCENARIOS)}, got {scenario!r}")
     file = data.path("mooncake", TRACE_FILES[trace])
-    half = requests // 2 if scenario == "shift" else requests
-    chains = [hashes[:max_blocks] for _, _, hashes in islice(iter_mooncake(file), half)]
+    start = requests // 2 if scenario == "shift" else 0
+    counts = [start, requests - start] if scenario == "shift" else [requests]
+    chains = [hashes[:max_blocks] for _, _, hashes in islice(iter_mooncake(file), max(counts))]
     rng = random.Random(seed)
     prompts = []
-    for phase in range(requests // half if scenario == "shift" else 1):
-        for chain in chains:
+    for phase, count in enumerate(counts):
+        for chain in chains[:count]:
             text = [w for h in chain for w in random.Random(f"{seed}:{phase}:{h}").choices(
                 words, k=block_tokens)]
             prompts.append(text + rng.choices(words, k=question_tokens))
-    return Workload(f"{trace}-{scenario}", prompts, half if scenario == "shift" else 0)
+    return Workload(f"{trace}-{scenario}", prompts, start)
 
 
 @dataclass
@@ -242,13 +245,16 @@ def _blocks(tokens: Sequence[int], block_tokens: int) -> list[tuple[int, ...]]:
             for i in range(0, len(tokens) // block_tokens * block_tokens, block_tokens)]
 
 
-def predicted_reuse(workload: Workload, vocab: Any, policy: str, capacity_blocks: int,
-                    block_tokens: int) -> np.ndarray:
-    """Blocks each request reuses in the replay of the workload's block chains (tokenized as
-    the engine tokenizes them)."""
-    chains = [_blocks(vocab.tokenize(workload.text(i).encode(), add_bos=True, special=True),
-                      block_tokens)
-              for i in range(len(workload.prompts))]
+def block_chains(workload: Workload, vocab: Any, block_tokens: int
+                 ) -> list[list[tuple[int, ...]]]:
+    """Each prompt's full blocks, tokenized as the engine tokenizes it (BOS included)."""
+    return [_blocks(vocab.tokenize(workload.text(i).encode(), add_bos=True, special=True),
+                    block_tokens) for i in range(len(workload.prompts))]
+
+
+def predicted_reuse(chains: Sequence[Sequence[tuple[int, ...]]], policy: str,
+                    capacity_blocks: int) -> np.ndarray:
+    """Blocks each request reuses in the replay of the block chains (0 for ``off``)."""
     if policy == "off":
         return np.zeros(len(chains), dtype=np.int64)
     return replay_stream(chains, policy, capacity_blocks)
@@ -285,9 +291,9 @@ def run_live(policies: Sequence[str], workload_of: Callable[[int], Workload], *,
                         "fitted_r2": r2, "fitted_ms_per_token": fitted.ms_per_token,
                         "fitted_overhead_ms": fitted.overhead_ms},
         "results": {}}
+    chains = [block_chains(w, vocab, block_tokens) for w in workloads]
     for policy, per in runs.items():
-        predicted = [predicted_reuse(w, vocab, policy, capacity_blocks, block_tokens)
-                     for w in workloads]
+        predicted = [predicted_reuse(c, policy, capacity_blocks) for c in chains]
         out["results"][policy] = summarize(per, predicted, runs.get("off"), model)
     return out
 
