@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from canopy.apps.cache import Canopy, RadixCache, from_paths, make_policy
-from canopy.apps.cache.stream import StreamingCache, replay_stream
+from canopy.apps.cache.stream import PlannedCache, StreamingCache, replay_stream
 from canopy.apps.cache.traces import iter_mooncake, load_mooncake, resolve
 from conftest import require_data
 
@@ -134,3 +134,14 @@ def test_mooncake_block_ids_may_be_strings(tmp_path):
     with pytest.raises(ValueError, match=r"gateway.jsonl:1: hash_ids must be a list of "
                                          r"integers or strings"):
         load_mooncake(file)
+
+
+@pytest.mark.parametrize("policy", [*ONLINE, "optimal"])
+def test_a_planned_cache_serves_the_replay_one_request_at_a_time(policy):
+    paths = _conversations(np.random.default_rng(2), 800)
+    cache = PlannedCache(policy, 32, paths)
+    reused = [cache.request(p) for p in paths]
+    assert reused == _replayed(paths, make_policy(policy), 32).tolist()
+    assert cache.cached_prefix(paths[-1]) == len(paths[-1]) and cache.size <= 32
+    with pytest.raises(ValueError, match="does not follow the plan"):
+        cache.request(paths[0])

@@ -128,7 +128,7 @@ def _plot(out: dict, capacities: list[int], window: int, file: Path) -> None:
 @cache_app.command("live")
 def live_command(
     policies: str = typer.Option("off,lru,canopy", help="off (no caching), lru, lfu, sieve, "
-                                 "canopy"),
+                                 "canopy, optimal (knows the workload's future)"),
     capacity_mb: float = typer.Option(6.0, help="KV memory of the cache (MiB)"),
     scenario: str = typer.Option("shift", help="stationary or shift (count after the shift)"),
     workload: str = typer.Option("zipf", help="zipf (system prompts and few-shot contexts), "
@@ -165,9 +165,9 @@ def live_command(
     from canopy.reporting import progress_bar
 
     names = [p.strip() for p in policies.split(",") if p.strip()]
-    unknown = [p for p in names if p != "off" and (p not in POLICIES or p == "optimal")]
+    unknown = [p for p in names if p != "off" and p not in POLICIES]
     if not names or unknown:
-        raise typer.BadParameter(f"--policies takes off, lru, lfu, sieve, canopy; got "
+        raise typer.BadParameter(f"--policies takes off, {', '.join(POLICIES)}; got "
                                  f"{policies!r}")
     if scenario not in ("stationary", "shift"):
         raise typer.BadParameter(f"--scenario must be stationary or shift, got {scenario!r}")

@@ -44,7 +44,8 @@ import numpy as np
 from llama_cpp import BaseLlamaCache, Llama, LlamaState  # the ``engine`` extra
 
 from canopy.apps.cache.policies import EvictionPolicy
-from canopy.apps.cache.stream import StreamingCache
+from canopy.apps.cache.stream import PlannedCache, StreamingCache
+from canopy.data import jsonl_rows
 
 __all__ = ["PolicyStateCache", "kv_bytes_per_token", "main"]
 
@@ -73,8 +74,8 @@ class PolicyStateCache(BaseLlamaCache):
     off; bind the engine with :meth:`bind` before use."""
 
     def __init__(self, policy: EvictionPolicy | str | None, capacity_bytes: int, *,
-                 block_tokens: int = 16, kv_bytes: int, history_floor: float | None = 0.5
-                 ) -> None:
+                 block_tokens: int = 16, kv_bytes: int, history_floor: float | None = 0.5,
+                 plan: Sequence[Sequence[int]] | None = None) -> None:
         for name, value in (("capacity_bytes", capacity_bytes), ("block_tokens", block_tokens),
                             ("kv_bytes", kv_bytes)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -85,8 +86,14 @@ class PolicyStateCache(BaseLlamaCache):
         if policy is not None and self.capacity_blocks < 1:
             raise ValueError(f"capacity_bytes {capacity_bytes} holds no block of "
                              f"{block_tokens} tokens ({block_tokens * kv_bytes} bytes)")
-        self.policy_cache = None if policy is None else StreamingCache(
-            policy, self.capacity_blocks, history_floor=history_floor)
+        if policy is None:
+            self.policy_cache = None
+        elif plan is None:
+            self.policy_cache = StreamingCache(policy, self.capacity_blocks,
+                                               history_floor=history_floor)
+        else:  # the prompts to come are known: any policy, the offline optimum included
+            self.policy_cache = PlannedCache(
+                policy, self.capacity_blocks, [self._blocks(tuple(p)) for p in plan])
         # per-request log for measurement, bounded for a long-running server
         self.reused: deque[int] = deque(maxlen=LOG_REQUESTS)
         self.prompt_blocks: deque[int] = deque(maxlen=LOG_REQUESTS)
@@ -217,9 +224,11 @@ def _serve(args: argparse.Namespace) -> None:
                                       n_threads_batch=args.n_threads, verbose=False)])
     llama = server_app._llama_proxy(args.model_alias)  # the loaded engine
     policy = None if args.policy == "off" else args.policy
+    plan = None if args.plan is None else [row for _, row in jsonl_rows(args.plan,
+                                                                         objects=False)]
     cache = PolicyStateCache(policy, int(args.capacity_mb * 2**20),
-                             block_tokens=args.block_tokens,
-                             kv_bytes=kv_bytes_per_token(llama)).bind(llama)
+                             block_tokens=args.block_tokens, kv_bytes=kv_bytes_per_token(llama),
+                             plan=plan).bind(llama)
 
     @app.get("/canopy/cache", dependencies=[Depends(server_app.authenticate)])
     def cache_stats() -> dict[str, Any]:
@@ -237,7 +246,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--n_ctx", type=int, default=2048)
     parser.add_argument("--n_threads", type=int, default=1)
-    parser.add_argument("--policy", default="canopy", help="off, lru, lfu, sieve or canopy")
+    parser.add_argument("--policy", default="canopy",
+                        help="off, lru, lfu, sieve, canopy, or optimal (needs --plan)")
+    parser.add_argument("--plan", help="the prompts to come, one JSON list of token ids a "
+                        "line (in order; prompts without a full block may come between)")
     parser.add_argument("--capacity-mb", type=float, default=64.0)
     parser.add_argument("--block-tokens", type=int, default=16)
     parser.add_argument("--no-auth", action="store_true")

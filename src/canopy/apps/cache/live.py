@@ -39,7 +39,10 @@ from typing import Any
 
 import numpy as np
 
+from canopy.apps.cache.policies import make_policy
+from canopy.apps.cache.radix import RadixCache
 from canopy.apps.cache.stream import replay_stream
+from canopy.apps.cache.traces import from_paths
 from canopy.apps.cache.ttft import TTFTModel
 
 __all__ = ["LiveRun", "Workload", "block_chains", "calibrate", "load_calibration",
@@ -176,16 +179,18 @@ def _stream_one(client: Any, model: str, prompt: str, max_tokens: int) -> tuple[
 
 def run_policy(policy: str, workload: Workload, *, capacity_mb: float, block_tokens: int,
                n_threads: int, max_tokens: int, model_path: Path, n_ctx: int,
+               plan: Path | None = None,
                progress: Callable[[int], None] | None = None) -> LiveRun:
-    """Start the engine with ``policy`` (``off`` for no caching), send every prompt in order,
-    return the timings and the server cache's statistics."""
+    """Start the engine with ``policy`` (``off`` for no caching; ``plan``, the workload's
+    token ids, for a policy that reads the future), send every prompt in order, return the
+    timings and the server cache's statistics."""
     import httpx
 
     from canopy.llm.local import LocalLlamaServer
 
     key = secrets.token_urlsafe(24)
     args = ["--policy", policy, "--capacity-mb", repr(capacity_mb), "--block-tokens",
-            str(block_tokens)]
+            str(block_tokens), *(() if plan is None else ("--plan", str(plan)))]
     run = LiveRun(policy, workload.start)
     with LocalLlamaServer(model_path, n_ctx=n_ctx, n_threads=n_threads, extra_args=args,
                           module="canopy.apps.cache.engine", api_key=key) as server, \
@@ -257,7 +262,18 @@ def predicted_reuse(chains: Sequence[Sequence[tuple[int, ...]]], policy: str,
     """Blocks each request reuses in the replay of the block chains (0 for ``off``)."""
     if policy == "off":
         return np.zeros(len(chains), dtype=np.int64)
+    if make_policy(policy).offline:
+        return RadixCache(from_paths(chains), make_policy(policy), capacity_blocks).run()
     return replay_stream(chains, policy, capacity_blocks)
+
+
+def _write_plan(workload: Workload, vocab: Any, folder: Path) -> Path:
+    """The workload's token ids, one JSON list a line (the engine's ``--plan``)."""
+    file = folder / f"plan-{id(workload)}.jsonl"
+    file.write_text("".join(json.dumps(vocab.tokenize(workload.text(i).encode(), add_bos=True,
+                                                      special=True)) + "\n"
+                            for i in range(len(workload.prompts))))
+    return file
 
 
 def run_live(policies: Sequence[str], workload_of: Callable[[int], Workload], *,
@@ -269,16 +285,21 @@ def run_live(policies: Sequence[str], workload_of: Callable[[int], Workload], *,
     """Every policy on ``repeats`` workloads (seeds ``seed``, ``seed + 1``, ...): per-policy
     summaries, the calibration fitted on these runs (or the one given) and the replay's
     prediction of TTFT saved, and whether the replay's reuse matched the server's."""
+    import tempfile
+
     runs: dict[str, list[LiveRun]] = {p: [] for p in policies}
     workloads = []
-    for r in range(repeats):
-        workload = workload_of(seed + r)
-        workloads.append(workload)
-        for policy in policies:
-            runs[policy].append(run_policy(policy, workload, capacity_mb=capacity_mb,
-                                           block_tokens=block_tokens, n_threads=n_threads,
-                                           max_tokens=max_tokens, model_path=model_path,
-                                           n_ctx=n_ctx, progress=progress))
+    with tempfile.TemporaryDirectory(prefix="canopy-plan-") as folder:
+        for r in range(repeats):
+            workload = workload_of(seed + r)
+            workloads.append(workload)
+            for policy in policies:
+                offline = policy != "off" and make_policy(policy).offline
+                plan = _write_plan(workload, vocab, Path(folder)) if offline else None
+                runs[policy].append(run_policy(
+                    policy, workload, capacity_mb=capacity_mb, block_tokens=block_tokens,
+                    n_threads=n_threads, max_tokens=max_tokens, model_path=model_path,
+                    n_ctx=n_ctx, plan=plan, progress=progress))
     fitted, r2 = calibrate([run for per in runs.values() for run in per])
     model = fitted if calibration is None else calibration
     capacity_blocks = next(iter(runs.values()))[0].server["capacity_blocks"]
@@ -331,7 +352,13 @@ def summarize(runs: Sequence[LiveRun], predicted: Sequence[np.ndarray],
         saved = [counted(o, o.ttft_s).mean() - counted(r, r.ttft_s).mean()
                  for o, r in zip(off, runs, strict=True)]
         mean, low, high = t_interval(saved)
+        paired = np.concatenate([counted(o, o.ttft_s) - counted(r, r.ttft_s)
+                                 for o, r in zip(off, runs, strict=True)])
         entry["ttft_saved_s"] = {"mean": mean, "ci95": None if low is None else [low, high],
-                                 "per_repeat": [float(s) for s in saved]}
+                                 "per_repeat": [float(s) for s in saved],
+                                 "median": float(np.median(paired))}
+        entry["predicted_ttft_saved_median_s"] = float(np.median(np.concatenate([
+            model.saved_ms(counted(r, p) * block_tokens) / 1000.0
+            for r, p in zip(runs, predicted, strict=True)])))
     return entry
 

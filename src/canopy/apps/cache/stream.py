@@ -12,7 +12,9 @@ no cache holds and whose decayed counts (``canopy``'s cells) have fallen below
 the cached blocks of the main cache and the shadows, and the cells referenced within about
 ``log2(1 / history_floor)`` half-lives of traffic.
 
-The offline optimum reads the future and has no streaming form; replay it on a whole trace.
+The offline optimum reads the future and has no streaming form; when the requests are known
+in advance (a measurement that replays a planned workload), :class:`PlannedCache` serves them
+one at a time with the same interface, so every policy, the optimum included, can run live.
 """
 
 from __future__ import annotations
@@ -24,8 +26,9 @@ import numpy as np
 
 from canopy.apps.cache import radix
 from canopy.apps.cache.policies import EvictionPolicy, make_policy
+from canopy.apps.cache.traces import from_paths
 
-__all__ = ["StreamingCache", "replay_stream"]
+__all__ = ["PlannedCache", "StreamingCache", "replay_stream"]
 
 _MAX_DEPTH = 65_535
 """Deepest block a streaming cache orders exactly by recency (``canopy``'s recency key breaks
@@ -47,6 +50,19 @@ def _close_upward(keep: np.ndarray, parent: np.ndarray) -> None:
     for v in range(len(keep) - 1, -1, -1):
         if keep[v] and parent[v] >= 0:
             keep[parent[v]] = True
+
+
+def _cached_prefix(index: dict[tuple[int, Hashable], int], ni: np.ndarray,
+                   keys: Iterable[Hashable]) -> int:
+    """Leading blocks of ``keys`` cached in node table ``ni`` (``index``: (parent, key) ->
+    node)."""
+    node, count = -1, 0
+    for key in keys:
+        node = index.get((node, key), -1)
+        if node < 0 or ni[node, radix._CACHED] == 0:
+            break
+        count += 1
+    return count
 
 
 def _remap_links(table: np.ndarray, remap: np.ndarray, columns: Sequence[int]) -> None:
@@ -159,13 +175,7 @@ class StreamingCache:
 
     def cached_prefix(self, keys: Iterable[Hashable]) -> int:
         """How many leading blocks of ``keys`` are cached now (nothing changes)."""
-        node, count = -1, 0
-        for key in keys:
-            node = self._index.get((node, key), -1)
-            if node < 0 or self._ni[node, radix._CACHED] == 0:
-                break
-            count += 1
-        return count
+        return _cached_prefix(self._index, self._ni, keys)
 
     # ------------------------------------------------------------ node tables
     def _chain(self, keys: Iterable[Hashable]) -> np.ndarray:
@@ -274,3 +284,40 @@ def replay_stream(requests: Iterable[Sequence[Hashable]], policy: EvictionPolicy
     holding O(capacity) state whatever the stream's length."""
     cache = StreamingCache(policy, capacity, history_floor=history_floor)
     return np.fromiter((cache.request(keys) for keys in requests), dtype=np.int64)
+
+
+class PlannedCache:
+    """The radix cache of a known request stream (``plan``: each request's block keys, root
+    first), served one request at a time in plan order with :class:`StreamingCache`'s
+    interface; any policy, the offline optimum included. Requests without a full block are
+    not in the plan and reuse nothing; a request that departs from the plan raises
+    :class:`ValueError`."""
+
+    def __init__(self, policy: EvictionPolicy | str, capacity: int,
+                 plan: Sequence[Sequence[Hashable]]) -> None:
+        self.policy = make_policy(policy) if isinstance(policy, str) else policy
+        self._plan = [tuple(keys) for keys in plan if len(keys)]
+        if not self._plan:
+            raise ValueError("the plan has no request with a full block")
+        trace = from_paths(self._plan)
+        self._cache = radix.RadixCache(trace, self.policy, capacity)
+        self._index = {(int(trace.parent[v]), key): int(v)
+                       for i, keys in enumerate(self._plan)
+                       for key, v in zip(keys, trace.path(i).tolist(), strict=True)}
+
+    @property
+    def size(self) -> int:
+        return self._cache.size
+
+    def request(self, keys: Iterable[Hashable]) -> int:
+        keys = tuple(keys)
+        if not keys:
+            return 0
+        t = self._cache.next_request_
+        if t >= len(self._plan) or keys != self._plan[t]:
+            raise ValueError(f"request {t} does not follow the plan")
+        return self._cache.step()
+
+    def cached_prefix(self, keys: Iterable[Hashable]) -> int:
+        """How many leading blocks of ``keys`` are cached now (nothing changes)."""
+        return _cached_prefix(self._index, self._cache._ni, keys)
