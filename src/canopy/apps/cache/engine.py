@@ -45,6 +45,7 @@ from llama_cpp import BaseLlamaCache, Llama, LlamaState  # the ``engine`` extra
 
 from canopy.apps.cache.policies import EvictionPolicy
 from canopy.apps.cache.stream import PlannedCache, StreamingCache
+from canopy.apps.cache.traces import full_blocks
 from canopy.data import jsonl_rows
 
 __all__ = ["PolicyStateCache", "kv_bytes_per_token", "main"]
@@ -191,9 +192,8 @@ class PolicyStateCache(BaseLlamaCache):
                 "states": len(self._states), "state_bytes": self.state_bytes,
                 "cached_blocks": 0 if self.policy_cache is None else self.policy_cache.size}
 
-    def _blocks(self, tokens: tuple[int, ...]) -> list[tuple[int, ...]]:
-        b = self.block_tokens
-        return [tokens[i:i + b] for i in range(0, len(tokens) // b * b, b)]
+    def _blocks(self, tokens: Sequence[int]) -> list[tuple[int, ...]]:
+        return full_blocks(tokens, self.block_tokens)
 
     def _prune(self) -> None:
         """Cut each snapshot back to the part of its chain still cached; drop the rest."""

@@ -42,7 +42,7 @@ import numpy as np
 from canopy.apps.cache.policies import make_policy
 from canopy.apps.cache.radix import RadixCache
 from canopy.apps.cache.stream import replay_stream
-from canopy.apps.cache.traces import from_paths
+from canopy.apps.cache.traces import from_paths, full_blocks
 from canopy.apps.cache.ttft import TTFTModel
 
 __all__ = ["LiveRun", "Workload", "block_chains", "calibrate", "load_calibration",
@@ -245,16 +245,12 @@ def load_calibration(file: str | Path) -> TTFTModel:
                          f"({type(error).__name__}: {error})") from None
 
 
-def _blocks(tokens: Sequence[int], block_tokens: int) -> list[tuple[int, ...]]:
-    return [tuple(tokens[i:i + block_tokens])
-            for i in range(0, len(tokens) // block_tokens * block_tokens, block_tokens)]
-
-
 def block_chains(workload: Workload, vocab: Any, block_tokens: int
                  ) -> list[list[tuple[int, ...]]]:
     """Each prompt's full blocks, tokenized as the engine tokenizes it (BOS included)."""
-    return [_blocks(vocab.tokenize(workload.text(i).encode(), add_bos=True, special=True),
-                    block_tokens) for i in range(len(workload.prompts))]
+    return [full_blocks(vocab.tokenize(workload.text(i).encode(), add_bos=True,
+                                       special=True), block_tokens)
+            for i in range(len(workload.prompts))]
 
 
 def predicted_reuse(chains: Sequence[Sequence[tuple[int, ...]]], policy: str,

@@ -34,6 +34,7 @@ __all__ = [
     "TRACE_FILES",
     "Trace",
     "from_paths",
+    "full_blocks",
     "iter_mooncake",
     "load_mooncake",
     "load_prompt_log",
@@ -118,6 +119,13 @@ class _Trie:
             out.append(child)
             node = child
         return out
+
+
+def full_blocks(tokens: Sequence[int], block_size: int) -> list[tuple[int, ...]]:
+    """The full ``block_size``-token blocks of a prompt, root first; the trailing partial
+    block is not cacheable (as in vLLM)."""
+    return [tuple(tokens[i:i + block_size])
+            for i in range(0, len(tokens) // block_size * block_size, block_size)]
 
 
 def _build(name: str, trie: _Trie, paths: list[list[int]], timestamps: Sequence[float],
@@ -246,9 +254,7 @@ def load_prompt_log(file: str | Path, *, block_size: int = 16, name: str | None 
         else:
             ids = row
         ids = _int_list(file, lineno, ids, "tokens")
-        full = len(ids) // block_size
-        blocks = (tuple(ids[b * block_size:(b + 1) * block_size]) for b in range(full))
-        paths.append(trie.chain(blocks))
+        paths.append(trie.chain(full_blocks(ids, block_size)))
         timestamps.append(_in_order(file, lineno, timestamps, stamp))
         tokens.append(len(ids))
     if not paths:
