@@ -166,8 +166,10 @@ def test_top_k_by_partial_selection_is_the_lexsort_prefix():
         n = int(rng.integers(1, 300))
         keys = (rng.integers(0, 5, n).astype(float), rng.integers(0, 3, n).astype(float),
                 rng.permutation(n).astype(float))
+        tied = (np.where(rng.random(n) < 0.3, np.inf, keys[0]), keys[1])  # ties to the end
         for k in (1, 2, n // 2 + 1, n):
             assert top_k(k, *keys).tolist() == np.lexsort(keys[::-1])[:k].tolist()
+            assert top_k(k, *tied).tolist() == np.lexsort(tied[::-1])[:k].tolist()
 
 
 def _drive(policy, problem, p_lost, refund):

@@ -168,3 +168,17 @@ def test_a_leaf_cannot_be_probed_at_probe_cost():
     with pytest.raises(ValueError, match="is a leaf"):
         problem.spec.check_query(Query("probe", leaf_node))
     problem.spec.check_query(Query("leaf", leaf_node))
+
+
+@pytest.mark.parametrize("costs", [[1.0, 3.0, 2.0], [0.05, 1.0, 0.05], [0.1, 0.3, 7.0]])
+def test_charging_many_at_once_is_bit_for_bit_that_many_single_charges(costs):
+    one_by_one, at_once = Ledger(1e6), Ledger(1e6)
+    for cost, count in zip(costs, (4096, 333, 1000), strict=True):
+        for _ in range(count):
+            assert one_by_one.try_charge("leaf", cost)
+        at_once.charge_many("leaf", cost, count)
+        assert at_once.spent == one_by_one.spent
+    assert at_once.n_leaves == one_by_one.n_leaves
+    with pytest.raises(BudgetExceeded):
+        at_once.charge_many("leaf", 1.0, 10**6)
+    assert at_once.spent == one_by_one.spent  # nothing charged by the refused batch

@@ -180,10 +180,15 @@ class Ledger:
         :class:`BudgetExceeded` and nothing charged if the budget cannot pay them all)."""
         if count <= 0:
             return
-        # summed one cost at a time, as that many charges would (bit for bit the same total)
-        terms = np.full(count + 1, cost)
-        terms[0] = self.spent
-        spent = float(np.add.accumulate(terms)[-1])
+        # summed one cost at a time, as that many charges would (bit for bit the same total);
+        # whole numbers below 2^53 add exactly, so there one product gives the same total
+        total = cost * count
+        if float(cost).is_integer() and self.spent.is_integer() and self.spent + total < 2.0**53:
+            spent = self.spent + total
+        else:
+            terms = np.full(count + 1, cost)
+            terms[0] = self.spent
+            spent = float(np.add.accumulate(terms)[-1])
         if spent > self._limit:
             raise BudgetExceeded(f"{count} {kind} queries cost {cost * count:g} but only "
                                  f"{self.remaining:g} of the budget {self.budget:g} remains")

@@ -46,14 +46,21 @@ def check_k(k: int, n_leaves: int) -> int:
 
 def top_k(k: int, *keys: np.ndarray) -> np.ndarray:
     """The first ``k`` indices of ``np.lexsort(keys[::-1])`` (``keys[0]`` primary, all
-    ascending), by partial selection on the primary key: only the entries tied with or ahead
-    of the ``k``-th are fully sorted."""
-    primary = keys[0]
-    if k < primary.size:
-        kth = np.partition(primary, k - 1)[k - 1]
-        candidates = np.flatnonzero(primary <= kth)
-    else:
-        candidates = np.arange(primary.size)
+    ascending), by partial selection key by key: each key keeps the entries strictly ahead
+    of the ``k``-th and passes only those tied with it to the next key, so only about ``k``
+    entries are ever fully sorted (ties on every key resolve by index, as lexsort's are)."""
+    chosen: list[np.ndarray] = []
+    tied = np.arange(keys[0].size)
+    for key in keys:
+        need = k - sum(part.size for part in chosen)
+        if tied.size <= need:
+            break
+        values = key[tied]
+        kth = np.partition(values, need - 1)[need - 1]
+        chosen.append(tied[values < kth])
+        tied = tied[values == kth]
+    chosen.append(tied)
+    candidates = np.concatenate(chosen)
     order = np.lexsort(tuple(key[candidates] for key in reversed(keys)))
     return candidates[order[:k]]
 
