@@ -14,6 +14,7 @@ from canopy.instances import heterogeneous_smoothness, infinite_depth, tree_lips
 from canopy.metrics import cumulative_regret
 from canopy.policies import _explored as ex
 from canopy.policies.descent import (
+    KnownBiasDescent,
     MemoryBoundedDescent,
     OptimisticDescent,
 )
@@ -80,6 +81,41 @@ def test_estimated_beats_too_tight_and_too_loose_assumed_lipschitz():
     estimated = np.mean(finals["estimated"])
     assert estimated < 0.9 * np.mean(finals["tight"])
     assert estimated < 0.9 * np.mean(finals["loose"])
+
+
+def _true_biases(problem):
+    return np.array([problem.aggregation_bias(v) for v in range(problem.tree.n_nodes)])
+
+
+def test_known_bias_descent_plays_the_given_spreads_and_beats_both_mis_specified_constants():
+    n = 10_000
+    finals: dict[str, list[float]] = {"tight": [], "loose": [], "known": []}
+    for seed in range(6):
+        problem = heterogeneous_smoothness(4, 4, seed=seed)
+        bias = _true_biases(problem)
+        known = KnownBiasDescent(bias)
+        finals["known"].append(regret_curve(known, problem, n, seed)[0][-1])
+        rows = np.arange(known.n_stored_)
+        nodes = known._ist[rows, ex.NODE]
+        assert np.array_equal(known._fs[rows, ex.SPREAD], bias[nodes])
+        for name, lip in (("tight", 0.05), ("loose", 3.0)):
+            finals[name].append(regret_curve(OptimisticDescent(lipschitz=lip), problem, n,
+                                             seed)[0][-1])
+    assert np.mean(finals["known"]) < 0.9 * np.mean(finals["tight"])
+    assert np.mean(finals["known"]) < 0.9 * np.mean(finals["loose"])
+
+
+def test_known_bias_descent_never_splits_a_cell_of_bias_zero_and_checks_its_input():
+    tree = Tree.complete(3, 3)
+    flat = LeafMeans(tree, np.full(tree.n_leaves, 0.5), sigma=0.1)
+    policy = KnownBiasDescent(_true_biases(flat))
+    run(policy, flat, budget=2_000, seed=0)
+    assert policy.max_stored_ == 1  # Eq. (6) with spread 0: the root is never split
+    with pytest.raises(ValueError, match="one per node"):
+        KnownBiasDescent(np.array([0.1, -1.0]))
+    with pytest.raises(ValueError, match="13 nodes"):
+        KnownBiasDescent(np.zeros(3)).start(tree_lipschitz(3, 2, seed=0).spec, budget=10)
+    assert KnownBiasDescent(np.zeros(1)).name == "descent-known-bias"
 
 
 def _play(policy, problem, budget, seed):

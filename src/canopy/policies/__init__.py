@@ -2,7 +2,8 @@
 
 Imported lazily by name, so ``import canopy`` compiles nothing:
 
-- regret play (Eqs. 4-6): :class:`OptimisticDescent`, :class:`MemoryBoundedDescent`;
+- regret play (Eqs. 4-6): :class:`OptimisticDescent`, :class:`MemoryBoundedDescent`, and
+  the instrument :class:`KnownBiasDescent` (spreads given, e.g. the true biases);
 - fixed-budget identification (Section 3.4, Appendix B): :class:`EdgeTargeted`,
   :class:`TopKBeam`, :class:`TopKSound`;
 - baselines: :class:`Uniform`, :class:`SuccessiveElimination`, :class:`SuccessiveRejects`,
@@ -19,6 +20,7 @@ from canopy.policies.base import Policy, check_k
 _EXPORTS = {
     "OptimisticDescent": "canopy.policies.descent",
     "MemoryBoundedDescent": "canopy.policies.descent",
+    "KnownBiasDescent": "canopy.policies.descent",
     "EdgeTargeted": "canopy.policies.identify",
     "TopKBeam": "canopy.policies.identify",
     "TopKSound": "canopy.policies.identify",

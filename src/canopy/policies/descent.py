@@ -43,7 +43,7 @@ from canopy.problem import ProblemSpec, Query
 from canopy.tree import LazyTree, Tree
 from canopy.validation import check_open_unit, check_positive
 
-__all__ = ["MemoryBoundedDescent", "OptimisticDescent"]
+__all__ = ["KnownBiasDescent", "MemoryBoundedDescent", "OptimisticDescent"]
 
 _SPREADS = {"assumed": ex.ASSUMED, "certified": ex.CERTIFIED, "hybrid": ex.HYBRID,
             "estimated": ex.ESTIMATED}
@@ -408,6 +408,51 @@ class OptimisticDescent(ExploredTreePolicy):
         self._begin(schedules=[(self.lipschitz, self.rho)], spread=self.spread,
                     expand=self.expand, max_depth=self.max_depth, path_stats=False, c=self.c,
                     delta=self.delta, z=self.z, certificate=self.certificate)
+
+
+class KnownBiasDescent(OptimisticDescent):
+    """:class:`OptimisticDescent` whose ``spread(v)`` is a given per-node bias, e.g. each
+    node's true aggregation bias (Eq. 2, :meth:`~canopy.problem.LeafMeans.aggregation_bias`).
+
+    An instrument, not a policy a user can run blind: with the true biases it is the limit
+    every valid certificate approaches from above (a valid bound is at least the true bias
+    with probability ``1 - delta``), so it separates what the data-driven spreads lose to
+    their width from what a perfect certificate would still lose. Eq. (6) and Eq. (4) as in
+    :class:`OptimisticDescent` (``expand="refine"``).
+
+    Args:
+        bias: the spread of each node of the problem's tree, indexed by node id (>= 0).
+        c: scale of the confidence radius (> 0).
+    """
+
+    def __init__(self, bias: np.ndarray, *, c: float = 1.0) -> None:
+        super().__init__(spread="assumed", c=c)
+        bias = np.asarray(bias, dtype=float)
+        if bias.ndim != 1 or not np.all(np.isfinite(bias) & (bias >= 0)):
+            raise ValueError("bias must be a 1-d array of finite values >= 0, one per node")
+        self.bias = bias
+
+    @property
+    def name(self) -> str:  # type: ignore[override]
+        return "descent-known-bias"
+
+    def _start(self) -> None:
+        tree = self.spec_.tree
+        if isinstance(tree, Tree) and self.bias.size != tree.n_nodes:
+            raise ValueError(f"bias has {self.bias.size} entries, the tree {tree.n_nodes} nodes")
+        super()._start()
+        self._set_spread(0)
+
+    def _set_spread(self, row: int) -> None:
+        node = int(self._ist[row, ex.NODE])
+        self._fs[row, ex.FLOOR] = self._fs[row, ex.SPREAD] = self.bias[node]
+
+    def _split(self, row: int) -> int:
+        step = super()._split(row)  # the new children are not played before this returns
+        first = int(self._ist[row, ex.FIRST])
+        for kid in range(first, first + int(self._ist[row, ex.NKIDS])):
+            self._set_spread(kid)
+        return step
 
 
 class MemoryBoundedDescent(ExploredTreePolicy):
