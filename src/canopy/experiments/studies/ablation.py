@@ -124,7 +124,7 @@ def headlines(rows: Sequence[Row]) -> list[Headline]:
                          paper=paper, target=f"<= best fixed L ({best.x:g})",
                          passed=row.mean <= best.mean),
                 Headline(f"{method} / best fixed", row.mean / best.mean,
-                         paper=paper and paper / 3127.0, target="<= 1",
+                         paper=None if paper is None else paper / 3127.0, target="<= 1",
                          passed=row.mean <= best.mean)]
     out.append(Headline(f"best fixed L = {best.x:g}: final regret", best.mean, best.ci_low,
                         best.ci_high, paper=3127.0))
