@@ -83,16 +83,12 @@ def test_estimated_beats_too_tight_and_too_loose_assumed_lipschitz():
     assert estimated < 0.9 * np.mean(finals["loose"])
 
 
-def _true_biases(problem):
-    return np.array([problem.aggregation_bias(v) for v in range(problem.tree.n_nodes)])
-
-
 def test_known_bias_descent_plays_the_given_spreads_and_beats_both_mis_specified_constants():
     n = 10_000
     finals: dict[str, list[float]] = {"tight": [], "loose": [], "known": []}
     for seed in range(6):
         problem = heterogeneous_smoothness(4, 4, seed=seed)
-        bias = _true_biases(problem)
+        bias = problem.aggregation_biases()
         known = KnownBiasDescent(bias)
         finals["known"].append(regret_curve(known, problem, n, seed)[0][-1])
         rows = np.arange(known.n_stored_)
@@ -108,7 +104,7 @@ def test_known_bias_descent_plays_the_given_spreads_and_beats_both_mis_specified
 def test_known_bias_descent_never_splits_a_cell_of_bias_zero_and_checks_its_input():
     tree = Tree.complete(3, 3)
     flat = LeafMeans(tree, np.full(tree.n_leaves, 0.5), sigma=0.1)
-    policy = KnownBiasDescent(_true_biases(flat))
+    policy = KnownBiasDescent(flat.aggregation_biases())
     run(policy, flat, budget=2_000, seed=0)
     assert policy.max_stored_ == 1  # Eq. (6) with spread 0: the root is never split
     with pytest.raises(ValueError, match="one per node"):

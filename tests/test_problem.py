@@ -52,6 +52,9 @@ def test_leaf_means_probe_expectation_is_subtree_average():
     assert draws.mean() == pytest.approx(problem.node_values[0], abs=0.01)
     assert problem.node_values[0] == pytest.approx(0.45)
     assert problem.aggregation_bias(1) == pytest.approx(0.9 - 0.4)
+    every = problem.aggregation_biases()
+    assert every == pytest.approx([problem.aggregation_bias(v) for v in range(tree.n_nodes)])
+    assert every[tree.leaf_node].tolist() == [0.0] * 4
 
 
 def test_run_respects_budget_and_is_deterministic():

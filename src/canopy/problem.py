@@ -265,6 +265,10 @@ class LeafMeans:
         block = self.means[leaves.start:leaves.stop]
         return float(block.max() - block.mean())
 
+    def aggregation_biases(self) -> np.ndarray:
+        """Eq. (2) for every node, indexed by node id (round-off below 0 clipped)."""
+        return np.maximum(self.tree.subtree_max(self.means) - self.node_values, 0.0)
+
     def value(self, node: int) -> float:
         """f(v) of Eq. (1)."""
         return float(self.node_values[self.tree.check_node(node)])

@@ -21,8 +21,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from canopy.experiments.studies._common import instance_seed, make_policy, policy_cell, regret_curve
 from canopy.experiments.study import (
     Headline,
@@ -101,8 +99,7 @@ def run_cell(cell: dict[str, Any], seed: int) -> list[Measurement]:
                                        rough_lipschitz=cell["rough_lipschitz"],
                                        sigma=cell["sigma"], seed=instance_seed(seed))
     if cell["policy"] == "KnownBiasDescent":
-        bias = np.array([problem.aggregation_bias(v) for v in range(problem.tree.n_nodes)])
-        policy: Policy = KnownBiasDescent(bias)
+        policy: Policy = KnownBiasDescent(problem.aggregation_biases())
     else:
         policy = make_policy(cell)
     regret = regret_curve(policy, problem, horizon=cell["horizon"], seed=seed)
