@@ -190,7 +190,7 @@ class Ledger:
             terms[0] = self.spent
             spent = float(np.add.accumulate(terms)[-1])
         if spent > self._limit:
-            raise BudgetExceeded(f"{count} {kind} queries cost {cost * count:g} but only "
+            raise BudgetExceeded(f"{count} {kind} queries cost {total:g} but only "
                                  f"{self.remaining:g} of the budget {self.budget:g} remains")
         self.spent = spent
         if kind == "probe":

@@ -412,7 +412,7 @@ class OptimisticDescent(ExploredTreePolicy):
 
 class KnownBiasDescent(OptimisticDescent):
     """:class:`OptimisticDescent` whose ``spread(v)`` is a given per-node bias, e.g. each
-    node's true aggregation bias (Eq. 2, :meth:`~canopy.problem.LeafMeans.aggregation_bias`).
+    node's true aggregation bias (Eq. 2, :meth:`~canopy.problem.LeafMeans.aggregation_biases`).
 
     An instrument, not a policy a user can run blind: with the true biases it is the limit
     every valid certificate approaches from above (a valid bound is at least the true bias
