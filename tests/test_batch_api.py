@@ -71,6 +71,34 @@ def test_tell_batch_is_all_or_nothing():
         policy.ask_batch(0)
 
 
+def test_tell_batch_refuses_an_infinity_on_an_unbounded_range():
+    assert PROBLEM.spec.value_range == (-math.inf, math.inf)
+    for bad in (math.inf, -math.inf, math.nan):
+        policy = SuccessiveElimination(k=2).start(PROBLEM.spec, budget=600.0, seed=0)
+        batch = policy.ask_batch(20)
+        with pytest.raises(ValueError):
+            policy.tell_batch(batch, [0.5] * 19 + [bad])
+
+
+@pytest.mark.parametrize("name", ["beam", "se"])
+def test_tell_batch_keeps_its_own_copy_of_the_values(name):
+    """A caller that reuses one buffer for every batch gets the run of fresh arrays (the
+    phased policies fold observations in at the next phase, after the buffer changed)."""
+    runs = []
+    for reuse in (False, True):
+        policy = POLICIES[name]().start(PROBLEM.spec, budget=400.0, seed=0)
+        buffer = np.empty(64)
+        while len(batch := policy.ask_batch(64)):
+            values = [_value(batch.kind, n) for n in batch.nodes.tolist()]
+            out = buffer[:len(batch)] if reuse else np.empty(len(batch))
+            out[:] = values
+            policy.tell_batch(batch, out)
+            if reuse:
+                buffer[:] = -1.0  # scribbled over before the policy reads its statistics
+        runs.append(policy.recommend(3).tolist())
+    assert runs[0] == runs[1]
+
+
 def test_batches_mix_with_single_queries_and_abandon():
     policy = TopKBeam(k=3).start(PROBLEM.spec, budget=400.0, seed=1)
     first = policy.ask()

@@ -186,9 +186,9 @@ class Ledger:
         if float(cost).is_integer() and self.spent.is_integer() and self.spent + total < 2.0**53:
             spent = self.spent + total
         else:
-            terms = np.full(count + 1, cost)
-            terms[0] = self.spent
-            spent = float(np.add.accumulate(terms)[-1])
+            from canopy._repeated_sum import repeated_sum
+
+            spent = repeated_sum(self.spent, float(cost), int(count))
         if spent > self._limit:
             raise BudgetExceeded(f"{count} {kind} queries cost {total:g} but only "
                                  f"{self.remaining:g} of the budget {self.budget:g} remains")

@@ -25,6 +25,13 @@ from collections.abc import Generator
 
 import numpy as np
 
+from canopy.policies._bookkeeping import (
+    add_moments,
+    fill_ranges,
+    keep_best,
+    means_at,
+    round_robin,
+)
 from canopy.policies.base import Policy, check_k, top_k
 from canopy.problem import Query, QueryBatch
 from canopy.tree import Tree
@@ -105,19 +112,14 @@ class TreeStatsPolicy(Policy):
     def _fold(self, kind: str, nodes: np.ndarray, values: np.ndarray) -> None:
         """Add a batch of observations of one kind (node ids, values) to the statistics."""
         if kind == "probe":
-            np.add.at(self._node_n, nodes, 1.0)
-            np.add.at(self._node_sum, nodes, values)
-            np.add.at(self._node_sq, nodes, values * values)
+            add_moments(self._node_n, self._node_sum, self._node_sq, nodes, values)
         else:
-            leaves = self.tree_.node_leaf[nodes]
-            np.add.at(self._leaf_n, leaves, 1.0)
-            np.add.at(self._leaf_sum, leaves, values)
+            add_moments(self._leaf_n, self._leaf_sum, None, self.tree_.node_leaf[nodes],
+                         values)
 
     # ------------------------------------------------------------------ statistics
     def _probe_mean(self, nodes: np.ndarray) -> np.ndarray:
-        n = self._node_n[nodes]
-        with np.errstate(invalid="ignore", divide="ignore"):
-            return np.where(n > 0, self._node_sum[nodes] / n, -np.inf)
+        return means_at(self._node_sum, self._node_n, nodes)
 
     def _probe_m2(self, nodes: np.ndarray) -> np.ndarray:
         """Sum of squared deviations from the mean of each node's probes."""
@@ -127,9 +129,7 @@ class TreeStatsPolicy(Policy):
         return np.maximum(m2, 0.0)
 
     def _leaf_mean(self, leaves: np.ndarray) -> np.ndarray:
-        n = self._leaf_n[leaves]
-        with np.errstate(invalid="ignore", divide="ignore"):
-            return np.where(n > 0, self._leaf_sum[leaves] / n, -np.inf)
+        return means_at(self._leaf_sum, self._leaf_n, leaves)
 
     def _arm_mean(self, kind: str, nodes: np.ndarray) -> np.ndarray:
         """Empirical means of arms given as node ids: probe means, or leaf means for leaf
@@ -147,12 +147,21 @@ class TreeStatsPolicy(Policy):
         """One rejection event: every leaf below ``nodes`` ranks after the survivors and after
         later rejections, ordered inside the event by ``scores`` (their cells' scores)."""
         nodes = np.atleast_1d(nodes)
-        scores = np.broadcast_to(np.asarray(scores, dtype=float), nodes.shape)
-        lo, hi = self.tree_.leaf_lo[nodes], self.tree_.leaf_hi[nodes]
-        for start, stop, score in zip(lo.tolist(), hi.tolist(), scores.tolist(), strict=True):
-            self._stage[start:stop] = self._events
-            self._score[start:stop] = score
+        fill_ranges(self._stage, self.tree_.leaf_lo[nodes], self.tree_.leaf_hi[nodes],
+                     np.full(nodes.size, self._events, dtype=np.int64))
+        self._set_scores(nodes, scores)
         self._events += 1
+
+    def _keep_best(self, nodes: np.ndarray, scores: np.ndarray, n_keep: int) -> np.ndarray:
+        """Keep the ``n_keep`` of ``nodes`` of best score (ties by the seeded permutation) and
+        reject the others in one event (:meth:`_reject`); returns the kept nodes in their
+        given order."""
+        tree = self.tree_
+        kept = keep_best(nodes, np.asarray(scores, dtype=float), int(n_keep),
+                                 self._tiebreak, tree.leaf_lo, tree.leaf_hi, self._stage,
+                                 self._score, self._events)
+        self._events += 1
+        return kept
 
     def _retire(self, keep: np.ndarray) -> None:
         """One rejection event for every surviving leaf outside the leaf nodes ``keep``
@@ -167,9 +176,8 @@ class TreeStatsPolicy(Policy):
 
     def _set_scores(self, nodes: np.ndarray, scores: np.ndarray) -> None:
         """Provisional score of the leaves below surviving cells (deeper cells overwrite)."""
-        lo, hi = self.tree_.leaf_lo[nodes], self.tree_.leaf_hi[nodes]
-        for start, stop, score in zip(lo.tolist(), hi.tolist(), scores.tolist(), strict=True):
-            self._score[start:stop] = score
+        fill_ranges(self._score, self.tree_.leaf_lo[nodes], self.tree_.leaf_hi[nodes],
+                     np.broadcast_to(np.asarray(scores, dtype=float), nodes.shape))
 
     def recommend(self, k: int = 1) -> np.ndarray:
         """The ``k`` leaves ranked best: survivors first, then by stage; inside a stage by
@@ -217,10 +225,12 @@ class PhasedPolicy(TreeStatsPolicy):
                 nodes.clear()
                 values.clear()
         for kind, parts in self._arrays.items():
-            if parts:
+            if len(parts) == 1:
+                self._fold(kind, *parts[0])
+            elif parts:
                 self._fold(kind, np.concatenate([n for n, _ in parts]),
                            np.concatenate([v for _, v in parts]))
-                parts.clear()
+            parts.clear()
 
     def recommend(self, k: int = 1) -> np.ndarray:
         self._check_started()
@@ -298,11 +308,9 @@ class PhasedPolicy(TreeStatsPolicy):
                 ) -> Generator[Batch, None, None]:
         """Bring every arm in ``nodes`` to ``target`` observations, one round at a time
         (round-robin, so a budget cut leaves the arms balanced)."""
-        need = np.maximum(target - self._counts(kind, nodes), 0).astype(np.int64)
-        rounds = int(need.max(initial=0))
-        if rounds:
-            order = np.arange(rounds)[:, None] < need[None, :]
-            yield kind, np.broadcast_to(nodes, order.shape)[order]
+        batch = round_robin(nodes, (target - self._counts(kind, nodes)).astype(np.int64))
+        if batch.size:
+            yield kind, batch
 
     def _race(self, kind: str, arms: np.ndarray, n_pulls: int, keep: int, *,
               focus: bool = False) -> Generator[Batch, None, np.ndarray]:
@@ -316,18 +324,14 @@ class PhasedPolicy(TreeStatsPolicy):
         keep = min(max(int(keep), 1), max(alive.size, 1))
         entrants = max(halving_entrants(n_pulls, keep) if focus else n_pulls, keep)
         if entrants < alive.size:
-            prior = self._score[self.tree_.leaf_lo[alive]]
-            order = self._arm_order(prior, alive)
-            cut = order[entrants:]
-            self._reject(alive[cut], prior[cut])
-            alive = alive[np.sort(order[:entrants])]
+            alive = self._keep_best(alive, self._score[self.tree_.leaf_lo[alive]], entrants)
         done = 0
         # Phases that add no pulls reject on unchanged means, so a run of them rejects its
         # arms at once (one event ranks them by mean, as separate events would).
         levels, runs = np.unique(sr_schedule(alive.size, n_pulls, keep), return_counts=True)
         for pulls, run in zip(levels.tolist(), runs.tolist(), strict=True):
             if pulls > done:
-                yield kind, np.tile(alive, pulls - done)
+                yield kind, np.concatenate([alive] * (pulls - done))
                 done = pulls
                 run_first = 1
             else:
@@ -335,9 +339,5 @@ class PhasedPolicy(TreeStatsPolicy):
             for size in (run_first, run - run_first):
                 if size == 0:
                     continue
-                means = self._arm_mean(kind, alive)
-                order = self._arm_order(means, alive)
-                worst = order[alive.size - size:]
-                self._reject(alive[worst], means[worst])
-                alive = alive[np.sort(order[:alive.size - size])]
+                alive = self._keep_best(alive, self._arm_mean(kind, alive), alive.size - size)
         return alive[self._arm_order(self._arm_mean(kind, alive), alive)]

@@ -22,6 +22,7 @@ carries a trailing underscore (``spec_``, ``ledger_``, ``rng_``).
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 
 import numpy as np
@@ -63,6 +64,13 @@ def top_k(k: int, *keys: np.ndarray) -> np.ndarray:
     candidates = np.concatenate(chosen)
     order = np.lexsort(tuple(key[candidates] for key in reversed(keys)))
     return candidates[order[:k]]
+
+
+def _within(values: np.ndarray, low: float, high: float) -> bool:
+    """Whether every value is finite and in ``[low, high]``, from two reductions (a NaN
+    propagates into both)."""
+    lo, hi = float(values.min()), float(values.max())
+    return low <= lo and hi <= high and math.isfinite(lo) and math.isfinite(hi)
 
 
 def _node_array(nodes: list) -> np.ndarray:
@@ -209,15 +217,14 @@ class Policy(ABC):
             raise TypeError(f"batch must be a QueryBatch from ask_batch, got "
                             f"{type(batch).__name__}")
         try:
-            observed = np.asarray(values, dtype=float)
+            observed = np.array(values, dtype=float)  # a copy: the caller may reuse its buffer
         except (TypeError, ValueError):
             raise TypeError("values must be real numbers") from None
         if observed.shape != (len(batch),):
             raise ValueError(f"values must have shape ({len(batch)},), got {observed.shape}")
-        bad = ~(np.isfinite(observed) & (observed >= self._low) & (observed <= self._high))
-        if bad.any():
-            first = int(np.flatnonzero(bad)[0])
-            check_observation(float(observed[first]), self._low, self._high)
+        if observed.size and not _within(observed, self._low, self._high):
+            bad = ~(np.isfinite(observed) & (observed >= self._low) & (observed <= self._high))
+            check_observation(float(observed[np.flatnonzero(bad)[0]]), self._low, self._high)
         self._take_outstanding(batch)
         self._observe_many(batch.kind, batch.nodes, observed)
 

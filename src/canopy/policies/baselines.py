@@ -148,12 +148,8 @@ class SequentialHalving(_LeafPhased):
         for r in range(n_rounds):
             per_arm = max(self._pulls_left() // (alive.size * (n_rounds - r)), 1)
             yield "leaf", np.tile(alive, per_arm)
-            means = self._arm_mean("leaf", alive)
-            order = self._arm_order(means, alive)
-            survivors = max(keep, math.ceil(alive.size / 2))
-            dropped = order[survivors:]
-            self._reject(alive[dropped], means[dropped])
-            alive = alive[np.sort(order[:survivors])]
+            alive = self._keep_best(alive, self._arm_mean("leaf", alive),
+                                    max(keep, math.ceil(alive.size / 2)))
 
 
 class FlatUCB(TreeStatsPolicy):

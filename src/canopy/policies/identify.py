@@ -48,6 +48,7 @@ import numpy as np
 
 from canopy.certificate import DEFAULT_METHOD, METHODS, default_lambdas, state_bound
 from canopy.certified_tree import CertifiedTree
+from canopy.policies._bookkeeping import concat_ranges
 from canopy.policies._identify_core import Batch, PhasedPolicy
 from canopy.policies._identify_spread import (
     oscillation_estimate,
@@ -104,12 +105,16 @@ class _TreeIdentifier(PhasedPolicy):
         self.lipschitz_ = self.lipschitz
         self._mean_branching = mean_b
         self._flag = np.zeros(tree.n_nodes, dtype=bool)
-        self._lambdas = default_lambdas(self.spec_.sigma, self.z)
-        self._cert_row: dict[int, int] = {}
-        self._cert_states = np.zeros((64, 3 + 2 * self._lambdas.size))
         self._delta_cell = self.delta
+        # the certified spread's state: Algorithm 1's running states per probed cell
+        # (certificate="paper") or the composed certificate of the tree
+        self._cert_row: dict[int, int] = {}
+        self._cert_states: np.ndarray | None = None
         self._ctree: CertifiedTree | None = None
-        if self.spread != "assumed" and self.certificate != "paper":
+        if self.spread != "assumed" and self.certificate == "paper":
+            self._lambdas = default_lambdas(self.spec_.sigma, self.z)
+            self._cert_states = np.zeros((64, 3 + 2 * self._lambdas.size))
+        elif self.spread != "assumed":
             from canopy.policies.descent import spec_value_range
 
             self._ctree = CertifiedTree(tree, self.spec_.sigma, delta=self.delta,
@@ -143,7 +148,7 @@ class _TreeIdentifier(PhasedPolicy):
         super()._fold(kind, nodes, values)
         if self._ctree is not None:
             self._ctree.update_many(nodes, values)
-        elif kind == "probe" and self.spread != "assumed":
+        elif kind == "probe" and self._cert_states is not None:
             rows = self._cert_rows(nodes)
             push_probes(self._cert_states, rows, values, self._lambdas, self.spec_.sigma,
                         self.z)
@@ -229,10 +234,11 @@ class _TreeIdentifier(PhasedPolicy):
     # ------------------------------------------------------------------ plan pieces
     def _children(self, nodes: np.ndarray) -> np.ndarray:
         tree = self.tree_
-        if nodes.size == 0:
-            return nodes
-        return np.concatenate([tree.child_ids[tree.child_ptr[v]:tree.child_ptr[v + 1]]
-                               for v in nodes.tolist()])
+        return tree.child_ids[concat_ranges(tree.child_ptr[nodes], tree.child_ptr[nodes + 1])]
+
+    def _leaf_nodes_below(self, cells: np.ndarray) -> np.ndarray:
+        tree = self.tree_
+        return tree.leaf_node[concat_ranges(tree.leaf_lo[cells], tree.leaf_hi[cells])]
 
     def _internal_levels(self) -> np.ndarray:
         """Number of internal nodes at each level (index = level)."""
@@ -382,8 +388,7 @@ class TopKBeam(_TreeIdentifier):
             beam_delta = self.delta / 2.0
             yield from self._detect(beam_delta)
             deepest = self._deepest_flagged()
-            candidates += [tree.leaf_node[lo:hi] for lo, hi in zip(
-                tree.leaf_lo[deepest].tolist(), tree.leaf_hi[deepest].tolist(), strict=True)]
+            candidates.append(self._leaf_nodes_below(deepest))
         self._delta_cell = beam_delta / max(float(per_level.sum()), 1.0)
         n_probe = self._probe_split(float(per_level.sum()),
                                     min(tree.n_leaves, width * self._mean_branching))
@@ -397,10 +402,7 @@ class TopKBeam(_TreeIdentifier):
             score = self._probe_mean(cells) + self._spread(cells)
             self._set_scores(cells, score)
             if cells.size > width:
-                order = self._arm_order(score, cells)
-                dropped = order[width:]
-                self._reject(cells[dropped], score[dropped])
-                cells = cells[np.sort(order[:width])]
+                cells = self._keep_best(cells, score, width)
             frontier = self._children(cells)
         if self.spread == "hybrid":
             # Relax: flagged cells are scored with their certified spread, so their leaves
@@ -552,9 +554,8 @@ class EdgeTargeted(_TreeIdentifier):
         n_probe = self._probe_split(probe_arms, cert_leaves + self._mean_branching * self.k)
         smooth_budget = n_probe * probe_arms * self.spec_.probe_cost
         winners = yield from self._smooth_search(smooth, smooth_budget, levels_below + 1)
-        leaves = [tree.leaf_node[lo:hi] for lo, hi in
-                  zip(tree.leaf_lo[deepest].tolist(), tree.leaf_hi[deepest].tolist(), strict=True)]
-        candidates = np.unique(np.concatenate([winners, uncovered, *leaves]))
+        candidates = np.unique(np.concatenate([winners, uncovered,
+                                               self._leaf_nodes_below(deepest)]))
         self._score[tree.node_leaf[uncovered]] = np.inf  # unprobed: optimism wins them entry
         yield from self._final_race(candidates)
 

@@ -1,0 +1,109 @@
+"""Compiled bookkeeping of the phased policies (:mod:`canopy.policies._identify_core`).
+
+Each phase of a phased policy touches a few dozen cells or arms; written as numpy calls, the
+fixed cost of each call (about 1-3 us here) dominates the work, so the steps a phase repeats
+are single compiled calls instead (issue 15: per-query overhead against a vectorised numpy
+successive-elimination loop). Each kernel states the numpy expression it computes; the tests
+check them against it.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+__all__ = ["add_moments", "concat_ranges", "fill_ranges", "keep_best", "means_at",
+           "round_robin"]
+
+
+@numba.njit(cache=True)
+def concat_ranges(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """``np.concatenate([np.arange(a, b) for a, b in zip(lo, hi)])`` (every ``hi >= lo``)."""
+    out = np.empty(max(int(np.sum(hi - lo)), 0), dtype=np.int64)
+    at = 0
+    for i in range(lo.size):
+        for value in range(lo[i], hi[i]):
+            out[at] = value
+            at += 1
+    return out
+
+
+@numba.njit(cache=True)
+def round_robin(nodes: np.ndarray, need: np.ndarray) -> np.ndarray:
+    """``nodes`` repeated round by round, node ``i`` present in the first ``need[i]`` rounds:
+    ``np.broadcast_to(nodes, (R, n))[np.arange(R)[:, None] < need]`` with ``R = max(need)``."""
+    rounds = 0
+    total = 0
+    for i in range(need.size):
+        rounds = max(rounds, need[i])
+        total += max(need[i], 0)
+    out = np.empty(total, dtype=np.int64)
+    at = 0
+    for r in range(rounds):
+        for i in range(nodes.size):
+            if need[i] > r:
+                out[at] = nodes[i]
+                at += 1
+    return out
+
+
+@numba.njit(cache=True)
+def add_moments(count: np.ndarray, total: np.ndarray, squares: np.ndarray | None,
+                index: np.ndarray, values: np.ndarray) -> None:
+    """``np.add.at`` of 1, the values and (unless ``squares`` is None) their squares at
+    ``index``, in one pass."""
+    for i in range(index.size):
+        j, x = index[i], values[i]
+        count[j] += 1.0
+        total[j] += x
+        if squares is not None:
+            squares[j] += x * x
+
+
+@numba.njit(cache=True)
+def means_at(total: np.ndarray, count: np.ndarray, index: np.ndarray) -> np.ndarray:
+    """``total[index] / count[index]``, ``-inf`` where the count is 0."""
+    out = np.empty(index.size)
+    for i in range(index.size):
+        n = count[index[i]]
+        out[i] = total[index[i]] / n if n > 0 else -np.inf
+    return out
+
+
+@numba.njit(cache=True)
+def fill_ranges(target: np.ndarray, lo: np.ndarray, hi: np.ndarray,
+                values: np.ndarray) -> None:
+    """``target[lo[i]:hi[i]] = values[i]`` for each ``i`` in order (later ranges win)."""
+    for i in range(lo.size):
+        target[lo[i]:hi[i]] = values[i]
+
+
+@numba.njit(cache=True)
+def keep_best(nodes: np.ndarray, scores: np.ndarray, n_keep: int, tiebreak: np.ndarray,
+              leaf_lo: np.ndarray, leaf_hi: np.ndarray, stage: np.ndarray,
+              score: np.ndarray, event: int) -> np.ndarray:
+    """Order ``nodes`` as ``np.lexsort((tiebreak[leaf_lo[nodes]], -scores))`` does, give the
+    leaves of the nodes ranked after ``n_keep`` the stage ``event`` and their node's score,
+    and return the first ``n_keep`` in their given order. Dropping a few (the one-per-phase
+    rejections of successive rejects), the worst are picked one at a time; else sorted."""
+    n = nodes.size
+    keys = tiebreak[leaf_lo[nodes]]
+    kept = np.ones(n, dtype=np.bool_)
+    n_drop = n - max(n_keep, 0)
+    if 8 * n_drop <= n:
+        for _ in range(n_drop):
+            worst = -1
+            for i in range(n):
+                if kept[i] and (worst < 0 or scores[i] < scores[worst] or (
+                        scores[i] == scores[worst] and keys[i] > keys[worst])):
+                    worst = i
+            kept[worst] = False
+    else:
+        order = np.argsort(keys, kind="mergesort")
+        order = order[np.argsort(-scores[order], kind="mergesort")]
+        kept[order[n_keep:]] = False
+    for i in range(n):
+        if not kept[i]:
+            stage[leaf_lo[nodes[i]]:leaf_hi[nodes[i]]] = event
+            score[leaf_lo[nodes[i]]:leaf_hi[nodes[i]]] = scores[i]
+    return nodes[kept]

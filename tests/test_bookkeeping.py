@@ -1,0 +1,100 @@
+"""The compiled bookkeeping of the phased policies computes what the numpy expression in each
+kernel's docstring computes (the kernels exist for speed only, issue 15)."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from canopy.policies._bookkeeping import (
+    add_moments,
+    concat_ranges,
+    fill_ranges,
+    keep_best,
+    means_at,
+    round_robin,
+)
+
+SEEDS = st.integers(0, 2**32 - 1)
+
+
+@settings(deadline=None)  # the first example compiles the kernel
+@given(SEEDS, st.integers(0, 30))
+def test_concat_ranges_is_the_concatenation_of_aranges(seed, n):
+    rng = np.random.default_rng(seed)
+    lo = rng.integers(0, 50, n)
+    hi = lo + rng.integers(0, 6, n)
+    pieces = [np.arange(a, b) for a, b in zip(lo, hi, strict=True)]
+    expected = np.concatenate([*pieces, np.zeros(0, int)])
+    assert concat_ranges(lo, hi).tolist() == expected.tolist()
+
+
+@settings(deadline=None)
+@given(SEEDS, st.integers(0, 30))
+def test_round_robin_is_the_masked_broadcast(seed, n):
+    rng = np.random.default_rng(seed)
+    nodes = rng.integers(0, 1000, n)
+    need = rng.integers(-3, 7, n)  # a negative need (more than enough already) asks nothing
+    rounds = max(int(need.max(initial=0)), 0)
+    mask = np.arange(rounds)[:, None] < need[None, :]
+    assert round_robin(nodes, need).tolist() == np.broadcast_to(nodes, mask.shape)[mask].tolist()
+
+
+@settings(deadline=None)
+@given(SEEDS, st.integers(0, 200))
+def test_add_moments_and_means_at_are_add_at_and_a_guarded_division(seed, n):
+    rng = np.random.default_rng(seed)
+    index, values = rng.integers(0, 20, n), rng.normal(size=n)
+    count, total, squares = np.zeros(20), np.zeros(20), np.zeros(20)
+    add_moments(count, total, squares, index, values)
+    add_moments(count, total, None, index, values)  # without squares: count and total only
+    expected = [np.zeros(20) for _ in range(3)]
+    for _ in range(2):
+        np.add.at(expected[0], index, 1.0)
+        np.add.at(expected[1], index, values)
+    np.add.at(expected[2], index, values * values)
+    for got, want in zip((count, total, squares), expected, strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+    at = rng.integers(0, 20, 15)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        want = np.where(count[at] > 0, total[at] / count[at], -np.inf)
+    assert means_at(total, count, at).tolist() == want.tolist()
+
+
+@settings(deadline=None)
+@given(SEEDS, st.integers(0, 12))
+def test_fill_ranges_assigns_slices_in_order(seed, n):
+    rng = np.random.default_rng(seed)
+    lo = rng.integers(0, 40, n)
+    hi = lo + rng.integers(0, 10, n)  # overlapping ranges: the later one wins
+    values = rng.normal(size=n)
+    got, want = np.zeros(50), np.zeros(50)
+    fill_ranges(got, lo, hi, values)
+    for a, b, v in zip(lo, hi, values, strict=True):
+        want[a:b] = v
+    assert got.tolist() == want.tolist()
+
+
+@settings(max_examples=200, deadline=None)
+@given(SEEDS, st.integers(1, 60), st.data())
+def test_keep_best_keeps_the_lexsort_prefix_and_marks_the_rest(seed, n, data):
+    # disjoint cells: node i covers leaves [lo_i, hi_i); scores with ties and -inf
+    rng = np.random.default_rng(seed)
+    sizes = rng.integers(1, 4, n)
+    leaf_hi = np.cumsum(sizes)
+    leaf_lo = leaf_hi - sizes
+    nodes = rng.permutation(n)
+    scores = rng.choice([0.0, 0.5, 1.0, -np.inf, *rng.normal(size=3)], n)
+    tiebreak = rng.permutation(int(leaf_hi[-1]))
+    n_keep = data.draw(st.integers(0, n))  # both the one-at-a-time and the sorting branch
+    stage = np.full(int(leaf_hi[-1]), -1)
+    score = np.full(int(leaf_hi[-1]), np.nan)
+    kept = keep_best(nodes, scores, n_keep, tiebreak, leaf_lo, leaf_hi, stage, score, 7)
+    order = np.lexsort((tiebreak[leaf_lo[nodes]], -scores))
+    assert kept.tolist() == nodes[np.sort(order[:n_keep])].tolist()
+    for i in order[n_keep:]:
+        cell = slice(leaf_lo[nodes[i]], leaf_hi[nodes[i]])
+        assert (stage[cell] == 7).all() and (score[cell] == scores[i]).all()
+    for i in order[:n_keep]:
+        assert (stage[leaf_lo[nodes[i]]:leaf_hi[nodes[i]]] == -1).all()
