@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from canopy.policies._identify_core import sr_schedule
+from canopy.policies._identify_core import halving_entrants, sr_schedule
 from canopy.policies.baselines import (
     FlatUCB,
     SequentialHalving,
@@ -38,6 +38,14 @@ def test_sr_schedule_is_audibert_and_fits_the_budget():
         counts = sr_schedule(n_arms, n, keep)
         assert counts.size == n_arms - keep
         assert counts.sum() + keep * counts[-1] <= n
+
+
+def test_halving_entrants_is_the_largest_field_that_fits():
+    for keep in (1, 2, 5, 20):
+        for n_pulls in range(0, 1500):
+            fits = [a for a in range(keep + 1, n_pulls + 1)
+                    if a * math.ceil(math.log2(a / keep)) <= n_pulls]
+            assert halving_entrants(n_pulls, keep) == max(fits, default=keep)
 
 
 @pytest.mark.parametrize("policy_cls", BASELINES)

@@ -78,6 +78,7 @@ def test_tell_batch_refuses_an_infinity_on_an_unbounded_range():
         batch = policy.ask_batch(20)
         with pytest.raises(ValueError):
             policy.tell_batch(batch, [0.5] * 19 + [bad])
+    policy.tell_batch(batch, [1e308] * 20)  # large but finite: accepted
 
 
 @pytest.mark.parametrize("name", ["beam", "se"])

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 
@@ -265,9 +266,24 @@ class Tree:
     def n_leaves(self) -> int:
         return int(self.leaf_node.size)
 
-    @property
+    @cached_property
     def depth(self) -> int:
         return int(self.level.max())
+
+    @cached_property
+    def n_children(self) -> np.ndarray:
+        """Number of children of each node (0 at leaves); read-only."""
+        counts = np.diff(self.child_ptr)
+        counts.setflags(write=False)
+        return counts
+
+    @cached_property
+    def internal_per_level(self) -> np.ndarray:
+        """Number of internal nodes at each level (index = level, ``depth + 1`` entries);
+        read-only."""
+        counts = np.bincount(self.level[self.n_children > 0], minlength=self.depth + 1)
+        counts.setflags(write=False)
+        return counts
 
     @property
     def root(self) -> int:

@@ -69,13 +69,14 @@ def halving_entrants(n_pulls: int, keep: int) -> int:
     down to ``keep`` takes: the largest ``A >= keep`` with ``A ceil(log2(A / keep)) <=
     n_pulls`` (``keep`` when even that fails). With fewer pulls than this, a race decides on
     single observations, which at the noise of a leaf evaluation is a coin toss."""
-    keep = max(int(keep), 1)
-    if n_pulls <= keep:
-        return keep
-    arms = np.arange(keep + 1, n_pulls + 1)
-    rounds = np.ceil(np.log2(arms / keep))
-    fits = arms[arms * rounds <= n_pulls]
-    return int(fits.max()) if fits.size else keep
+    keep, n_pulls = max(int(keep), 1), int(n_pulls)
+    best, rounds = keep, 1
+    # the arms A with ceil(log2(A / keep)) = r are keep 2^(r-1) < A <= keep 2^r; the most of
+    # them that fit is min(keep 2^r, n_pulls // r), if that is still above keep 2^(r-1)
+    while keep << (rounds - 1) < n_pulls // rounds:
+        best = max(best, min(keep << rounds, n_pulls // rounds))
+        rounds += 1
+    return best
 
 
 class TreeStatsPolicy(Policy):
@@ -175,9 +176,10 @@ class TreeStatsPolicy(Policy):
         self._events += 1
 
     def _set_scores(self, nodes: np.ndarray, scores: np.ndarray) -> None:
-        """Provisional score of the leaves below surviving cells (deeper cells overwrite)."""
+        """Provisional score of the leaves below surviving cells (deeper cells overwrite);
+        one score per node."""
         fill_ranges(self._score, self.tree_.leaf_lo[nodes], self.tree_.leaf_hi[nodes],
-                     np.broadcast_to(np.asarray(scores, dtype=float), nodes.shape))
+                    np.asarray(scores, dtype=float))
 
     def recommend(self, k: int = 1) -> np.ndarray:
         """The ``k`` leaves ranked best: survivors first, then by stage; inside a stage by

@@ -67,8 +67,10 @@ def top_k(k: int, *keys: np.ndarray) -> np.ndarray:
 
 
 def _within(values: np.ndarray, low: float, high: float) -> bool:
-    """Whether every value is finite and in ``[low, high]``, from two reductions (a NaN
-    propagates into both)."""
+    """Whether every value is finite and in ``[low, high]`` (a NaN propagates into the
+    reductions)."""
+    if low == -math.inf and high == math.inf:
+        return bool(np.isfinite(values).all())
     lo, hi = float(values.min()), float(values.max())
     return low <= lo and hi <= high and math.isfinite(lo) and math.isfinite(hi)
 

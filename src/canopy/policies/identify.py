@@ -98,9 +98,9 @@ class _TreeIdentifier(PhasedPolicy):
     def _start(self) -> None:
         super()._start()
         tree = self.tree_
-        self._n_children = np.diff(tree.child_ptr)
-        self._internal = self._n_children > 0
-        mean_b = float(self._n_children[self._internal].mean()) if self._internal.any() else 2.0
+        self._internal = tree.n_children > 0
+        mean_b = (float(tree.n_children.sum() / self._internal.sum()) if self._internal.any()
+                  else 2.0)
         self.rho_ = self.rho if self.rho is not None else 1.0 / max(mean_b, 1.0 + 1e-9)
         self.lipschitz_ = self.lipschitz
         self._mean_branching = mean_b
@@ -240,11 +240,6 @@ class _TreeIdentifier(PhasedPolicy):
         tree = self.tree_
         return tree.leaf_node[concat_ranges(tree.leaf_lo[cells], tree.leaf_hi[cells])]
 
-    def _internal_levels(self) -> np.ndarray:
-        """Number of internal nodes at each level (index = level)."""
-        tree = self.tree_
-        return np.bincount(tree.level[self._internal], minlength=tree.depth + 1)
-
     def _probe_split(self, probe_cells: float, race_leaves: float) -> int:
         """Probes per cell from the budget split of Appendix B, step 4 (module docstring)."""
         cp, cl = self.spec_.probe_cost, self.spec_.leaf_cost
@@ -283,7 +278,7 @@ class _TreeIdentifier(PhasedPolicy):
                     else self.detect_fraction)
         cp = self.spec_.probe_cost
         stop = self.ledger_.spent + fraction * self.remaining
-        counts = self._internal_levels()
+        counts = self.tree_.internal_per_level
         first_look = fraction * self.remaining / 2.0
         affordable = np.flatnonzero(
             (counts[1:] > 0) & (counts[1:] * self.DETECT_PROBES * cp <= first_look)) + 1
@@ -378,7 +373,7 @@ class TopKBeam(_TreeIdentifier):
     def _plan(self) -> Generator[Batch, None, None]:
         tree = self.tree_
         width = max(self.width, self.k)
-        per_level = np.minimum(self._internal_levels()[1:], width * self._mean_branching)
+        per_level = np.minimum(self.tree_.internal_per_level[1:], width * self._mean_branching)
         yield from self._maybe_prepass()
         candidates: list[np.ndarray] = []
         beam_delta = self.delta
