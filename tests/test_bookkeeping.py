@@ -9,12 +9,14 @@ from hypothesis import strategies as st
 
 from canopy.policies._bookkeeping import (
     add_moments,
+    children_of,
     concat_ranges,
     fill_ranges,
     keep_best,
     means_at,
     round_robin,
 )
+from canopy.tree import Tree
 
 SEEDS = st.integers(0, 2**32 - 1)
 
@@ -28,6 +30,16 @@ def test_concat_ranges_is_the_concatenation_of_aranges(seed, n):
     pieces = [np.arange(a, b) for a, b in zip(lo, hi, strict=True)]
     expected = np.concatenate([*pieces, np.zeros(0, int)])
     assert concat_ranges(lo, hi).tolist() == expected.tolist()
+
+
+@settings(deadline=None)
+@given(SEEDS, st.integers(2, 40))
+def test_children_of_lists_each_nodes_children_in_turn(seed, n_nodes):
+    rng = np.random.default_rng(seed)
+    tree = Tree.from_parents([-1, *(rng.integers(0, i) for i in range(1, n_nodes))])
+    nodes = rng.integers(0, n_nodes, 6)
+    expected = [kid for v in nodes.tolist() for kid in tree.children(v).tolist()]
+    assert children_of(tree.child_ptr, tree.child_ids, nodes).tolist() == expected
 
 
 @settings(deadline=None)

@@ -12,8 +12,8 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-__all__ = ["add_moments", "concat_ranges", "fill_ranges", "keep_best", "means_at",
-           "round_robin"]
+__all__ = ["add_moments", "children_of", "concat_ranges", "fill_ranges", "keep_best",
+           "means_at", "round_robin"]
 
 
 @numba.njit(cache=True)
@@ -24,6 +24,22 @@ def concat_ranges(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
     for i in range(lo.size):
         for value in range(lo[i], hi[i]):
             out[at] = value
+            at += 1
+    return out
+
+
+@numba.njit(cache=True)
+def children_of(child_ptr: np.ndarray, child_ids: np.ndarray, nodes: np.ndarray) -> np.ndarray:
+    """The children of ``nodes``, node by node: ``child_ids[concat_ranges(child_ptr[nodes],
+    child_ptr[nodes + 1])]``."""
+    total = 0
+    for v in nodes:
+        total += child_ptr[v + 1] - child_ptr[v]
+    out = np.empty(total, dtype=child_ids.dtype)
+    at = 0
+    for v in nodes:
+        for j in range(child_ptr[v], child_ptr[v + 1]):
+            out[at] = child_ids[j]
             at += 1
     return out
 

@@ -19,6 +19,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 from abc import abstractmethod
 from collections.abc import Generator
@@ -89,11 +90,9 @@ class TreeStatsPolicy(Policy):
                             f"{type(tree).__name__}")
         self.tree_ = tree
         n_nodes, n_leaves = tree.n_nodes, tree.n_leaves
-        self._node_n = np.zeros(n_nodes)
-        self._node_sum = np.zeros(n_nodes)
-        self._node_sq = np.zeros(n_nodes)
-        self._leaf_n = np.zeros(n_leaves)
-        self._leaf_sum = np.zeros(n_leaves)
+        # one allocation per shape: separate large arrays cost a page-mapping each
+        self._node_n, self._node_sum, self._node_sq = np.zeros((3, n_nodes))
+        self._leaf_n, self._leaf_sum = np.zeros((2, n_leaves))
         self._stage = np.full(n_leaves, ALIVE, dtype=np.int64)
         self._score = np.full(n_leaves, -np.inf)
         self._events = 0
@@ -330,8 +329,8 @@ class PhasedPolicy(TreeStatsPolicy):
         done = 0
         # Phases that add no pulls reject on unchanged means, so a run of them rejects its
         # arms at once (one event ranks them by mean, as separate events would).
-        levels, runs = np.unique(sr_schedule(alive.size, n_pulls, keep), return_counts=True)
-        for pulls, run in zip(levels.tolist(), runs.tolist(), strict=True):
+        for pulls, phases in itertools.groupby(sr_schedule(alive.size, n_pulls, keep).tolist()):
+            run = len(list(phases))
             if pulls > done:
                 yield kind, np.concatenate([alive] * (pulls - done))
                 done = pulls

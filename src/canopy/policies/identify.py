@@ -48,7 +48,7 @@ import numpy as np
 
 from canopy.certificate import DEFAULT_METHOD, METHODS, default_lambdas, state_bound
 from canopy.certified_tree import CertifiedTree
-from canopy.policies._bookkeeping import concat_ranges
+from canopy.policies._bookkeeping import children_of, concat_ranges
 from canopy.policies._identify_core import Batch, PhasedPolicy
 from canopy.policies._identify_spread import (
     oscillation_estimate,
@@ -99,9 +99,10 @@ class _TreeIdentifier(PhasedPolicy):
         super()._start()
         tree = self.tree_
         self._internal = tree.n_children > 0
-        mean_b = (float(tree.n_children.sum() / self._internal.sum()) if self._internal.any()
-                  else 2.0)
+        n_internal = tree.n_nodes - tree.n_leaves  # every node but the root is one child
+        mean_b = (tree.n_nodes - 1) / n_internal if n_internal else 2.0
         self.rho_ = self.rho if self.rho is not None else 1.0 / max(mean_b, 1.0 + 1e-9)
+        self._rho_powers = self.rho_ ** np.arange(tree.depth + 1, dtype=float)
         self.lipschitz_ = self.lipschitz
         self._mean_branching = mean_b
         self._flag = np.zeros(tree.n_nodes, dtype=bool)
@@ -168,7 +169,7 @@ class _TreeIdentifier(PhasedPolicy):
     # ------------------------------------------------------------------ cell quantities
     def _floor(self, nodes: np.ndarray) -> np.ndarray:
         """The assumed schedule ``L rho^level`` of Eq. (3)."""
-        return self.lipschitz_ * self.rho_ ** self.tree_.level[nodes].astype(float)
+        return self.lipschitz_ * self._rho_powers[self.tree_.level[nodes]]
 
     def _certified(self, nodes: np.ndarray) -> np.ndarray:
         """The certified bias bound per cell: composed (at level ``delta_cell`` per node),
@@ -233,8 +234,7 @@ class _TreeIdentifier(PhasedPolicy):
 
     # ------------------------------------------------------------------ plan pieces
     def _children(self, nodes: np.ndarray) -> np.ndarray:
-        tree = self.tree_
-        return tree.child_ids[concat_ranges(tree.child_ptr[nodes], tree.child_ptr[nodes + 1])]
+        return children_of(self.tree_.child_ptr, self.tree_.child_ids, nodes)
 
     def _leaf_nodes_below(self, cells: np.ndarray) -> np.ndarray:
         tree = self.tree_
@@ -266,7 +266,7 @@ class _TreeIdentifier(PhasedPolicy):
                     / (self.spec_.probe_cost * cells.size))
         yield from self._top_up("probe", cells, min(max(n_pre, low), high))
         osc = oscillation_estimate(self._node_n[cells], self._probe_m2(cells), self.spec_.sigma)
-        level_scale = self.rho_ ** tree.level[cells].astype(float)
+        level_scale = self._rho_powers[tree.level[cells]]
         self.lipschitz_ = max(float(np.max(osc / level_scale)), 1e-9)
 
     def _detect(self, delta: float) -> Generator[Batch, None, np.ndarray]:
