@@ -157,9 +157,8 @@ class TreeStatsPolicy(Policy):
         reject the others in one event (:meth:`_reject`); returns the kept nodes in their
         given order."""
         tree = self.tree_
-        kept = keep_best(nodes, np.asarray(scores, dtype=float), int(n_keep),
-                                 self._tiebreak, tree.leaf_lo, tree.leaf_hi, self._stage,
-                                 self._score, self._events)
+        kept = keep_best(nodes, np.asarray(scores, dtype=float), int(n_keep), self._tiebreak,
+                         tree.leaf_lo, tree.leaf_hi, self._stage, self._score, self._events)
         self._events += 1
         return kept
 
