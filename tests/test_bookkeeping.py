@@ -9,10 +9,12 @@ from hypothesis import strategies as st
 
 from canopy.policies._bookkeeping import (
     add_moments,
+    beam_level,
     children_of,
     concat_ranges,
-    fill_ranges,
+    fill_leaves,
     keep_best,
+    keep_best_means,
     means_at,
     round_robin,
 )
@@ -47,10 +49,12 @@ def test_children_of_lists_each_nodes_children_in_turn(seed, n_nodes):
 def test_round_robin_is_the_masked_broadcast(seed, n):
     rng = np.random.default_rng(seed)
     nodes = rng.integers(0, 1000, n)
-    need = rng.integers(-3, 7, n)  # a negative need (more than enough already) asks nothing
+    counts = rng.integers(0, 10, n).astype(float)  # more than the target already: none
+    need = 6 - counts.astype(int)
     rounds = max(int(need.max(initial=0)), 0)
     mask = np.arange(rounds)[:, None] < need[None, :]
-    assert round_robin(nodes, need).tolist() == np.broadcast_to(nodes, mask.shape)[mask].tolist()
+    expected = np.broadcast_to(nodes, mask.shape)[mask]
+    assert round_robin(nodes, counts, 6).tolist() == expected.tolist()
 
 
 @settings(deadline=None)
@@ -76,15 +80,16 @@ def test_add_moments_and_means_at_are_add_at_and_a_guarded_division(seed, n):
 
 @settings(deadline=None)
 @given(SEEDS, st.integers(0, 12))
-def test_fill_ranges_assigns_slices_in_order(seed, n):
+def test_fill_leaves_assigns_slices_in_order(seed, n):
     rng = np.random.default_rng(seed)
-    lo = rng.integers(0, 40, n)
-    hi = lo + rng.integers(0, 10, n)  # overlapping ranges: the later one wins
+    leaf_lo = rng.integers(0, 40, 20)
+    leaf_hi = leaf_lo + rng.integers(0, 10, 20)  # overlapping ranges: the later node wins
+    nodes = rng.integers(0, 20, n)
     values = rng.normal(size=n)
     got, want = np.zeros(50), np.zeros(50)
-    fill_ranges(got, lo, hi, values)
-    for a, b, v in zip(lo, hi, values, strict=True):
-        want[a:b] = v
+    fill_leaves(got, nodes, leaf_lo, leaf_hi, values)
+    for v, value in zip(nodes, values, strict=True):
+        want[leaf_lo[v]:leaf_hi[v]] = value
     assert got.tolist() == want.tolist()
 
 
@@ -110,3 +115,37 @@ def test_keep_best_keeps_the_lexsort_prefix_and_marks_the_rest(seed, n, data):
         assert (stage[cell] == 7).all() and (score[cell] == scores[i]).all()
     for i in order[:n_keep]:
         assert (stage[leaf_lo[nodes[i]]:leaf_hi[nodes[i]]] == -1).all()
+
+
+@settings(max_examples=50, deadline=None)
+@given(SEEDS, st.integers(1, 8))
+def test_beam_level_and_keep_best_means_are_their_steps_in_turn(seed, width):
+    rng = np.random.default_rng(seed)
+    tree = Tree.complete(3, 4)
+    cells = np.sort(rng.choice(tree.nodes_at_level(2), 6, replace=False))
+    node_n = rng.integers(0, 3, tree.n_nodes).astype(float)
+    node_sum = rng.normal(size=tree.n_nodes) * node_n
+    spread = rng.random(cells.size)
+    tiebreak = rng.permutation(tree.n_leaves)
+    states = [(np.full(tree.n_leaves, -1), np.zeros(tree.n_leaves)) for _ in range(2)]
+    got = beam_level(cells, spread, width, node_sum, node_n, tree.n_children, tree.child_ptr,
+                     tree.child_ids, tiebreak, tree.leaf_lo, tree.leaf_hi, *states[0], 4)
+    stage, score = states[1]
+    scores = means_at(node_sum, node_n, cells) + spread
+    fill_leaves(score, cells, tree.leaf_lo, tree.leaf_hi, scores)
+    kept = cells
+    if cells.size > width:
+        kept = keep_best(cells, scores, width, tiebreak, tree.leaf_lo, tree.leaf_hi, stage,
+                         score, 4)
+    kids = children_of(tree.child_ptr, tree.child_ids, kept)
+    internal = tree.n_children[kids] > 0
+    assert got[0].tolist() == kids[internal].tolist()
+    assert got[1].tolist() == kids[~internal].tolist()
+    for mine, theirs in zip(states[0], states[1], strict=True):
+        assert mine.tolist() == theirs.tolist()
+    stage, score = np.full(tree.n_leaves, -1), np.zeros(tree.n_leaves)
+    by_means = keep_best_means(cells, cells, node_sum, node_n, 3, tiebreak, tree.leaf_lo,
+                               tree.leaf_hi, stage, score, 1)
+    by_scores = keep_best(cells, means_at(node_sum, node_n, cells), 3, tiebreak, tree.leaf_lo,
+                          tree.leaf_hi, np.full(tree.n_leaves, -1), np.zeros(tree.n_leaves), 1)
+    assert by_means.tolist() == by_scores.tolist()

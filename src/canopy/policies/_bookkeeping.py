@@ -12,8 +12,8 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-__all__ = ["add_moments", "children_of", "concat_ranges", "fill_ranges", "keep_best",
-           "means_at", "round_robin"]
+__all__ = ["add_moments", "beam_level", "children_of", "concat_ranges", "fill_leaves",
+           "keep_best", "keep_best_means", "means_at", "round_robin"]
 
 
 @numba.njit(cache=True)
@@ -45,12 +45,15 @@ def children_of(child_ptr: np.ndarray, child_ids: np.ndarray, nodes: np.ndarray)
 
 
 @numba.njit(cache=True)
-def round_robin(nodes: np.ndarray, need: np.ndarray) -> np.ndarray:
-    """``nodes`` repeated round by round, node ``i`` present in the first ``need[i]`` rounds:
-    ``np.broadcast_to(nodes, (R, n))[np.arange(R)[:, None] < need]`` with ``R = max(need)``."""
+def round_robin(nodes: np.ndarray, counts: np.ndarray, target: int) -> np.ndarray:
+    """``nodes`` repeated round by round until each has ``target`` observations (``counts``
+    has): ``np.broadcast_to(nodes, (R, n))[np.arange(R)[:, None] < need]`` with ``need =
+    target - counts`` and ``R = max(need)``."""
+    need = np.empty(nodes.size, dtype=np.int64)
     rounds = 0
     total = 0
-    for i in range(need.size):
+    for i in range(nodes.size):
+        need[i] = int(target - counts[i])
         rounds = max(rounds, need[i])
         total += max(need[i], 0)
     out = np.empty(total, dtype=np.int64)
@@ -87,11 +90,12 @@ def means_at(total: np.ndarray, count: np.ndarray, index: np.ndarray) -> np.ndar
 
 
 @numba.njit(cache=True)
-def fill_ranges(target: np.ndarray, lo: np.ndarray, hi: np.ndarray,
-                values: np.ndarray) -> None:
-    """``target[lo[i]:hi[i]] = values[i]`` for each ``i`` in order (later ranges win)."""
-    for i in range(lo.size):
-        target[lo[i]:hi[i]] = values[i]
+def fill_leaves(target: np.ndarray, nodes: np.ndarray, leaf_lo: np.ndarray,
+                leaf_hi: np.ndarray, values: np.ndarray) -> None:
+    """``target[leaf_lo[v]:leaf_hi[v]] = values[i]`` for each ``v = nodes[i]`` in order (the
+    leaves below each node; later nodes win)."""
+    for i in range(nodes.size):
+        target[leaf_lo[nodes[i]]:leaf_hi[nodes[i]]] = values[i]
 
 
 @numba.njit(cache=True)
@@ -123,3 +127,34 @@ def keep_best(nodes: np.ndarray, scores: np.ndarray, n_keep: int, tiebreak: np.n
             stage[leaf_lo[nodes[i]]:leaf_hi[nodes[i]]] = event
             score[leaf_lo[nodes[i]]:leaf_hi[nodes[i]]] = scores[i]
     return nodes[kept]
+
+
+@numba.njit(cache=True)
+def keep_best_means(nodes: np.ndarray, index: np.ndarray, total: np.ndarray, count: np.ndarray,
+                    n_keep: int, tiebreak: np.ndarray, leaf_lo: np.ndarray,
+                    leaf_hi: np.ndarray, stage: np.ndarray, score: np.ndarray,
+                    event: int) -> np.ndarray:
+    """:func:`keep_best` scored by the empirical means ``means_at(total, count, index)`` (a
+    phase of successive rejects in one call)."""
+    return keep_best(nodes, means_at(total, count, index), n_keep, tiebreak, leaf_lo, leaf_hi,
+                     stage, score, event)
+
+
+@numba.njit(cache=True)
+def beam_level(cells: np.ndarray, spread: np.ndarray, width: int, node_sum: np.ndarray,
+               node_n: np.ndarray, n_children: np.ndarray, child_ptr: np.ndarray,
+               child_ids: np.ndarray, tiebreak: np.ndarray, leaf_lo: np.ndarray,
+               leaf_hi: np.ndarray, stage: np.ndarray, score: np.ndarray,
+               event: int) -> tuple[np.ndarray, np.ndarray]:
+    """One level of :class:`~canopy.policies.identify.TopKBeam` after its probes: the beam
+    score ``means_at(node_sum, node_n, cells) + spread`` written to the leaves below each
+    cell (:func:`fill_leaves`), the ``width`` best cells kept (:func:`keep_best`, stage
+    ``event`` for the rest) when there are more, and their children split into internal
+    nodes (the next level) and leaves."""
+    scores = means_at(node_sum, node_n, cells) + spread
+    fill_leaves(score, cells, leaf_lo, leaf_hi, scores)
+    if cells.size > width:
+        cells = keep_best(cells, scores, width, tiebreak, leaf_lo, leaf_hi, stage, score, event)
+    kids = children_of(child_ptr, child_ids, cells)
+    inner = n_children[kids] > 0
+    return kids[inner], kids[~inner]

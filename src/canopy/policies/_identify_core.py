@@ -28,8 +28,9 @@ import numpy as np
 
 from canopy.policies._bookkeeping import (
     add_moments,
-    fill_ranges,
+    fill_leaves,
     keep_best,
+    keep_best_means,
     means_at,
     round_robin,
 )
@@ -147,8 +148,8 @@ class TreeStatsPolicy(Policy):
         """One rejection event: every leaf below ``nodes`` ranks after the survivors and after
         later rejections, ordered inside the event by ``scores`` (their cells' scores)."""
         nodes = np.atleast_1d(nodes)
-        fill_ranges(self._stage, self.tree_.leaf_lo[nodes], self.tree_.leaf_hi[nodes],
-                     np.full(nodes.size, self._events, dtype=np.int64))
+        fill_leaves(self._stage, nodes, self.tree_.leaf_lo, self.tree_.leaf_hi,
+                    np.full(nodes.size, self._events, dtype=np.int64))
         self._set_scores(nodes, scores)
         self._events += 1
 
@@ -159,6 +160,19 @@ class TreeStatsPolicy(Policy):
         tree = self.tree_
         kept = keep_best(nodes, np.asarray(scores, dtype=float), int(n_keep), self._tiebreak,
                          tree.leaf_lo, tree.leaf_hi, self._stage, self._score, self._events)
+        self._events += 1
+        return kept
+
+    def _keep_best_means(self, kind: str, arms: np.ndarray, n_keep: int) -> np.ndarray:
+        """:meth:`_keep_best` scored by the arms' empirical means (:meth:`_arm_mean`)."""
+        tree = self.tree_
+        if kind == "probe":
+            index, total, count = arms, self._node_sum, self._node_n
+        else:
+            index, total, count = tree.node_leaf[arms], self._leaf_sum, self._leaf_n
+        kept = keep_best_means(arms, index, total, count, int(n_keep), self._tiebreak,
+                               tree.leaf_lo, tree.leaf_hi, self._stage, self._score,
+                               self._events)
         self._events += 1
         return kept
 
@@ -176,7 +190,7 @@ class TreeStatsPolicy(Policy):
     def _set_scores(self, nodes: np.ndarray, scores: np.ndarray) -> None:
         """Provisional score of the leaves below surviving cells (deeper cells overwrite);
         one score per node."""
-        fill_ranges(self._score, self.tree_.leaf_lo[nodes], self.tree_.leaf_hi[nodes],
+        fill_leaves(self._score, nodes, self.tree_.leaf_lo, self.tree_.leaf_hi,
                     np.asarray(scores, dtype=float))
 
     def recommend(self, k: int = 1) -> np.ndarray:
@@ -308,7 +322,7 @@ class PhasedPolicy(TreeStatsPolicy):
                 ) -> Generator[Batch, None, None]:
         """Bring every arm in ``nodes`` to ``target`` observations, one round at a time
         (round-robin, so a budget cut leaves the arms balanced)."""
-        batch = round_robin(nodes, (target - self._counts(kind, nodes)).astype(np.int64))
+        batch = round_robin(nodes, self._counts(kind, nodes), int(target))
         if batch.size:
             yield kind, batch
 
@@ -339,5 +353,5 @@ class PhasedPolicy(TreeStatsPolicy):
             for size in (run_first, run - run_first):
                 if size == 0:
                     continue
-                alive = self._keep_best(alive, self._arm_mean(kind, alive), alive.size - size)
+                alive = self._keep_best_means(kind, alive, alive.size - size)
         return alive[self._arm_order(self._arm_mean(kind, alive), alive)]

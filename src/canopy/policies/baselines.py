@@ -148,8 +148,7 @@ class SequentialHalving(_LeafPhased):
         for r in range(n_rounds):
             per_arm = max(self._pulls_left() // (alive.size * (n_rounds - r)), 1)
             yield "leaf", np.tile(alive, per_arm)
-            alive = self._keep_best(alive, self._arm_mean("leaf", alive),
-                                    max(keep, math.ceil(alive.size / 2)))
+            alive = self._keep_best_means("leaf", alive, max(keep, math.ceil(alive.size / 2)))
 
 
 class FlatUCB(TreeStatsPolicy):

@@ -48,7 +48,7 @@ import numpy as np
 
 from canopy.certificate import DEFAULT_METHOD, METHODS, default_lambdas, state_bound
 from canopy.certified_tree import CertifiedTree
-from canopy.policies._bookkeeping import children_of, concat_ranges
+from canopy.policies._bookkeeping import beam_level, children_of, concat_ranges
 from canopy.policies._identify_core import Batch, PhasedPolicy
 from canopy.policies._identify_spread import (
     oscillation_estimate,
@@ -388,23 +388,30 @@ class TopKBeam(_TreeIdentifier):
         n_probe = self._probe_split(float(per_level.sum()),
                                     min(tree.n_leaves, width * self._mean_branching))
         frontier = tree.children(tree.root)
-        while frontier.size:
-            cells = frontier[self._internal[frontier]]
-            candidates.append(frontier[~self._internal[frontier]])
-            if cells.size == 0:
-                break
+        cells = frontier[self._internal[frontier]]
+        candidates.append(frontier[~self._internal[frontier]])
+        while cells.size:
             yield from self._top_up("probe", cells, n_probe)
-            score = self._probe_mean(cells) + self._spread(cells)
-            self._set_scores(cells, score)
-            if cells.size > width:
-                cells = self._keep_best(cells, score, width)
-            frontier = self._children(cells)
+            cells, leaves = self._beam_level(cells, width)
+            candidates.append(leaves)
         if self.spread == "hybrid":
             # Relax: flagged cells are scored with their certified spread, so their leaves
             # enter the final race ahead of the smooth beam's.
             deepest = self._deepest_flagged()
             self._set_scores(deepest, self._probe_mean(deepest) + self._spread(deepest))
         yield from self._final_race(np.unique(np.concatenate(candidates)))
+
+
+    def _beam_level(self, cells: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:
+        """Score the probed ``cells`` (``mean + spread``), keep the ``width`` best, and return
+        their children: internal cells (the next level) and leaves (:func:`beam_level`)."""
+        tree = self.tree_
+        event = self._events
+        if cells.size > width:
+            self._events += 1
+        return beam_level(cells, self._spread(cells), width, self._node_sum, self._node_n,
+                          tree.n_children, tree.child_ptr, tree.child_ids, self._tiebreak,
+                          tree.leaf_lo, tree.leaf_hi, self._stage, self._score, event)
 
 
 class TopKSound(_TreeIdentifier):
