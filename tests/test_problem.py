@@ -2,6 +2,8 @@
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from canopy import BudgetExceeded, LeafMeans, Ledger, ProblemSpec, Query, Tree, run
 from canopy.instances import (
@@ -185,3 +187,20 @@ def test_charging_many_at_once_is_bit_for_bit_that_many_single_charges(costs):
     with pytest.raises(BudgetExceeded):
         at_once.charge_many("leaf", 1.0, 10**6)
     assert at_once.spent == one_by_one.spent  # nothing charged by the refused batch
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(st.just(0.0), st.floats(1e-12, 1e9)),
+       st.one_of(st.sampled_from([0.05, 0.1, 1 / 3, 0.5, 2.0**-53, 1.5 * 2.0**-53,
+                                  2.5 * 2.0**-52, 1e-17]),
+                 st.floats(1e-9, 1e3)),
+       st.integers(0, 20_000))
+def test_repeated_sum_is_the_left_to_right_sum(start, term, count):
+    """The ledger's batch charge jumps through a binade at once; it must land where adding one
+    term at a time lands, ties and absorbed terms included."""
+    from canopy._repeated_sum import repeated_sum
+
+    total = start
+    for _ in range(count):
+        total += term
+    assert repeated_sum(start, term, count) == total
