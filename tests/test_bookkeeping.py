@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from canopy.policies._bookkeeping import (
     add_moments,
+    all_within,
     beam_level,
     children_of,
     concat_ranges,
@@ -55,6 +56,16 @@ def test_round_robin_is_the_masked_broadcast(seed, n):
     mask = np.arange(rounds)[:, None] < need[None, :]
     expected = np.broadcast_to(nodes, mask.shape)[mask]
     assert round_robin(nodes, counts, 6).tolist() == expected.tolist()
+
+
+@settings(deadline=None)
+@given(SEEDS, st.integers(0, 20))
+def test_all_within_is_the_finite_and_in_range_test(seed, n):
+    rng = np.random.default_rng(seed)
+    values = rng.choice([0.0, 0.5, 1.0, 1.5, -0.2, np.nan, np.inf, -np.inf], n)
+    for low, high in ((0.0, 1.0), (-np.inf, np.inf), (-0.2, 0.5)):
+        expected = bool(np.all(np.isfinite(values) & (values >= low) & (values <= high)))
+        assert all_within(values, low, high) == expected
 
 
 @settings(deadline=None)

@@ -8,6 +8,7 @@ A *probe* of node ``v`` returns ``mu(L) + eta`` for a uniform leaf ``L`` below `
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass, field
@@ -137,6 +138,14 @@ class BudgetExceeded(RuntimeError):
     """A query was issued that the remaining budget cannot pay for."""
 
 
+@functools.cache
+def _repeated_sum() -> Callable[[float, float, int], float]:
+    """The compiled left-to-right sum (imported on first use: it imports numba)."""
+    from canopy._repeated_sum import repeated_sum
+
+    return repeated_sum
+
+
 class Ledger:
     """Cost ledger: records spending by kind and refuses any charge past the budget."""
 
@@ -186,9 +195,7 @@ class Ledger:
         if float(cost).is_integer() and self.spent.is_integer() and self.spent + total < 2.0**53:
             spent = self.spent + total
         else:
-            from canopy._repeated_sum import repeated_sum
-
-            spent = repeated_sum(self.spent, float(cost), int(count))
+            spent = _repeated_sum()(self.spent, float(cost), int(count))
         if spent > self._limit:
             raise BudgetExceeded(f"{count} {kind} queries cost {total:g} but only "
                                  f"{self.remaining:g} of the budget {self.budget:g} remains")

@@ -9,11 +9,22 @@ check them against it.
 
 from __future__ import annotations
 
+import math
+
 import numba
 import numpy as np
 
-__all__ = ["add_moments", "beam_level", "children_of", "concat_ranges", "fill_leaves",
-           "keep_best", "keep_best_means", "means_at", "round_robin"]
+__all__ = ["add_moments", "all_within", "beam_level", "children_of", "concat_ranges",
+           "fill_leaves", "keep_best", "keep_best_means", "means_at", "round_robin"]
+
+
+@numba.njit(cache=True)
+def all_within(values: np.ndarray, low: float, high: float) -> bool:
+    """``np.all(np.isfinite(values) & (values >= low) & (values <= high))`` in one pass."""
+    for x in values:
+        if not (low <= x <= high and math.isfinite(x)):
+            return False
+    return True
 
 
 @numba.njit(cache=True)

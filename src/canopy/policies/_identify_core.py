@@ -28,6 +28,7 @@ import numpy as np
 
 from canopy.policies._bookkeeping import (
     add_moments,
+    all_within,
     fill_leaves,
     keep_best,
     keep_best_means,
@@ -213,6 +214,7 @@ class PhasedPolicy(TreeStatsPolicy):
     (the plan reads statistics only at phase boundaries)."""
 
     CHUNK = 4096
+    _within = staticmethod(all_within)
 
     def _start(self) -> None:
         super()._start()

@@ -66,15 +66,6 @@ def top_k(k: int, *keys: np.ndarray) -> np.ndarray:
     return candidates[order[:k]]
 
 
-def _within(values: np.ndarray, low: float, high: float) -> bool:
-    """Whether every value is finite and in ``[low, high]`` (a NaN propagates into the
-    reductions)."""
-    if low == -math.inf and high == math.inf:
-        return bool(np.isfinite(values).all())
-    lo, hi = float(values.min()), float(values.max())
-    return low <= lo and hi <= high and math.isfinite(lo) and math.isfinite(hi)
-
-
 def _node_array(nodes: list) -> np.ndarray:
     """Node ids as an ``int64`` array, or an object array for cell pairs of a lazy tree."""
     if all(isinstance(node, (int, np.integer)) for node in nodes):
@@ -224,7 +215,7 @@ class Policy(ABC):
             raise TypeError("values must be real numbers") from None
         if observed.shape != (len(batch),):
             raise ValueError(f"values must have shape ({len(batch)},), got {observed.shape}")
-        if observed.size and not _within(observed, self._low, self._high):
+        if observed.size and not self._within(observed, self._low, self._high):
             bad = ~(np.isfinite(observed) & (observed >= self._low) & (observed <= self._high))
             check_observation(float(observed[np.flatnonzero(bad)[0]]), self._low, self._high)
         self._take_outstanding(batch)
@@ -302,6 +293,15 @@ class Policy(ABC):
         return bool(self._outstanding) or bool(self._batches)
 
     # ------------------------------------------------------------------ helpers
+    @staticmethod
+    def _within(values: np.ndarray, low: float, high: float) -> bool:
+        """Whether every value is finite and in ``[low, high]`` (a NaN propagates into the
+        reductions); the phased policies use a compiled pass instead."""
+        if low == -math.inf and high == math.inf:
+            return bool(np.isfinite(values).all())
+        lo, hi = float(values.min()), float(values.max())
+        return low <= lo and hi <= high and math.isfinite(lo) and math.isfinite(hi)
+
     def _check_started(self) -> None:
         if not hasattr(self, "ledger_"):
             raise RuntimeError(f"{type(self).__name__}.start(spec, budget=..., seed=...) first")
