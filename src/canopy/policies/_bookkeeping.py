@@ -109,6 +109,45 @@ def fill_leaves(target: np.ndarray, nodes: np.ndarray, leaf_lo: np.ndarray,
         target[leaf_lo[nodes[i]]:leaf_hi[nodes[i]]] = values[i]
 
 
+@numba.njit(inline="always")
+def _ahead(a: int, b: int, scores: np.ndarray, keys: np.ndarray) -> bool:
+    """Whether entry ``a`` ranks ahead of ``b`` in ``np.lexsort((keys, -scores))``: the higher
+    score (a NaN last), then the smaller key, then the earlier position."""
+    score_a, score_b = scores[a], scores[b]
+    if score_a != score_b:  # unequal, or both NaN
+        a_nan, b_nan = score_a != score_a, score_b != score_b
+        if not (a_nan and b_nan):
+            return b_nan if a_nan or b_nan else score_a > score_b
+    if keys[a] != keys[b]:
+        return keys[a] < keys[b]
+    return a < b
+
+
+@numba.njit(cache=True)
+def _ranked(scores: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """``np.lexsort((keys, -scores))`` by a bottom-up merge sort on :func:`_ahead` (a strict
+    total order, so any correct sort gives lexsort's order; numba's own argsort takes seconds
+    to compile)."""
+    n = scores.size
+    order = np.arange(n)
+    spare = np.empty(n, dtype=np.int64)
+    width = 1
+    while width < n:
+        for lo in range(0, n, 2 * width):
+            mid, hi = min(lo + width, n), min(lo + 2 * width, n)
+            i, j = lo, mid
+            for k in range(lo, hi):
+                if j < hi and (i == mid or _ahead(order[j], order[i], scores, keys)):
+                    spare[k] = order[j]
+                    j += 1
+                else:
+                    spare[k] = order[i]
+                    i += 1
+        order, spare = spare, order
+        width *= 2
+    return order
+
+
 @numba.njit(cache=True)
 def keep_best(nodes: np.ndarray, scores: np.ndarray, n_keep: int, tiebreak: np.ndarray,
               leaf_lo: np.ndarray, leaf_hi: np.ndarray, stage: np.ndarray,
@@ -116,23 +155,20 @@ def keep_best(nodes: np.ndarray, scores: np.ndarray, n_keep: int, tiebreak: np.n
     """Order ``nodes`` as ``np.lexsort((tiebreak[leaf_lo[nodes]], -scores))`` does, give the
     leaves of the nodes ranked after ``n_keep`` the stage ``event`` and their node's score,
     and return the first ``n_keep`` in their given order. Dropping a few (the one-per-phase
-    rejections of successive rejects), the worst are picked one at a time; else sorted."""
+    rejections of successive rejects), the last are picked one at a time; else sorted."""
     n = nodes.size
     keys = tiebreak[leaf_lo[nodes]]
     kept = np.ones(n, dtype=np.bool_)
     n_drop = n - max(n_keep, 0)
     if 8 * n_drop <= n:
         for _ in range(n_drop):
-            worst = -1
+            last = -1
             for i in range(n):
-                if kept[i] and (worst < 0 or scores[i] < scores[worst] or (
-                        scores[i] == scores[worst] and keys[i] > keys[worst])):
-                    worst = i
-            kept[worst] = False
-    else:
-        order = np.argsort(keys, kind="mergesort")
-        order = order[np.argsort(-scores[order], kind="mergesort")]
-        kept[order[n_keep:]] = False
+                if kept[i] and (last < 0 or _ahead(last, i, scores, keys)):
+                    last = i
+            kept[last] = False
+    elif n_drop > 0:
+        kept[_ranked(scores, keys)[max(n_keep, 0):]] = False
     for i in range(n):
         if not kept[i]:
             stage[leaf_lo[nodes[i]]:leaf_hi[nodes[i]]] = event
