@@ -373,7 +373,7 @@ class TopKBeam(_TreeIdentifier):
     def _plan(self) -> Generator[Batch, None, None]:
         tree = self.tree_
         width = max(self.width, self.k)
-        per_level = np.minimum(self.tree_.internal_per_level[1:], width * self._mean_branching)
+        per_level = np.minimum(tree.internal_per_level[1:], width * self._mean_branching)
         yield from self._maybe_prepass()
         candidates: list[np.ndarray] = []
         beam_delta = self.delta
@@ -400,7 +400,6 @@ class TopKBeam(_TreeIdentifier):
             deepest = self._deepest_flagged()
             self._set_scores(deepest, self._probe_mean(deepest) + self._spread(deepest))
         yield from self._final_race(np.unique(np.concatenate(candidates)))
-
 
     def _beam_level(self, cells: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:
         """Score the probed ``cells`` (``mean + spread``), keep the ``width`` best, and return
