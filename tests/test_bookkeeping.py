@@ -115,7 +115,7 @@ def test_keep_best_keeps_the_lexsort_prefix_and_marks_the_rest(seed, n, data):
     nodes = rng.permutation(n)
     scores = rng.choice([0.0, 0.5, 1.0, -np.inf, np.nan, *rng.normal(size=3)], n)
     tiebreak = rng.permutation(int(leaf_hi[-1]))
-    n_keep = data.draw(st.integers(0, n))  # both the one-at-a-time and the sorting branch
+    n_keep = data.draw(st.integers(0, n + 2))  # both branches, and more kept than there are
     stage = np.full(int(leaf_hi[-1]), -1)
     score = np.full(int(leaf_hi[-1]), np.nan)
     kept = keep_best(nodes, scores, n_keep, tiebreak, leaf_lo, leaf_hi, stage, score, 7)

@@ -159,7 +159,7 @@ def keep_best(nodes: np.ndarray, scores: np.ndarray, n_keep: int, tiebreak: np.n
     n = nodes.size
     keys = tiebreak[leaf_lo[nodes]]
     kept = np.ones(n, dtype=np.bool_)
-    n_drop = n - max(n_keep, 0)
+    n_drop = max(n - max(n_keep, 0), 0)
     if 8 * n_drop <= n:
         for _ in range(n_drop):
             last = -1
@@ -169,10 +169,9 @@ def keep_best(nodes: np.ndarray, scores: np.ndarray, n_keep: int, tiebreak: np.n
             kept[last] = False
     elif n_drop > 0:
         kept[_ranked(scores, keys)[max(n_keep, 0):]] = False
-    for i in range(n):
-        if not kept[i]:
-            stage[leaf_lo[nodes[i]]:leaf_hi[nodes[i]]] = event
-            score[leaf_lo[nodes[i]]:leaf_hi[nodes[i]]] = scores[i]
+    dropped = ~kept
+    fill_leaves(stage, nodes[dropped], leaf_lo, leaf_hi, np.full(n_drop, event))
+    fill_leaves(score, nodes[dropped], leaf_lo, leaf_hi, scores[dropped])
     return nodes[kept]
 
 
