@@ -191,6 +191,15 @@ class _Learner:
             self._stats[node, planned.index] = (count, mean, m2)
         self._observe_cost(planned.cost)
 
+    def set_moments(self, region: str, model: str, count: float, mean: float, m2: float,
+                    *, cost_max: float = 0.0) -> None:
+        """Overwrite ``model``'s moments at ``region`` (as a store shared by several
+        processes holds them) and raise the largest cost seen to ``cost_max``."""
+        index = self.models.index(model)
+        node = self._node(region)  # may grow the statistics: take it first
+        self._stats[node, index] = (count, mean, m2)
+        self._observe_cost(check_observation(cost_max, 0.0))
+
     def estimates(self) -> list[dict[str, object]]:
         """Per (region, model): own count and mean reward, and the shared estimate with the
         effective count it rests on."""
