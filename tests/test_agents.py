@@ -49,12 +49,15 @@ def test_bad_options_are_named(options, message):
 ADMIN, CLIENT = "admin-agents-key-123", "client-agents-key-456"
 
 
-def test_episode_feedback_credits_every_call_of_the_episode(tmp_path, monkeypatch, llm_server):
+def test_episode_feedback_credits_every_call_of_the_episode(tmp_path, monkeypatch, upstreams):
+    """Over real HTTP against scripted upstreams: what is tested is the crediting, so the
+    answers come at once however loaded the machine (a model server queued its calls past
+    the proxy's deadline)."""
     monkeypatch.setenv("TEST_AGENTS_CLIENT", CLIENT)
     monkeypatch.setenv("TEST_AGENTS_ADMIN", ADMIN)
     cfg = ProxyConfig.from_mapping({
-        "upstreams": [{"model": m, "base_url": llm_server.base_url,
-                       "upstream_model": llm_server.model} for m in ("small", "large")],
+        "upstreams": [{"model": m, "base_url": server.url("/v1")}
+                      for m, server in zip(("small", "large"), upstreams, strict=True)],
         "state_path": "router.sqlite", "lam": 0.0,
         "prices": {"version": "t", "models": {"small": {"input": 1.0, "output": 1.0},
                                               "large": {"input": 5.0, "output": 5.0}}},

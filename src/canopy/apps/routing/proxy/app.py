@@ -16,10 +16,10 @@ the request id; upstream error bodies go only to the log, secrets redacted.
 store first (one atomic step), then memory, so a retry after a failure counts once, and every
 worker sharing the store ranks with it within a second. A store that stays busy past
 ``limits.store_wait_s`` gets the rating a 503 with ``Retry-After``; it never delays a chat
-(the call is stored in the background). Calls sent with an ``X-Canopy-Episode`` header form an episode:
-``POST /v1/feedback/episode`` with ``{"episode_id", "reward"}`` credits the terminal reward to
-every call of the episode not yet rated, in one transaction (per-call routing inside agents,
-paper Appendix E). ``GET /v1/router/stats``, ``GET /metrics`` (Prometheus), ``GET /health``.
+(the call is stored in the background). Calls sent with an ``X-Canopy-Episode`` header
+form an episode: ``POST /v1/feedback/episode`` with ``{"episode_id", "reward"}`` credits the
+terminal reward to every call of the episode not yet rated, in one transaction (per-call
+routing inside agents, paper Appendix E). ``GET /v1/router/stats``, ``GET /metrics`` (Prometheus), ``GET /health``.
 A request may carry its own trade-off in a ``"canopy"`` object (``extra_body``): ``lam`` and
 ``max_cost`` (:class:`~canopy.apps.routing.proxy.guard.Preferences`).
 
