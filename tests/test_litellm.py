@@ -128,7 +128,7 @@ def test_random_regions_never_grow_the_table_past_its_bound():
     for i in range(2_000):
         canopy.get_available_deployment("chat", MESSAGES,
                                         request_kwargs={"metadata": {"canopy_region": f"r{i}/x"}})
-    assert canopy.routers["chat"].regions.n_nodes <= 16
+    assert canopy.services["chat"].router.regions.n_nodes <= 16
 
 
 @pytest.mark.parametrize("settings, message", [
