@@ -155,7 +155,7 @@ def test_kill_9_of_either_proxy_loses_no_acknowledged_rating(tmp_path, upstreams
     config.write_text(json.dumps(_mapping(upstreams, redis_url)))
     served = [_Served(config), _Served(config)]
     try:
-        answered, acknowledged, problems = _drive(
+        _, acknowledged, problems = _drive(
             [s.url for s in served], 60, halfway=served[victim].kill)
         survivor = served[1 - victim]
         stats = httpx.get(survivor.url + "/v1/router/stats", headers=ADMIN, timeout=30).json()

@@ -120,8 +120,9 @@ class Store(Protocol):
 
 def open_store(url: str, *, namespace: str = "", wait_s: float = 1.0) -> Store:
     """The store a URL names: ``"memory"``, ``"sqlite:///path"`` (four slashes for an
-    absolute path; or a plain path) or ``"redis://host:port/db"``. ``namespace`` separates the statistics of several services
-    in one store; ``wait_s`` bounds how long one operation waits for a busy store."""
+    absolute path; or a plain path) or ``"redis://host:port/db"``. ``namespace`` separates
+    the statistics of several services in one store; ``wait_s`` bounds how long one
+    operation waits for a busy store."""
     if not isinstance(url, str) or not url:
         raise ValueError(f"store must be 'memory', 'sqlite:///path' or 'redis://host:port/db', "
                          f"got {url!r}")

@@ -19,7 +19,8 @@ worker sharing the store ranks with it within a second. A store that stays busy 
 (the call is stored in the background). Calls sent with an ``X-Canopy-Episode`` header
 form an episode: ``POST /v1/feedback/episode`` with ``{"episode_id", "reward"}`` credits the
 terminal reward to every call of the episode not yet rated, in one transaction (per-call
-routing inside agents, paper Appendix E). ``GET /v1/router/stats``, ``GET /metrics`` (Prometheus), ``GET /health``.
+routing inside agents, paper Appendix E). ``GET /v1/router/stats``, ``GET /metrics``
+(Prometheus), ``GET /health``.
 A request may carry its own trade-off in a ``"canopy"`` object (``extra_body``): ``lam`` and
 ``max_cost`` (:class:`~canopy.apps.routing.proxy.guard.Preferences`).
 
