@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 import numpy as np
@@ -26,7 +25,6 @@ from canopy.stats import check_observation
 
 __all__ = [
     "FlatRouter",
-    "PlannedUpdate",
     "RegionalRouter",
     "Router",
     "ThompsonRouter",
@@ -72,17 +70,6 @@ def check_feedback(models: Sequence[str], model: str, quality: float, cost: floa
     quality = check_observation(quality, 0.0, 1.0)
     cost = check_observation(cost, 0.0)
     return models.index(model), quality, cost
-
-
-@dataclass(frozen=True)
-class PlannedUpdate:
-    """One outcome's effect: per node of its chain, ``(node, path, count, mean, m2)`` of the
-    model after the update."""
-
-    model: str
-    index: int
-    cost: float
-    rows: tuple[tuple[int, str, float, float, float], ...]
 
 
 class _Learner:
@@ -161,35 +148,14 @@ class _Learner:
         return self.ranking(region)[0]
 
     def update(self, region: str, model: str, quality: float, cost: float) -> None:
-        self.apply(self.plan_update(region, model, quality, cost))
+        index, quality, cost = check_feedback(self.models, model, quality, cost)
+        chain = self.chain(region)  # may grow the statistics: take it first
+        kernels.push(self._stats, chain, index, quality - self.lam * cost)
+        self._observe_cost(cost)
 
     def chain_paths(self, region: str) -> list[str]:
         """Region paths an outcome in ``region`` updates, from the root down."""
         return [self.regions.path(int(v)) for v in self.chain(region) if v >= 0]
-
-    def plan_update(self, region: str, model: str, quality: float, cost: float, *,
-                    current: np.ndarray | None = None) -> PlannedUpdate:
-        """What :meth:`update` would write, without writing it: the new moments of ``model``
-        at every node from the root down to ``region``, from this router's moments or from
-        ``current`` (``(count, mean, m2)`` per node of :meth:`chain_paths`, as a store shared
-        by several processes holds them), so a service can persist them first and
-        :meth:`apply` them after."""
-        index, quality, cost = check_feedback(self.models, model, quality, cost)
-        chain = self.chain(region)  # may grow the statistics: take it first
-        nodes = [int(v) for v in chain if v >= 0]
-        moments = (self._stats[nodes, index] if current is None
-                   else np.asarray(current, dtype=float).reshape(len(nodes), 3))
-        moments = moments[:, None, :].copy()
-        kernels.push(moments, np.arange(len(nodes)), 0, quality - self.lam * cost)
-        rows = tuple((node, self.regions.path(node), *map(float, moments[i, 0]))
-                     for i, node in enumerate(nodes))
-        return PlannedUpdate(model, index, cost, rows)
-
-    def apply(self, planned: PlannedUpdate) -> None:
-        """Write a :meth:`plan_update` result into the statistics."""
-        for node, _, count, mean, m2 in planned.rows:
-            self._stats[node, planned.index] = (count, mean, m2)
-        self._observe_cost(planned.cost)
 
     def set_moments(self, region: str, model: str, count: float, mean: float, m2: float,
                     *, cost_max: float = 0.0) -> None:
