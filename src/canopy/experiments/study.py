@@ -8,7 +8,9 @@ cell for one seed returns :class:`Measurement` s; the summary averages them over
 ours; :class:`Headline` s are the few numbers ``canopy reproduce`` puts in ``report.md``.
 
 A study module defines one module-level ``STUDY = Study(...)`` and is listed by name in
-:data:`canopy.experiments.studies.STUDIES` (see ``docs/experiments.md``).
+:data:`canopy.experiments.studies.STUDIES` (see ``docs/experiments.md``); a user's own study
+runs unlisted, by reference ``package.module:NAME``
+(:func:`~canopy.experiments.runner.load_study`).
 """
 
 from __future__ import annotations
@@ -156,7 +158,8 @@ class Study:
     Attributes:
         name: registry name (``canopy run NAME``).
         title: one line for ``canopy list`` and ``report.md``.
-        module: the module defining ``STUDY`` (workers import it by this name).
+        module: the module defining ``STUDY`` (workers import it by this name), or
+            ``module:NAME`` for a study under another name.
         params: full-run parameters, a frozen dataclass that validates itself.
         quick_params: parameters of ``--quick``.
         seeds, quick_seeds: default seed counts (the paper's, and the quick run's).
