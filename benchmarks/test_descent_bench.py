@@ -39,7 +39,7 @@ def _tree(name: str) -> Tree:
 def test_per_round_overhead(benchmark, policy_name, tree_name, rounds):
     tree = _tree(tree_name)
     factory = POLICIES[policy_name]
-    per_round = benchmark.pedantic(policy_overhead_us, args=(factory, tree, rounds, 0),
+    per_round = benchmark.pedantic(policy_overhead_us, args=(factory, tree, rounds),
                                    rounds=1, iterations=1)
     benchmark.extra_info["us_per_round"] = per_round
     assert per_round > 0
