@@ -243,9 +243,11 @@ class _Tree:
             s.ni[:, m:n] = radix._node_table(n - m)
             tables += [(s.ni[a], s.sc[a], s.hkey[a], s.hnode[a], s.hver[a])
                        for a in range(len(s.kinds))]
+        sieve = (radix._LPREV, radix._LNEXT) if self.kind == radix.SIEVE else ()
         for ni, sc, hkey, hnode, hver in tables:
-            _remap_links(ni[:m], remap, (radix._PREV, radix._NEXT))
-            for field in (radix._HEAD, radix._TAIL, radix._HAND):
+            _remap_links(ni[:m], remap, (radix._PREV, radix._NEXT, *sieve))
+            sieve = ()  # only the main cache runs SIEVE; the shadows' columns are counts
+            for field in (radix._HEAD, radix._TAIL, radix._HAND, radix._LHEAD, radix._LTAIL):
                 if sc[field] >= 0:
                     sc[field] = remap[sc[field]]
             _remap_heap(hkey, hnode, hver, sc, remap)
