@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Annotated
 
@@ -179,8 +180,10 @@ def live_command(
                              ("--max-tokens", max_tokens, 1), ("--threads", threads, 1)):
         if value < low:
             raise typer.BadParameter(f"{name} must be >= {low}, got {value}")
-    if not capacity_mb > 0:
-        raise typer.BadParameter(f"--capacity-mb must be > 0, got {capacity_mb}")
+    memory_mb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**20
+    if not 0 < capacity_mb <= memory_mb:
+        raise typer.BadParameter(f"--capacity-mb must be > 0 and at most this machine's "
+                                 f"memory ({memory_mb:,.0f} MiB), got {capacity_mb:g}")
     given = None if calibration is None else load_calibration(calibration)
     model_path = find_smollm2_gguf()
     words, vocab = word_vocabulary(model_path)

@@ -34,7 +34,6 @@ import csv
 import gzip
 import io
 import math
-import zlib
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -43,7 +42,7 @@ from typing import Literal
 
 import numpy as np
 
-from canopy import data
+from canopy import data, safeio
 
 __all__ = [
     "LEADERBOARD_COLUMNS",
@@ -199,21 +198,18 @@ def read_pool_csv(source: str | Path, *, target: str, name_column: str | None = 
                 groups=groups)
 
 
+MAX_POOL_BYTES = 32 * safeio.MiB
+"""A pool file (unpacked) above this size is refused (``CANOPY_MAX_INPUT_MB`` raises it)."""
+
+
 def _read_csv(source: Path) -> tuple[list[str], list[list[str]]]:
-    try:
-        raw = source.read_bytes()
-    except OSError as error:
-        raise ValueError(f"cannot read pool file {source}: {error.strerror}") from None
-    if source.suffix == ".gz":
-        try:
-            raw = gzip.decompress(raw)
-        except (OSError, EOFError, zlib.error) as error:
-            raise ValueError(f"{source}: not a readable gzip file ({error})") from None
+    raw = safeio.read_bytes(source, max_bytes=MAX_POOL_BYTES, what="pool file")
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as error:
-        raise ValueError(f"{source}: not UTF-8 text ({error.reason} at byte "
-                         f"{error.start})") from None
+        line = raw.count(b"\n", 0, error.start) + 1
+        raise safeio.BadInput(source, f"not UTF-8 text ({error.reason} at byte "
+                                      f"{error.start})", line) from None
     reader = csv.reader(io.StringIO(text, newline=""))
     try:
         table = [row for row in reader if row]
