@@ -10,11 +10,14 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 from rich.table import Table
 
+from canopy.reporting import output_path
+
 
 def demo(
     seeds: int = typer.Option(6, min=1, help="Seeds (fresh instance per seed)."),
     budgets: str = typer.Option("300,750,1500", help="Comma-separated cost budgets."),
-    plot: Path = typer.Option(Path("canopy-demo.png"), help="Where to write the PNG plot."),
+    plot: Path = typer.Option(Path("canopy-demo.png"), help="Where to write the PNG plot.",
+                              callback=output_path),
 ) -> None:
     """Top-5 identification on a 1,024-leaf piecewise-smooth tree: Canopy (beam, sound)
     against successive elimination and uniform allocation."""

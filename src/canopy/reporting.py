@@ -5,6 +5,7 @@ code returns rows; only these helpers, called from the CLI, write anything."""
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -30,8 +31,41 @@ Seed = Annotated[int, typer.Option("--seed", help="Random seed.")]
 Json = Annotated[bool, typer.Option("--json", help="Print the rows as JSON.")]
 Reference = Annotated[str, typer.Option("--reference", help="Method the paired gaps are "
                                           "taken against.")]
+
+
+def output_path(path: Path | str | None) -> Path | str | None:
+    """Typer callback of an output file option (``--plot``, ``--log``, ...): its folder must
+    exist and be writable, checked while the options are parsed, before any work starts."""
+    if path is None:
+        return None
+    target = Path(path)
+    if target.is_dir():
+        raise typer.BadParameter(f"{target} is a folder, not a file")
+    folder = target.parent
+    if not folder.is_dir():
+        raise typer.BadParameter(f"the folder {folder} does not exist")
+    if not os.access(folder, os.W_OK | os.X_OK) or (target.exists() and
+                                                     not os.access(target, os.W_OK)):
+        raise typer.BadParameter(f"cannot write {target}")
+    return path
+
+
+def output_folder(path: Path | None) -> Path | None:
+    """Typer callback of an output folder option (``--out``): an existing folder, or one
+    that can be made under the nearest existing folder above it, which must be writable."""
+    if path is None:
+        return None
+    target = Path(path).absolute()
+    if target.exists() and not target.is_dir():
+        raise typer.BadParameter(f"{path} is a file, not a folder")
+    existing = next(p for p in (target, *target.parents) if p.exists())
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        raise typer.BadParameter(f"cannot write in {existing}")
+    return path
+
+
 Plot = Annotated[Path | None, typer.Option("--plot", help="Save a plot of accuracy to this "
-                                           "image.")]
+                                           "image.", callback=output_path)]
 
 Row = Mapping[str, object]
 

@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.console import Console
 
+from canopy.reporting import output_folder
+
 if TYPE_CHECKING:
     from canopy.experiments.runner import StudyRun
     from canopy.experiments.study import Headline, Study
@@ -21,7 +23,8 @@ Quick = Annotated[bool, typer.Option("--quick", help="Smaller grid and fewer see
 Backend = Annotated[str, typer.Option(help="Where cells run: local processes or a Ray cluster.")]
 Workers = Annotated[int | None, typer.Option(help="Worker processes (default: all cores).")]
 Address = Annotated[str | None, typer.Option(help="Address of an existing Ray cluster.")]
-Out = Annotated[Path, typer.Option(help="Output directory (one folder per study).")]
+Out = Annotated[Path, typer.Option(help="Output directory (one folder per study).",
+                                   callback=output_folder)]
 
 
 def _rate_column() -> Any:

@@ -10,6 +10,8 @@ from typing import Annotated
 
 import typer
 
+from canopy.reporting import output_path
+
 __all__ = ["register"]
 
 cache_app = typer.Typer(no_args_is_help=True,
@@ -43,7 +45,8 @@ def replay_command(
     window: int = typer.Option(500, help="requests per point of the shift recovery curve"),
     seed: int = typer.Option(0, help="canopy: hash seed of the shadows' spatial sample"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
-    plot: Annotated[Path | None, typer.Option(help="write a figure (needs matplotlib)")] = None,
+    plot: Annotated[Path | None, typer.Option(help="write a figure (needs matplotlib)",
+                                              callback=output_path)] = None,
 ) -> None:
     """Blocks reused per request, hit ratio, TTFT saved and replay speed per policy/capacity."""
     from rich.console import Console
@@ -143,13 +146,13 @@ def live_command(
     calibration: Annotated[Path | None, typer.Option(
         help="predict TTFT saved with this calibration file instead of fitting one")] = None,
     calibration_out: Annotated[Path | None, typer.Option(
-        help="write the TTFT model fitted on these runs (for 'cache replay --calibration')")
-    ] = None,
+        help="write the TTFT model fitted on these runs (for 'cache replay --calibration')",
+        callback=output_path)] = None,
     replay_only: bool = typer.Option(False, "--replay-only", help="no engine: the replay's "
                                      "blocks reused per counted request (any length, seconds)"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
     plot: Annotated[Path | None, typer.Option(help="TTFT distribution per policy (needs "
-                                              "matplotlib)")] = None,
+                                              "matplotlib)", callback=output_path)] = None,
 ) -> None:
     """Run the policies inside llama.cpp (SmolLM2-135M, loopback) and measure time to first
     token, hit rate and throughput; the replay's prediction beside each."""

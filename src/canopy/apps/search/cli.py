@@ -22,6 +22,7 @@ from canopy.reporting import (
     Timeout,
     cli_error,
     interval_cells,
+    output_path,
     plot_accuracy,
     print_json,
     print_table,
@@ -242,7 +243,8 @@ def prior_command(
                                          "or arith:trivial|easy|medium|hard.")] = "gsm8k",
     from_log: Annotated[str | None, typer.Option("--from-log", help="Analyse this log "
                                                  "(JSONL) instead of running.")] = None,
-    log: Annotated[str | None, typer.Option("--log", help="Write the run's log here "
+    log: Annotated[str | None, typer.Option("--log", callback=output_path,
+                                            help="Write the run's log here "
                                             "(JSONL: tree, node, parent, depth, probe, "
                                             "truth).")] = None,
     base_url: BaseUrl = None,
