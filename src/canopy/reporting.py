@@ -15,6 +15,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 __all__ = ["BaseUrl", "CacheDir", "Json", "Model", "Plot", "Seed", "Timeout", "cli_error",
            "interval_cells", "plot_accuracy", "print_json", "print_table", "progress_bar"]
@@ -100,16 +101,41 @@ def interval_cells(row: Row) -> dict[str, object]:
 
 def print_table(rows: Sequence[Row], columns: Sequence[str], *, title: str,
                 console: Console | None = None) -> None:
-    """One row per entry of ``rows``, the given ``columns`` in order."""
-    table = Table(title=title)
-    for column in columns:
-        table.add_column(column, justify="left" if column == "method" else "right")
-    for row in rows:
-        table.add_row(*(_cell(row.get(column)) for column in columns))
+    """One row per entry of ``rows``, the given ``columns`` in order (see :func:`render`)."""
+    render([[_cell(row.get(column)) for column in columns] for row in rows], columns,
+           title=title, console=console,
+           justify=["left" if column == "method" else "right" for column in columns])
+
+
+def render(cells: Sequence[Sequence[str]], columns: Sequence[str], *, title: str,
+           console: Console | None = None, justify: Sequence[str] | None = None) -> None:
+    """A table of rich-markup ``cells`` that is never cut: whole in a pipe or a file (as wide
+    as it needs), a table on a terminal wide enough for it, and otherwise one block per row
+    (its first cell, then ``column: value`` pairs that wrap at the terminal's width)."""
     console = console or Console()
-    if not console.is_terminal and console.width < 140:
-        console = Console(width=140)
-    console.print(table)
+    widths = [max([Text.from_markup(column).cell_len,
+                   *(Text.from_markup(row[i]).cell_len for row in cells)])
+              for i, column in enumerate(columns)]
+    natural = sum(widths) + 3 * len(columns) + 1
+    if not console.is_terminal:
+        console = Console(file=console.file, width=max(natural, len(title), 80))
+    if natural <= console.width:
+        table = Table(title=title)
+        for i, column in enumerate(columns):
+            table.add_column(column, no_wrap=True,
+                             justify=(justify[i] if justify else "left"))  # type: ignore[arg-type]
+        for row in cells:
+            table.add_row(*row)
+        console.print(table)
+        return
+    console.print(Text(title, style="bold"))
+    for row in cells:
+        block = Text()
+        block.append_text(Text.from_markup(row[0], style="bold"))
+        block.append("\n  ")
+        block.append_text(Text.from_markup("; ".join(
+            f"{column}: {value}" for column, value in zip(columns[1:], row[1:], strict=True))))
+        console.print(block)
 
 
 def print_json(payload: object) -> None:

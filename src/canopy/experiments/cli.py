@@ -84,19 +84,19 @@ def _run_one(study: Study, *, quick: bool, seeds: int | None, overrides: dict[st
 
 
 def _print_headlines(study: Study, result: StudyRun, headlines: list[Headline]) -> None:
-    from rich.table import Table
+    from rich.markup import escape
 
-    table = Table(title=f"{study.name}: {result.computed} cells computed, "
-                        f"{result.reused} resumed, {result.seconds:.0f} s")
-    table.add_column("headline", ratio=1, min_width=16)  # the one column that wraps
-    for column in ("ours", "95% CI", "paper", "ratio", "target", "met"):
-        table.add_column(column, no_wrap=True)
-    for h in headlines:
-        ci = "–" if h.ci_low is None else f"[{h.ci_low:.4g}, {h.ci_high:.4g}]"
-        table.add_row(h.label, f"{h.ours:.4g}", ci, "–" if h.paper is None else f"{h.paper:g}",
-                      "–" if h.ratio is None else f"{h.ratio:.3g}", h.target or "–",
-                      {True: "[green]yes", False: "[red]no", None: "–"}[h.passed])
-    console.print(table)
+    from canopy.reporting import render
+
+    rows = [[escape(h.label), f"{h.ours:.4g}",
+             "–" if h.ci_low is None else escape(f"[{h.ci_low:.4g}, {h.ci_high:.4g}]"),
+             "–" if h.paper is None else f"{h.paper:g}",
+             "–" if h.ratio is None else f"{h.ratio:.3g}", escape(h.target or "–"),
+             {True: "[green]yes[/green]", False: "[red]no[/red]", None: "–"}[h.passed]]
+            for h in headlines]
+    render(rows, ("headline", "ours", "95% CI", "paper", "ratio", "goal", "met"),
+           title=f"{study.name}: {result.computed} cells computed, {result.reused} resumed, "
+                 f"{result.seconds:.0f} s", console=console)
 
 
 def _check_backend(backend: str, workers: int | None) -> None:
