@@ -163,16 +163,22 @@ def plot_accuracy(rows: Sequence[Row], path: str | Path, *, x: str, title: str,
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from canopy.plotting import distinct_series
+
     figure, axes = plt.subplots(figsize=(6, 4))
     methods = list(dict.fromkeys(str(row["method"]) for row in rows))
     palette = plt.get_cmap("tab10" if len(methods) <= 10 else "tab20")
-    for i, method in enumerate(methods):
-        mine = sorted((row for row in rows if row["method"] == method),
-                      key=lambda row: float(row[x]))  # type: ignore[arg-type]
-        xs = [float(row[x]) for row in mine]  # type: ignore[arg-type]
-        ys = [float(row["accuracy"]) for row in mine]  # type: ignore[arg-type]
-        line = axes.plot(xs, ys, marker="osD^v<>ph*"[i % 10], color=palette(i % palette.N),
-                         label=method)[0]
+    series = [sorted((row for row in rows if row["method"] == method),
+                     key=lambda row: float(row[x]))  # type: ignore[arg-type]
+              for method in methods]
+    accuracy = [[float(row["accuracy"]) for row in mine] for mine in series]  # type: ignore[arg-type]
+    positions = [[float(row[x]) for row in mine] for mine in series]  # type: ignore[arg-type]
+    styles = distinct_series(methods, accuracy, positions)
+    span = max(max(p) for p in positions) - min(min(p) for p in positions) or 1.0
+    for i, (mine, ys, style) in enumerate(zip(series, accuracy, styles, strict=True)):
+        xs = style.along([float(row[x]) for row in mine], span)  # type: ignore[arg-type]
+        line = axes.plot(xs, ys, color=palette(i % palette.N), label=style.label,
+                         **style.kwargs)[0]
         if all("ci_low" in row for row in mine):
             axes.fill_between(xs, [float(r["ci_low"]) for r in mine],  # type: ignore[arg-type]
                               [float(r["ci_high"]) for r in mine],  # type: ignore[arg-type]

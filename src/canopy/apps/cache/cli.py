@@ -109,15 +109,27 @@ def _plot(out: dict, capacities: list[int], window: int, file: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from canopy.plotting import distinct_series
+
     shift = out["scenario"] == "shift"
     fig, axes = plt.subplots(1, 2 if shift else 1, figsize=(10 if shift else 5, 3.6),
                              squeeze=False)
-    for name, per_cap in out["results"].items():
-        axes[0][0].plot(capacities, [per_cap[str(c)]["blocks_reused_per_request"]
-                                     for c in capacities], marker="o", label=name)
-        if shift:
-            curve = per_cap[str(capacities[-1])]["recovery"]
-            axes[0][1].plot([(i + 1) * window for i in range(len(curve))], curve, label=name)
+    names = list(out["results"])
+    reuse = [[out["results"][n][str(c)]["blocks_reused_per_request"] for c in capacities]
+             for n in names]
+    for y, style in zip(reuse, distinct_series(names, reuse, [capacities] * len(names)),
+                        strict=True):
+        axes[0][0].plot(style.along_log(capacities, max(capacities) / min(capacities)), y,
+                        label=style.label,
+                        **style.kwargs)
+    if shift:
+        curves = [out["results"][n][str(capacities[-1])]["recovery"] for n in names]
+        steps = [[(i + 1) * window for i in range(len(curve))] for curve in curves]
+        for curve, style in zip(curves, distinct_series(names, curves, steps), strict=True):
+            axes[0][1].plot(style.along(steps[0][:len(curve)], window * len(curve)), curve,
+                            label=style.label, markevery=max(len(curve) // 8, 1),
+                            **style.kwargs)
+        axes[0][1].legend(fontsize=7)
     axes[0][0].set(xscale="log", xlabel="capacity (blocks)", ylabel="blocks reused / request",
                    title=f"{out['trace']} ({out['scenario']})")
     axes[0][0].legend()
