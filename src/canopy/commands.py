@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 from rich.table import Table
 
-from canopy.reporting import output_path
+from canopy.reporting import output_path, progress_lines
 
 
 def demo(
@@ -33,8 +33,14 @@ def demo(
     with Progress("[progress.description]{task.description}", BarColumn(),
                   MofNCompleteColumn(), TimeRemainingColumn(), console=console) as bar:
         task = bar.add_task("runs", total=total)
-        rows = run_demo(budgets=budget_values, seeds=seeds,
-                        progress=lambda: bar.advance(task))
+        lines = None if console.is_terminal else progress_lines("demo runs", Console(stderr=True))
+
+        def advance() -> None:
+            bar.advance(task)
+            if lines is not None:  # a log or a pipe sees no bar until the end
+                lines(int(bar.tasks[0].completed), total)
+
+        rows = run_demo(budgets=budget_values, seeds=seeds, progress=advance)
     table = Table(title=f"recall@5, mean and [95% CI] over {seeds} seeds")
     table.add_column("method", no_wrap=True)
     for budget in budget_values:
@@ -61,8 +67,12 @@ def bench(
     from canopy.bench import run_benchmarks
 
     console = Console(stderr=True)
-    with console.status("benchmarking") as status:
-        figures = run_benchmarks(progress=lambda key: status.update(f"benchmarking {key}"))
+    if console.is_terminal:
+        with console.status("benchmarking") as status:
+            figures = run_benchmarks(progress=lambda key: status.update(f"benchmarking {key}"))
+    else:  # a log or a pipe: one line per measurement, so minutes of work are not silent
+        figures = run_benchmarks(progress=lambda key: console.print(
+            f"benchmarking {key}", highlight=False, markup=False))
     if as_json:
         print(json.dumps(figures))
         return

@@ -5,7 +5,9 @@ code returns rows; only these helpers, called from the CLI, write anything."""
 from __future__ import annotations
 
 import json
+import math
 import os
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -145,14 +147,38 @@ def print_json(payload: object) -> None:
 @contextmanager
 def progress_bar(description: str, total: int, *,
                  enabled: bool = True) -> Iterator[Callable[[int, int], None]]:
-    """A rich progress bar on stderr; yields ``update(done, total)``."""
+    """A rich progress bar on stderr; yields ``update(done, total)``. When stderr is not a
+    terminal (a log, a pipe, CI), a line ``description: done/total`` at most every
+    ``PROGRESS_EVERY_S`` seconds and at the end instead, so long work is never silent."""
     if not enabled:
         yield lambda done, total: None
+        return
+    console = Console(stderr=True)
+    if not console.is_terminal:
+        yield progress_lines(description, console)
         return
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=Console(stderr=True), transient=True) as bar:
         task = bar.add_task(description, total=total)
         yield lambda done, total: bar.update(task, completed=done, total=total)
+
+
+PROGRESS_EVERY_S = 10.0
+
+
+def progress_lines(description: str, console: Console) -> Callable[[int, int], None]:
+    """``update(done, total)`` printing ``description: done/total, N s`` lines, at most one
+    every :data:`PROGRESS_EVERY_S` seconds, and the last one always."""
+    start = time.monotonic()
+    last = [-math.inf]
+
+    def update(done: int, total: int) -> None:
+        now = time.monotonic()
+        if now - last[0] >= PROGRESS_EVERY_S or done >= total:
+            last[0] = now
+            console.print(f"{description}: {done}/{total}, {now - start:.0f} s",
+                          highlight=False, markup=False, soft_wrap=True)
+    return update
 
 
 def plot_accuracy(rows: Sequence[Row], path: str | Path, *, x: str, title: str,

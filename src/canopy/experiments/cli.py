@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.console import Console
 
-from canopy.reporting import output_folder
+from canopy.reporting import output_folder, progress_lines
 
 if TYPE_CHECKING:
     from canopy.experiments.runner import StudyRun
@@ -69,9 +69,12 @@ def _run_one(study: Study, *, quick: bool, seeds: int | None, overrides: dict[st
                   _rate_column(), TimeElapsedColumn(), TextColumn("left"), TimeRemainingColumn(),
                   console=console, transient=False) as bar:
         task = bar.add_task(study.name, total=None)
+        lines = None if console.is_terminal else progress_lines(study.name, Console(stderr=True))
 
         def progress(done: int, total: int) -> None:
             bar.update(task, completed=done, total=total)
+            if lines is not None:  # a log or a pipe sees no bar until the end
+                lines(done, total)
 
         result = run_study(study, store=StudyOutputs(out, study.name).cells, quick=quick,
                            seeds=seeds, overrides=overrides, backend=backend,  # type: ignore[arg-type]
