@@ -167,14 +167,14 @@ PROGRESS_EVERY_S = 10.0
 
 
 def progress_lines(description: str, console: Console) -> Callable[[int, int], None]:
-    """``update(done, total)`` printing ``description: done/total, N s`` lines, at most one
-    every :data:`PROGRESS_EVERY_S` seconds, and the last one always."""
+    """``update(done, total)`` printing ``description: done/total, N s`` lines once work is
+    done, at most one every :data:`PROGRESS_EVERY_S` seconds, and the last one always."""
     start = time.monotonic()
     last = [-math.inf]
 
     def update(done: int, total: int) -> None:
         now = time.monotonic()
-        if now - last[0] >= PROGRESS_EVERY_S or done >= total:
+        if done > 0 and (now - last[0] >= PROGRESS_EVERY_S or done >= total):
             last[0] = now
             console.print(f"{description}: {done}/{total}, {now - start:.0f} s",
                           highlight=False, markup=False, soft_wrap=True)

@@ -252,7 +252,7 @@ def _read_csv(source: Path) -> tuple[list[str], list[list[str]]]:
     try:
         table = [row for row in reader if row]
     except csv.Error as error:
-        raise ValueError(f"{source}, line {reader.line_num}: malformed CSV ({error})") from None
+        raise safeio.BadInput(source, f"malformed CSV ({error})", reader.line_num) from None
     if not table:
         raise ValueError(f"{source}: empty file, expected a header and one row per candidate")
     header = [column.strip() for column in table[0]]
