@@ -16,7 +16,20 @@ import pytest
 if not sys.platform.startswith("linux"):
     pytest.skip("the sandbox's limits are Linux's", allow_module_level=True)
 
-from canopy.apps.search.sandbox import MAX_PROCESSES, namespaces, run_python
+from canopy.apps.search.sandbox import (
+    MAX_PROCESSES,
+    SandboxUnavailable,
+    isolation,
+    namespaces,
+    run_python,
+)
+
+try:
+    isolation()
+except SandboxUnavailable as missing:  # neither bubblewrap nor root: nothing to test here
+    if os.environ.get("CI", "").lower() in {"1", "true", "yes"}:
+        raise
+    pytest.skip(str(missing), allow_module_level=True)
 
 
 def test_a_well_behaved_program_runs_with_its_input():
