@@ -265,6 +265,7 @@ def prior_command(
     pivotal steps), value lost per step and the pivotal-step fraction (paper
     Table 7), from a live run over a fully expanded prefix tree or from a log."""
     from canopy.apps.search.prior import analyse, log_prior, prior_items, read_log, write_log
+    from canopy.llm.client import LLMError
     from canopy.llm.local import LocalServerError, open_endpoint
 
     try:
@@ -283,6 +284,9 @@ def prior_command(
         result = analyse(rows)
     except (ValueError, FileNotFoundError, LocalServerError) as error:
         raise cli_error(error) from None
+    except LLMError as error:  # the endpoint failed mid-run: one line, as `search run` does
+        Console(stderr=True, soft_wrap=True).print(f"[red]error:[/red] {error}")
+        raise typer.Exit(1) from None
     if as_json:
         print_json(result)
         return
