@@ -24,6 +24,7 @@ pytestmark = pytest.mark.timeout(240)
 
 READERS = {
     "topk": ("topk", "--target", "a", "--budget", "10", "--pool"),
+    "router-config": ("serve", "router", "--config"),
     "route": ("route", "replay", "--seeds", "1", "--dataset"),
     "cache": ("cache", "replay", "--capacity", "4", "--policies", "lru", "--trace"),
     "prior": ("search", "prior", "--from-log"),

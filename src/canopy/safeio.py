@@ -10,7 +10,8 @@ files) goes through here, so each hostile input fails the same way: a :class:`Ba
 - :func:`lines` streams it in bounded memory: one line at a time, at most ``max_line_bytes``
   each, decoded as UTF-8 with the line named on failure;
 - :func:`parse_json` refuses nesting deeper than ``max_depth`` before the parser recurses;
-- :func:`read_bytes` reads a small file whole (gzip decompressed under the same cap).
+- :func:`read_bytes` and :func:`read_text` read a small file whole (gzip decompressed under
+  the same cap).
 
 Caps are per reader; ``CANOPY_MAX_INPUT_MB`` raises (or lowers) every file-size cap at once.
 """
@@ -31,7 +32,8 @@ from typing import IO, Any
 
 import numpy as np
 
-__all__ = ["BadInput", "MiB", "jsonl", "lines", "open_checked", "parse_json", "read_bytes"]
+__all__ = ["BadInput", "MiB", "jsonl", "lines", "open_checked", "parse_json", "read_bytes",
+           "read_text"]
 
 MiB = 2**20
 ENV_CAP = "CANOPY_MAX_INPUT_MB"
@@ -134,6 +136,17 @@ def read_bytes(file: str | os.PathLike[str], *, max_bytes: int, what: str = "fil
         raise BadInput(file, f"{what} unpacks to more than {_size(cap)} (set {ENV_CAP} to "
                              "raise the limit)")
     return out
+
+
+def read_text(file: str | os.PathLike[str], *, max_bytes: int, what: str = "file") -> str:
+    """The whole file as UTF-8 text (a byte-order mark dropped; ``.gz`` unpacked), the line
+    of the first byte that is not UTF-8 named on failure."""
+    raw = read_bytes(file, max_bytes=max_bytes, what=what)
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as error:
+        line = raw.count(b"\n", 0, error.start) + 1
+        raise BadInput(file, f"not UTF-8 text (byte 0x{raw[error.start]:02x})", line) from None
 
 
 def lines(file: str | os.PathLike[str], *, max_bytes: int, max_line_bytes: int = 8 * MiB,

@@ -239,9 +239,9 @@ def load_calibration(file: str | Path) -> TTFTModel:
     """A TTFT model from a calibration file written by ``canopy cache live``."""
     from canopy import safeio
 
-    text = safeio.read_bytes(file, max_bytes=safeio.MiB, what="calibration file")
+    text = safeio.read_text(file, max_bytes=safeio.MiB, what="calibration file")
     try:
-        fitted = safeio.parse_json(text.decode("utf-8", "replace"), file=file)["calibration"]
+        fitted = safeio.parse_json(text, file=file)["calibration"]
         return TTFTModel(ms_per_token=fitted["ms_per_token"], overhead_ms=fitted["overhead_ms"])
     except (KeyError, TypeError) as error:
         raise ValueError(f"{file}: not a calibration file of canopy cache live "

@@ -241,13 +241,7 @@ MAX_POOL_BYTES = 32 * safeio.MiB
 
 
 def _read_csv(source: Path) -> tuple[list[str], list[list[str]]]:
-    raw = safeio.read_bytes(source, max_bytes=MAX_POOL_BYTES, what="pool file")
-    try:
-        text = raw.decode("utf-8-sig")
-    except UnicodeDecodeError as error:
-        line = raw.count(b"\n", 0, error.start) + 1
-        raise safeio.BadInput(source, f"not UTF-8 text ({error.reason} at byte "
-                                      f"{error.start})", line) from None
+    text = safeio.read_text(source, max_bytes=MAX_POOL_BYTES, what="pool file")
     reader = csv.reader(io.StringIO(text, newline=""))
     try:
         table = [row for row in reader if row]
