@@ -132,7 +132,7 @@ def test_mooncake_block_ids_may_be_strings(tmp_path):
     assert RadixCache(trace, make_policy("lru"), 8).run().tolist() == [0, 2, 0]
     file.write_text(json.dumps({"timestamp": 0, "input_length": 1, "hash_ids": [1.5]}) + "\n")
     with pytest.raises(ValueError, match=r"gateway.jsonl:1: hash_ids must be a list of "
-                                         r"integers or strings"):
+                                         r"integers >= 0 or of non-empty strings"):
         load_mooncake(file)
 
 

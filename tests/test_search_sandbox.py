@@ -1,4 +1,4 @@
-"""The sandbox for generated code (issue 14 item 1): each way a program can misbehave is
+"""The sandbox for generated code: each way a program can misbehave is
 stopped or contained, and a well-behaved program runs normally."""
 
 from __future__ import annotations
@@ -16,7 +16,20 @@ import pytest
 if not sys.platform.startswith("linux"):
     pytest.skip("the sandbox's limits are Linux's", allow_module_level=True)
 
-from canopy.apps.search.sandbox import MAX_PROCESSES, interpreter, isolation, run_python
+from canopy.apps.search.sandbox import (
+    MAX_PROCESSES,
+    SandboxUnavailable,
+    isolation,
+    namespaces,
+    run_python,
+)
+
+try:
+    isolation()
+except SandboxUnavailable as missing:  # neither bubblewrap nor root: nothing to test here
+    if os.environ.get("CI", "").lower() in {"1", "true", "yes"}:
+        raise
+    pytest.skip(str(missing), allow_module_level=True)
 
 
 def test_a_well_behaved_program_runs_with_its_input():
@@ -39,16 +52,18 @@ def test_unbounded_allocation_hits_the_memory_limit():
     assert not result.ok and result.reason in ("memory limit", "killed (CPU or memory limit)")
 
 
-def _live_processes_of(uid: int) -> int:
-    """Processes of ``uid`` that still run (zombies awaiting their reaper do not)."""
+def _live_sandboxed_processes() -> int:
+    """Processes of a sandboxed program that still run, whatever the isolation (its command
+    line names the sandbox's ``boot.py``; zombies awaiting their reaper do not count)."""
     count = 0
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
                 status = (entry / "status").read_text()
+                command = (entry / "cmdline").read_bytes()
             except OSError:
                 continue
-            count += f"Uid:\t{uid}\t" in status and "State:\tZ" not in status
+            count += b"boot.py" in command and "State:\tZ" not in status
     return count
 
 
@@ -56,8 +71,7 @@ def test_a_fork_bomb_is_contained_and_leaves_nothing_behind():
     bomb = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass"
     result = run_python(bomb, timeout_s=2.0)
     assert not result.ok and result.timed_out
-    if interpreter()[1]:  # as nobody: the process limit held and every process is gone
-        assert _live_processes_of(65534) == 0
+    assert _live_sandboxed_processes() == 0  # the process limit held and every one is gone
     assert MAX_PROCESSES <= 64
 
 
@@ -66,8 +80,7 @@ def test_a_background_process_dies_with_the_program():
               "else:\n    print('parent done')")
     result = run_python(daemon, timeout_s=5.0)
     assert result.ok and result.stdout.strip() == "parent done"
-    if interpreter()[1]:
-        assert _live_processes_of(65534) == 0
+    assert _live_sandboxed_processes() == 0
 
 
 def test_writing_outside_its_directory_is_refused(tmp_path):
@@ -118,9 +131,9 @@ def test_output_is_capped():
 
 
 def test_namespaces_are_used_when_the_machine_allows_them():
-    if not isolation():
+    if not namespaces():
         pytest.skip("unshare gives no network namespace on this machine")
-    done = subprocess.run([*isolation(), sys.executable, "-c",
+    done = subprocess.run([*namespaces(), sys.executable, "-c",
                            "import socket; print(socket.if_nameindex())"],
                           capture_output=True, text=True, timeout=30)
     assert done.returncode == 0 and "eth" not in done.stdout

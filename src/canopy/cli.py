@@ -53,9 +53,19 @@ _USAGE_ERROR = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "Usag
 _CLICK_ERROR = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from canopy import __version__
+
+        print(f"canopy {__version__}")
+        raise typer.Exit(0)
+
+
 @app.callback()
 def _root(
     debug: bool = typer.Option(False, DEBUG_FLAG, help="Show the full traceback of an error."),
+    version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                 help="Print the version and exit."),
 ) -> None:
     """Canopy: multi-fidelity tree bandits and their LLM-inference uses."""
 
@@ -108,6 +118,8 @@ def main(argv: list[str] | None = None) -> None:
     try:
         code = app(args=args, prog_name="canopy", standalone_mode=False)
     except _USAGE_ERROR as error:  # bad option or argument
+        if type(error).__name__ == "NoArgsIsHelpError":  # the help is printed: nothing to add
+            raise SystemExit(2) from None
         hint = f"; see {error.ctx.command_path} --help" if error.ctx is not None else ""
         print(f"error: {error.format_message().rstrip('.')}{hint}", file=sys.stderr)
         raise SystemExit(2) from None

@@ -10,11 +10,14 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 from rich.table import Table
 
+from canopy.reporting import output_path, progress_lines
+
 
 def demo(
     seeds: int = typer.Option(6, min=1, help="Seeds (fresh instance per seed)."),
     budgets: str = typer.Option("300,750,1500", help="Comma-separated cost budgets."),
-    plot: Path = typer.Option(Path("canopy-demo.png"), help="Where to write the PNG plot."),
+    plot: Path = typer.Option(Path("canopy-demo.png"), help="Where to write the PNG plot.",
+                              callback=output_path),
 ) -> None:
     """Top-5 identification on a 1,024-leaf piecewise-smooth tree: Canopy (beam, sound)
     against successive elimination and uniform allocation."""
@@ -30,8 +33,14 @@ def demo(
     with Progress("[progress.description]{task.description}", BarColumn(),
                   MofNCompleteColumn(), TimeRemainingColumn(), console=console) as bar:
         task = bar.add_task("runs", total=total)
-        rows = run_demo(budgets=budget_values, seeds=seeds,
-                        progress=lambda: bar.advance(task))
+        lines = None if console.is_terminal else progress_lines("demo runs", Console(stderr=True))
+
+        def advance() -> None:
+            bar.advance(task)
+            if lines is not None:  # a log or a pipe sees no bar until the end
+                lines(int(bar.tasks[0].completed), total)
+
+        rows = run_demo(budgets=budget_values, seeds=seeds, progress=advance)
     table = Table(title=f"recall@5, mean and [95% CI] over {seeds} seeds")
     table.add_column("method", no_wrap=True)
     for budget in budget_values:
@@ -58,8 +67,12 @@ def bench(
     from canopy.bench import run_benchmarks
 
     console = Console(stderr=True)
-    with console.status("benchmarking") as status:
-        figures = run_benchmarks(progress=lambda key: status.update(f"benchmarking {key}"))
+    if console.is_terminal:
+        with console.status("benchmarking") as status:
+            figures = run_benchmarks(progress=lambda key: status.update(f"benchmarking {key}"))
+    else:  # a log or a pipe: one line per measurement, so minutes of work are not silent
+        figures = run_benchmarks(progress=lambda key: console.print(
+            f"benchmarking {key}", highlight=False, markup=False))
     if as_json:
         print(json.dumps(figures))
         return

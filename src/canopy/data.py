@@ -14,7 +14,6 @@ places looked in and how to get it. Data is never part of the package.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import tempfile
@@ -23,6 +22,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from canopy import safeio
 
 __all__ = ["DATASETS", "DataNotFound", "Dataset", "available", "bad_line", "data_dir",
            "jsonl_rows", "path"]
@@ -140,18 +141,10 @@ def bad_line(file: str | Path, line: int, why: str) -> ValueError:
     return ValueError(f"{file}:{line}: {why}")
 
 
-def jsonl_rows(file: str | Path, *, objects: bool = True) -> Iterator[tuple[int, Any]]:
+def jsonl_rows(file: str | Path, *, objects: bool = True, max_bytes: int = 256 * safeio.MiB,
+               what: str = "file") -> Iterator[tuple[int, Any]]:
     """``(line number, parsed JSON)`` for each non-blank line of a JSON-lines file (a UTF-8
-    byte-order mark is ignored). A line that is not JSON, or with ``objects`` not a JSON
-    object, raises :func:`bad_line`'s ``ValueError``."""
-    with open(file, encoding="utf-8-sig") as lines:
-        for number, line in enumerate(lines, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise bad_line(file, number, f"not valid JSON ({error.msg})") from None
-            if objects and not isinstance(row, dict):
-                raise bad_line(file, number, "expected a JSON object")
-            yield number, row
+    byte-order mark is ignored), streamed through :mod:`canopy.safeio` (a regular file of at
+    most ``max_bytes``, bounded lines and nesting). A line that is not JSON, or with
+    ``objects`` not a JSON object, raises a ``ValueError`` naming the file and line."""
+    yield from safeio.jsonl(file, max_bytes=max_bytes, objects=objects, what=what)

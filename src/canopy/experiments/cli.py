@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.console import Console
 
+from canopy.reporting import output_folder, progress_lines
+
 if TYPE_CHECKING:
     from canopy.experiments.runner import StudyRun
     from canopy.experiments.study import Headline, Study
@@ -21,7 +23,8 @@ Quick = Annotated[bool, typer.Option("--quick", help="Smaller grid and fewer see
 Backend = Annotated[str, typer.Option(help="Where cells run: local processes or a Ray cluster.")]
 Workers = Annotated[int | None, typer.Option(help="Worker processes (default: all cores).")]
 Address = Annotated[str | None, typer.Option(help="Address of an existing Ray cluster.")]
-Out = Annotated[Path, typer.Option(help="Output directory (one folder per study).")]
+Out = Annotated[Path, typer.Option(help="Output directory (one folder per study).",
+                                   callback=output_folder)]
 
 
 def _rate_column() -> Any:
@@ -66,9 +69,12 @@ def _run_one(study: Study, *, quick: bool, seeds: int | None, overrides: dict[st
                   _rate_column(), TimeElapsedColumn(), TextColumn("left"), TimeRemainingColumn(),
                   console=console, transient=False) as bar:
         task = bar.add_task(study.name, total=None)
+        lines = None if console.is_terminal else progress_lines(study.name, Console(stderr=True))
 
         def progress(done: int, total: int) -> None:
             bar.update(task, completed=done, total=total)
+            if lines is not None:  # a log or a pipe sees no bar until the end
+                lines(done, total)
 
         result = run_study(study, store=StudyOutputs(out, study.name).cells, quick=quick,
                            seeds=seeds, overrides=overrides, backend=backend,  # type: ignore[arg-type]
@@ -84,19 +90,19 @@ def _run_one(study: Study, *, quick: bool, seeds: int | None, overrides: dict[st
 
 
 def _print_headlines(study: Study, result: StudyRun, headlines: list[Headline]) -> None:
-    from rich.table import Table
+    from rich.markup import escape
 
-    table = Table(title=f"{study.name}: {result.computed} cells computed, "
-                        f"{result.reused} resumed, {result.seconds:.0f} s")
-    table.add_column("headline", ratio=1, min_width=16)  # the one column that wraps
-    for column in ("ours", "95% CI", "paper", "ratio", "target", "met"):
-        table.add_column(column, no_wrap=True)
-    for h in headlines:
-        ci = "–" if h.ci_low is None else f"[{h.ci_low:.4g}, {h.ci_high:.4g}]"
-        table.add_row(h.label, f"{h.ours:.4g}", ci, "–" if h.paper is None else f"{h.paper:g}",
-                      "–" if h.ratio is None else f"{h.ratio:.3g}", h.target or "–",
-                      {True: "[green]yes", False: "[red]no", None: "–"}[h.passed])
-    console.print(table)
+    from canopy.reporting import render
+
+    rows = [[escape(h.label), f"{h.ours:.4g}",
+             "–" if h.ci_low is None else escape(f"[{h.ci_low:.4g}, {h.ci_high:.4g}]"),
+             "–" if h.paper is None else f"{h.paper:g}",
+             "–" if h.ratio is None else f"{h.ratio:.3g}", escape(h.target or "–"),
+             {True: "[green]yes[/green]", False: "[red]no[/red]", None: "–"}[h.passed]]
+            for h in headlines]
+    render(rows, ("headline", "ours", "95% CI", "paper", "ratio", "goal", "met"),
+           title=f"{study.name}: {result.computed} cells computed, {result.reused} resumed, "
+                 f"{result.seconds:.0f} s", console=console)
 
 
 def _check_backend(backend: str, workers: int | None) -> None:

@@ -84,7 +84,8 @@ class Outcomes:
         columns = []
         for model in models:
             if model not in self.models:
-                raise KeyError(f"{self.name}: unknown model {model!r}")
+                raise KeyError(f"{self.name}: unknown model {model!r}; known: "
+                               f"{', '.join(self.models)}")
             columns.append(self.models.index(model))
 
         def pick(array: np.ndarray | None) -> np.ndarray | None:

@@ -82,7 +82,10 @@ class RegionTree:
         try:
             return self._index[path]
         except KeyError:
-            raise KeyError(f"unknown region {region!r}") from None
+            known = sorted(path or "(root)" for path in self._index)
+            more = f" and {len(known) - 10} more" if len(known) > 10 else ""
+            raise KeyError(f"unknown region {region!r}; known: {', '.join(known[:10])}"
+                           f"{more}") from None
 
     def nearest(self, region: str) -> int:
         """Node of ``region`` or of its deepest known prefix (the root at worst)."""

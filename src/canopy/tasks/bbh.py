@@ -79,7 +79,9 @@ def load_task(folder: str | Path, task: str, *, n: int | None = None,
     prompt_file = root / "cot-prompts" / f"{task}.txt"
     task_file = root / "bbh" / f"{task}.json"
     if not task_file.exists():
-        raise ValueError(f"unknown BBH task {task!r}: {task_file} does not exist")
+        known = sorted(p.stem for p in (root / "bbh").glob("*.json"))
+        raise ValueError(f"unknown BBH task {task!r}; known: {', '.join(known) or 'none'} "
+                         f"(in {root / 'bbh'})")
     prompt = parse_cot_prompt(prompt_file.read_text(encoding="utf-8"), source=str(prompt_file))
     try:
         examples = json.loads(task_file.read_text(encoding="utf-8"))["examples"]

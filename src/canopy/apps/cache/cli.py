@@ -4,10 +4,13 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Annotated
 
 import typer
+
+from canopy.reporting import output_path
 
 __all__ = ["register"]
 
@@ -42,7 +45,8 @@ def replay_command(
     window: int = typer.Option(500, help="requests per point of the shift recovery curve"),
     seed: int = typer.Option(0, help="canopy: hash seed of the shadows' spatial sample"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
-    plot: Annotated[Path | None, typer.Option(help="write a figure (needs matplotlib)")] = None,
+    plot: Annotated[Path | None, typer.Option(help="write a figure (needs matplotlib)",
+                                              callback=output_path)] = None,
 ) -> None:
     """Blocks reused per request, hit ratio, TTFT saved and replay speed per policy/capacity."""
     from rich.console import Console
@@ -105,15 +109,27 @@ def _plot(out: dict, capacities: list[int], window: int, file: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from canopy.plotting import distinct_series
+
     shift = out["scenario"] == "shift"
     fig, axes = plt.subplots(1, 2 if shift else 1, figsize=(10 if shift else 5, 3.6),
                              squeeze=False)
-    for name, per_cap in out["results"].items():
-        axes[0][0].plot(capacities, [per_cap[str(c)]["blocks_reused_per_request"]
-                                     for c in capacities], marker="o", label=name)
-        if shift:
-            curve = per_cap[str(capacities[-1])]["recovery"]
-            axes[0][1].plot([(i + 1) * window for i in range(len(curve))], curve, label=name)
+    names = list(out["results"])
+    reuse = [[out["results"][n][str(c)]["blocks_reused_per_request"] for c in capacities]
+             for n in names]
+    for y, style in zip(reuse, distinct_series(names, reuse, [capacities] * len(names)),
+                        strict=True):
+        axes[0][0].plot(style.along_log(capacities, max(capacities) / min(capacities)), y,
+                        label=style.label,
+                        **style.kwargs)
+    if shift:
+        curves = [out["results"][n][str(capacities[-1])]["recovery"] for n in names]
+        steps = [[(i + 1) * window for i in range(len(curve))] for curve in curves]
+        for curve, style in zip(curves, distinct_series(names, curves, steps), strict=True):
+            axes[0][1].plot(style.along(steps[0][:len(curve)], window * len(curve)), curve,
+                            label=style.label, markevery=max(len(curve) // 8, 1),
+                            **style.kwargs)
+        axes[0][1].legend(fontsize=7)
     axes[0][0].set(xscale="log", xlabel="capacity (blocks)", ylabel="blocks reused / request",
                    title=f"{out['trace']} ({out['scenario']})")
     axes[0][0].legend()
@@ -142,13 +158,13 @@ def live_command(
     calibration: Annotated[Path | None, typer.Option(
         help="predict TTFT saved with this calibration file instead of fitting one")] = None,
     calibration_out: Annotated[Path | None, typer.Option(
-        help="write the TTFT model fitted on these runs (for 'cache replay --calibration')")
-    ] = None,
+        help="write the TTFT model fitted on these runs (for 'cache replay --calibration')",
+        callback=output_path)] = None,
     replay_only: bool = typer.Option(False, "--replay-only", help="no engine: the replay's "
                                      "blocks reused per counted request (any length, seconds)"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
     plot: Annotated[Path | None, typer.Option(help="TTFT distribution per policy (needs "
-                                              "matplotlib)")] = None,
+                                              "matplotlib)", callback=output_path)] = None,
 ) -> None:
     """Run the policies inside llama.cpp (SmolLM2-135M, loopback) and measure time to first
     token, hit rate and throughput; the replay's prediction beside each."""
@@ -179,8 +195,10 @@ def live_command(
                              ("--max-tokens", max_tokens, 1), ("--threads", threads, 1)):
         if value < low:
             raise typer.BadParameter(f"{name} must be >= {low}, got {value}")
-    if not capacity_mb > 0:
-        raise typer.BadParameter(f"--capacity-mb must be > 0, got {capacity_mb}")
+    memory_mb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**20
+    if not 0 < capacity_mb <= memory_mb:
+        raise typer.BadParameter(f"--capacity-mb must be > 0 and at most this machine's "
+                                 f"memory ({memory_mb:,.0f} MiB), got {capacity_mb:g}")
     given = None if calibration is None else load_calibration(calibration)
     model_path = find_smollm2_gguf()
     words, vocab = word_vocabulary(model_path)

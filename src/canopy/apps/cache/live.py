@@ -237,10 +237,13 @@ def calibrate(runs: Sequence[LiveRun]) -> tuple[TTFTModel, float]:
 
 def load_calibration(file: str | Path) -> TTFTModel:
     """A TTFT model from a calibration file written by ``canopy cache live``."""
+    from canopy import safeio
+
+    text = safeio.read_text(file, max_bytes=safeio.MiB, what="calibration file")
     try:
-        fitted = json.loads(Path(file).read_text())["calibration"]
+        fitted = safeio.parse_json(text, file=file)["calibration"]
         return TTFTModel(ms_per_token=fitted["ms_per_token"], overhead_ms=fitted["overhead_ms"])
-    except (OSError, json.JSONDecodeError, KeyError, TypeError) as error:
+    except (KeyError, TypeError) as error:
         raise ValueError(f"{file}: not a calibration file of canopy cache live "
                          f"({type(error).__name__}: {error})") from None
 

@@ -18,15 +18,16 @@ block spaces).
 
 from __future__ import annotations
 
-import json
 import math
+import os
+from array import array
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from canopy import data
+from canopy import data, safeio
 from canopy.data import bad_line, jsonl_rows
 
 __all__ = [
@@ -51,6 +52,13 @@ TRACE_FILES = {
     "toolagent": "toolagent_trace.jsonl",
 }
 """Named Mooncake FAST'25 traces -> file inside the ``mooncake`` data set."""
+
+MAX_TRACE_BYTES = 64 * safeio.MiB
+"""A trace file above this size is refused (``CANOPY_MAX_INPUT_MB`` raises the cap)."""
+MAX_REQUEST_BLOCKS = 65_536
+"""Blocks in one request (33.5 M tokens at Mooncake's 512 a block)."""
+MAX_NODES = 4_000_000
+"""Distinct blocks in one trace: the prefix tree lives in memory (about 250 bytes each)."""
 
 
 @dataclass(frozen=True)
@@ -101,18 +109,22 @@ class Trace:
 class _Trie:
     """Builder: chains of keys -> node ids of one prefix tree."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_nodes: int = MAX_NODES) -> None:
         self.index: dict[tuple[int, object], int] = {}
         self.parent: list[int] = []
         self.depth: list[int] = []
+        self.max_nodes = max_nodes
 
-    def chain(self, keys: Iterable[object]) -> list[int]:
-        out: list[int] = []
+    def chain(self, keys: Iterable[object]) -> array:
+        out = array("q")
         node = -1
         for key in keys:
             child = self.index.get((node, key))
             if child is None:
                 child = len(self.parent)
+                if child >= self.max_nodes:
+                    raise ValueError(f"more than {self.max_nodes:,} distinct blocks: too "
+                                     "large a trace to hold in memory")
                 self.index[(node, key)] = child
                 self.parent.append(node)
                 self.depth.append(len(out) + 1)
@@ -128,11 +140,12 @@ def full_blocks(tokens: Sequence[int], block_size: int) -> list[tuple[int, ...]]
             for i in range(0, len(tokens) // block_size * block_size, block_size)]
 
 
-def _build(name: str, trie: _Trie, paths: list[list[int]], timestamps: Sequence[float],
+def _build(name: str, trie: _Trie, paths: Sequence[Sequence[int]], timestamps: Sequence[float],
            input_tokens: Sequence[int], block_size: int) -> Trace:
     offsets = np.zeros(len(paths) + 1, dtype=np.int64)
     np.cumsum([len(p) for p in paths], out=offsets[1:])
-    nodes = np.fromiter((v for p in paths for v in p), dtype=np.int64, count=int(offsets[-1]))
+    nodes = np.concatenate([np.asarray(p, dtype=np.int64) for p in paths]) if paths else (
+        np.zeros(0, dtype=np.int64))
     return Trace(name=name, parent=np.asarray(trie.parent, dtype=np.int64),
                  depth=np.asarray(trie.depth, dtype=np.int64), offsets=offsets, nodes=nodes,
                  timestamps=np.asarray(timestamps, dtype=np.float64),
@@ -156,13 +169,16 @@ def from_paths(paths: Iterable[Sequence[object]], *, name: str = "trace",
 
 def _rows(file: Path) -> Iterator[tuple[int, object]]:
     """``(line number, parsed JSON)`` for each non-blank line of ``file``."""
-    return jsonl_rows(file, objects=False)
+    return jsonl_rows(file, objects=False, max_bytes=MAX_TRACE_BYTES, what="trace")
 
 
-def _int_list(file: Path, lineno: int, value: object, field: str) -> list[int]:
+def _int_list(file: Path, lineno: int, value: object, field: str, most: int) -> list[int]:
     if not isinstance(value, list) or not all(
-            isinstance(x, int) and not isinstance(x, bool) for x in value):
-        raise bad_line(file, lineno, f"{field} must be a list of integers")
+            isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in value):
+        raise bad_line(file, lineno, f"{field} must be a list of integers >= 0")
+    if len(value) > most:
+        raise bad_line(file, lineno, f"{len(value):,} {field} in one request, more than "
+                                     f"{most:,}")
     return value
 
 
@@ -184,9 +200,13 @@ def _in_order(file: Path, lineno: int, stamps: list[float], stamp: float) -> flo
 def _block_ids(file: Path, lineno: int, value: object) -> list[int | str]:
     """``hash_ids``: integers, or strings (the prefix-hash format some gateways log)."""
     if not isinstance(value, list) or not all(
-            (isinstance(x, int) and not isinstance(x, bool)) or isinstance(x, str)
-            for x in value):
-        raise bad_line(file, lineno, "hash_ids must be a list of integers or strings")
+            (isinstance(x, int) and not isinstance(x, bool) and x >= 0) or
+            (isinstance(x, str) and x) for x in value):
+        raise bad_line(file, lineno, "hash_ids must be a list of integers >= 0 or of "
+                                     "non-empty strings")
+    if len(value) > MAX_REQUEST_BLOCKS:
+        raise bad_line(file, lineno, f"{len(value):,} hash_ids in one request, more than "
+                                     f"{MAX_REQUEST_BLOCKS:,}")
     return value
 
 
@@ -219,7 +239,7 @@ def load_mooncake(file: str | Path, *, name: str | None = None) -> Trace:
     """
     file = Path(file)
     trie = _Trie()
-    paths: list[list[int]] = []
+    paths: list[array] = []
     timestamps: list[float] = []
     tokens: list[int] = []
     for stamp, length, hashes in iter_mooncake(file):
@@ -240,7 +260,7 @@ def load_prompt_log(file: str | Path, *, block_size: int = 16, name: str | None 
         raise ValueError(f"block_size must be a positive int, got {block_size!r}")
     file = Path(file)
     trie = _Trie()
-    paths: list[list[int]] = []
+    paths: list[array] = []
     timestamps: list[float] = []
     tokens: list[int] = []
     for lineno, row in _rows(file):
@@ -253,7 +273,7 @@ def load_prompt_log(file: str | Path, *, block_size: int = 16, name: str | None 
                 stamp = _number(file, lineno, row, "timestamp")
         else:
             ids = row
-        ids = _int_list(file, lineno, ids, "tokens")
+        ids = _int_list(file, lineno, ids, "tokens", MAX_REQUEST_BLOCKS * block_size)
         paths.append(trie.chain(full_blocks(ids, block_size)))
         timestamps.append(_in_order(file, lineno, timestamps, stamp))
         tokens.append(len(ids))
@@ -282,7 +302,7 @@ def resolve(name_or_path: str | Path, *, block_size: int | None = None) -> Trace
                 "or pass its file path as the trace") from None
         return load_mooncake(file, name=key)
     file = Path(key)
-    if not file.is_file():
+    if not os.path.lexists(file):
         raise ValueError(f"trace must be one of {', '.join(TRACE_FILES)} or an existing "
                          f"file, got {key!r}")
     if _looks_mooncake(file):
@@ -291,14 +311,8 @@ def resolve(name_or_path: str | Path, *, block_size: int | None = None) -> Trace
 
 
 def _looks_mooncake(file: Path) -> bool:
-    with file.open(encoding="utf-8") as lines:
-        for line in lines:
-            if line.strip():
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError:
-                    return False
-                return isinstance(row, dict) and "hash_ids" in row
+    for _, row in _rows(file):
+        return isinstance(row, dict) and "hash_ids" in row
     return False
 
 

@@ -8,6 +8,8 @@ from typing import Annotated
 
 import typer
 
+from canopy.reporting import output_path
+
 __all__ = ["register"]
 
 route_app = typer.Typer(no_args_is_help=True,
@@ -34,7 +36,8 @@ def replay_command(
     region_depth: int | None = typer.Option(None, "--region-depth",
                                             help="routellm-mmlu: 1, 2 or 3 levels"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
-    plot: Annotated[Path | None, typer.Option("--plot", help="write the figure here")] = None,
+    plot: Annotated[Path | None, typer.Option("--plot", help="write the figure here",
+                                                         callback=output_path)] = None,
     trust_pickle: bool = typer.Option(False, "--trust-pickle",
                                       help="read a .pkl data set (unpickling runs its code)"),
 ) -> None:

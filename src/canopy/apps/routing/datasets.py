@@ -245,8 +245,6 @@ def load(dataset: str, *, trust_pickle: bool = False, **options: object) -> Outc
     if path.suffix.lower() in {".pkl", ".pickle"}:
         return read_routerbench(path, trust_pickle=trust_pickle, **options)
     if path.suffix.lower() in {".csv", ".jsonl", ".ndjson"}:
-        if not path.exists():
-            raise FileNotFoundError(f"no such log file: {path}")
         return read_long(path, **options)
     raise KeyError(f"unknown data set {dataset!r}: give one of {', '.join(DATASETS)} or a "
                    ".csv/.jsonl/.pkl path")

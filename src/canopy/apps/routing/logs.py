@@ -31,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
+from canopy import safeio
 from canopy.data import jsonl_rows
 from canopy.regional.outcomes import Outcomes
 
@@ -40,16 +41,23 @@ LONG_COLUMNS = ("query_id", "region", "model", "quality", "cost")
 _TOKENS = ("input_tokens", "output_tokens")
 
 
+MAX_LOG_BYTES = 32 * safeio.MiB
+"""A log above this size is refused (``CANOPY_MAX_INPUT_MB`` raises the cap)."""
+
+
 def _rows(path: Path) -> Iterator[tuple[int, dict[str, object]]]:
     if path.suffix.lower() in {".jsonl", ".ndjson"}:
-        yield from jsonl_rows(path)
+        yield from jsonl_rows(path, max_bytes=MAX_LOG_BYTES, what="routing log")
     elif path.suffix.lower() == ".csv":
-        with open(path, newline="", encoding="utf-8-sig") as handle:
-            reader = csv.DictReader(handle)
+        numbered = safeio.lines(path, max_bytes=MAX_LOG_BYTES, what="routing log")
+        reader = csv.DictReader(text for _, text in numbered)
+        try:
             missing = set(LONG_COLUMNS) - set(reader.fieldnames or ())
             if missing:
                 raise ValueError(f"{path}: header lacks columns {sorted(missing)}")
             yield from enumerate(reader, start=2)
+        except csv.Error as error:
+            raise safeio.BadInput(path, f"malformed CSV ({error})", reader.line_num) from None
     else:
         raise ValueError(f"{path}: expected a .csv or .jsonl file")
 
@@ -77,7 +85,8 @@ def read_long(path: str | Path, *, name: str | None = None) -> Outcomes:
     for line_number, row in _rows(path):
         where = f"{path}:{line_number}"
         for key in ("query_id", "model"):
-            if not str(row.get(key, "") or "").strip():
+            value = row.get(key)
+            if value is None or isinstance(value, (dict, list)) or not str(value).strip():
                 raise ValueError(f"{where}: empty or missing {key}")
         query, model = str(row["query_id"]), str(row["model"])
         region = str(row.get("region") or "")

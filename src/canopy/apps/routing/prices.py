@@ -10,7 +10,6 @@ Token counts come from the API's ``usage`` fields when serving; offline,
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -71,8 +70,10 @@ class PriceTable:
 
     @classmethod
     def from_file(cls, path: str | Path) -> PriceTable:
-        with open(path, encoding="utf-8") as handle:
-            return cls.from_mapping(json.load(handle))
+        from canopy import safeio
+
+        text = safeio.read_text(path, max_bytes=safeio.MiB, what="price table")
+        return cls.from_mapping(safeio.parse_json(text, file=path))
 
     @classmethod
     def default(cls) -> PriceTable:

@@ -144,7 +144,8 @@ def _choices(router: str, outcomes: Outcomes, lam: float, order: np.ndarray,
     if router.startswith("fixed:"):
         model = router.removeprefix("fixed:")
         if model not in outcomes.models:
-            raise KeyError(f"fixed router for unknown model {model!r}")
+            raise KeyError(f"fixed router for unknown model {model!r}; known: "
+                           f"{', '.join(outcomes.models)}")
         return np.full(n, outcomes.models.index(model))
     raise KeyError(f"unknown router {router!r}; known: learners {sorted(LEARNERS)}, "
                    f"{', '.join(REFERENCES)}, fixed:<model>")
@@ -168,7 +169,9 @@ def replay(outcomes: Outcomes, *, lambdas: Sequence[float] | np.ndarray | None =
     for name in routers:  # fail before computing anything
         if name not in LEARNERS and name not in REFERENCES and not (
                 name.startswith("fixed:") and name.removeprefix("fixed:") in outcomes.models):
-            raise KeyError(f"unknown router {name!r}")
+            raise KeyError(f"unknown router {name!r}; known: {', '.join(sorted(LEARNERS))}, "
+                           f"{', '.join(REFERENCES)}, "
+                           f"{', '.join('fixed:' + m for m in outcomes.models)}")
     tree, nodes = outcomes.region_tree()
     chains = tree.ancestors()[nodes]
     n = outcomes.n_queries

@@ -3,6 +3,7 @@ against an OpenAI-compatible endpoint)."""
 
 from __future__ import annotations
 
+import os
 from typing import Annotated
 
 import typer
@@ -21,6 +22,7 @@ from canopy.reporting import (
     Timeout,
     cli_error,
     interval_cells,
+    output_path,
     plot_accuracy,
     print_json,
     print_table,
@@ -188,6 +190,9 @@ def code_command(
     cache_dir: CacheDir = None,
     timeout: Timeout = 120.0,
     reference: Reference = "best_of_n",
+    allow_unisolated: Annotated[bool, typer.Option(
+        "--allow-unisolated", help="Run generated programs as yourself when neither "
+        "bubblewrap nor root isolation works here (otherwise refused).")] = False,
     as_json: Json = False,
 ) -> None:
     """Code search with an execution probe (partial tests) against best-of-N and majority
@@ -195,9 +200,13 @@ def code_command(
     from canopy.apps.search.code import load_code_tasks
     from canopy.apps.search.codesearch import CODE_METHODS, run_code_search
     from canopy.apps.search.live import SearchConfig
+    from canopy.apps.search.sandbox import ENV_ISOLATION, isolation
     from canopy.llm.local import LocalServerError, open_endpoint
 
+    if allow_unisolated:
+        os.environ[ENV_ISOLATION] = "none"
     try:
+        isolation()  # refuse before any call when generated code cannot be contained
         chosen = parse_names(methods, CODE_METHODS, "--methods")
         budget_list = [int(b) for b in parse_budgets(budgets, whole=True)]
         config = SearchConfig(max_tokens=max_tokens, temperature=temperature,
@@ -234,7 +243,8 @@ def prior_command(
                                          "or arith:trivial|easy|medium|hard.")] = "gsm8k",
     from_log: Annotated[str | None, typer.Option("--from-log", help="Analyse this log "
                                                  "(JSONL) instead of running.")] = None,
-    log: Annotated[str | None, typer.Option("--log", help="Write the run's log here "
+    log: Annotated[str | None, typer.Option("--log", callback=output_path,
+                                            help="Write the run's log here "
                                             "(JSONL: tree, node, parent, depth, probe, "
                                             "truth).")] = None,
     base_url: BaseUrl = None,
@@ -252,9 +262,10 @@ def prior_command(
     as_json: Json = False,
 ) -> None:
     """Measure the prior: probe-vs-truth correlation, edge-following hit rate (all and
-    pivotal steps), value lost per step and the pivotal-step fraction (paper Table
-    tab:reasoningtree), from a live run over a fully expanded prefix tree or from a log."""
+    pivotal steps), value lost per step and the pivotal-step fraction (paper
+    Table 7), from a live run over a fully expanded prefix tree or from a log."""
     from canopy.apps.search.prior import analyse, log_prior, prior_items, read_log, write_log
+    from canopy.llm.client import LLMError
     from canopy.llm.local import LocalServerError, open_endpoint
 
     try:
@@ -273,6 +284,9 @@ def prior_command(
         result = analyse(rows)
     except (ValueError, FileNotFoundError, LocalServerError) as error:
         raise cli_error(error) from None
+    except LLMError as error:  # the endpoint failed mid-run: one line, as `search run` does
+        Console(stderr=True, soft_wrap=True).print(f"[red]error:[/red] {error}")
+        raise typer.Exit(1) from None
     if as_json:
         print_json(result)
         return

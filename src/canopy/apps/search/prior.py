@@ -1,4 +1,4 @@
-"""Measuring the prior (paper Section 5, "Measuring the prior"; Table tab:reasoningtree): log
+"""Measuring the prior (paper Section 5, "Measuring the prior"; Table 7): log
 each node's cheap probe and its graded truth, and ask how tree-Lipschitz the value function is.
 
 A log row is one rollout from a node: ``{"tree", "node", "parent", "depth", "probe",
@@ -61,23 +61,65 @@ def write_log(rows: Iterable[LogRow], path: str | Path) -> None:
             handle.write(json.dumps(asdict(row)) + "\n")
 
 
+MAX_LOG_BYTES = 64 * 2**20
+"""A prior log above this size is refused (``CANOPY_MAX_INPUT_MB`` raises the cap)."""
+
+
+def _whole(raw: dict[str, Any], key: str, *, none: bool = False) -> int | None:
+    value = raw.get(key, ...)
+    if value is None and none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{key} must be an integer >= 0{' or null' if none else ''}, "
+                         f"got {value if value is not ... else 'nothing'!r}")
+    return value
+
+
+def _score(raw: dict[str, Any], key: str) -> float:
+    value = raw.get(key)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+            not math.isfinite(value):
+        raise ValueError(f"{key} must be a finite number, got {value!r}")
+    return float(value)
+
+
 def read_log(path: str | Path) -> list[LogRow]:
-    """Read a log written by :func:`write_log` (or any JSONL with those fields); a malformed
-    line raises ``ValueError`` naming it."""
+    """Read a log written by :func:`write_log` (or any JSONL with those fields). A malformed
+    line raises ``ValueError`` naming it; so does a log whose tree is not one: a node logged
+    with two parents or depths, a parent that is not logged, or a depth that is not its
+    parent's plus one (which rules out cycles); a root has no parent and depth 0."""
     rows = []
-    for number, raw in jsonl_rows(path):
+    seen: dict[tuple[str, int], tuple[int | None, int, int]] = {}
+    for number, raw in jsonl_rows(path, max_bytes=MAX_LOG_BYTES, what="prior log"):
         try:
-            parent = raw["parent"]
-            row = LogRow(str(raw["tree"]), int(raw["node"]),
-                         None if parent is None else int(parent), int(raw["depth"]),
-                         float(raw["probe"]), float(raw["truth"]))
-        except (KeyError, TypeError, ValueError) as error:
-            raise bad_line(path, number, f"not a prior-log row: {error!r}") from None
-        if not (math.isfinite(row.probe) and math.isfinite(row.truth)):
-            raise bad_line(path, number, "probe and truth must be finite")
+            if not isinstance(raw.get("tree"), (str, int)) or isinstance(raw["tree"], bool):
+                raise ValueError(f"tree must be a string, got {raw.get('tree')!r}")
+            row = LogRow(str(raw["tree"]), _whole(raw, "node"),  # type: ignore[arg-type]
+                         _whole(raw, "parent", none=True), _whole(raw, "depth"),  # type: ignore[arg-type]
+                         _score(raw, "probe"), _score(raw, "truth"))
+        except ValueError as error:
+            raise bad_line(path, number, f"not a prior-log row: {error}") from None
+        if (row.parent is None) != (row.depth == 0):
+            raise bad_line(path, number, "a node has a parent exactly when its depth is > 0")
+        first = seen.setdefault((row.tree, row.node), (row.parent, row.depth, number))
+        if first[:2] != (row.parent, row.depth):
+            raise bad_line(path, number, f"node {row.node} of tree {row.tree!r} was logged "
+                                         f"on line {first[2]} with parent {first[0]} and "
+                                         f"depth {first[1]}")
         rows.append(row)
     if not rows:
         raise ValueError(f"{path} holds no rows")
+    for (tree, node), (parent, depth, number) in seen.items():
+        if parent is None:
+            continue
+        above = seen.get((tree, parent))
+        if above is None:
+            raise bad_line(path, number, f"node {node} of tree {tree!r} names parent "
+                                         f"{parent}, which is not logged")
+        if above[1] != depth - 1:
+            raise bad_line(path, number, f"node {node} of tree {tree!r} is at depth {depth} "
+                                         f"under parent {parent} at depth {above[1]} (a "
+                                         "cycle or a broken tree)")
     return rows
 
 

@@ -10,6 +10,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from canopy.apps.topk.hardness import top_k_complexity
 from canopy.apps.topk.pools import read_pool_csv
 from canopy.apps.topk.problem import PoolProblem
 from canopy.apps.topk.select import METHODS, Selection, select_top_k
@@ -73,17 +74,28 @@ def topk(
         console.print(f"[red]error:[/red] {error}", soft_wrap=True, markup=True,
                       highlight=False)
         raise typer.Exit(2) from None
+    if table.left_out:
+        console.print(f"left out of the tree (they contain {target}): "
+                      f"{', '.join(table.left_out)}; name the tree's columns with --tree-from",
+                      soft_wrap=True, markup=False, highlight=False)
+    hardness = top_k_complexity(table.target, k) if k < table.size else float("nan")
     if as_json:
-        typer.echo(json.dumps(_as_dict(selection, k, pool_tree)))
+        typer.echo(json.dumps({**_as_dict(selection, k, pool_tree),
+                               "left_out": list(table.left_out), "complexity": hardness}))
     else:
         _render(selection, table.target, Console(), pool_tree, target)
+        Console().print(f"the picks' mean {target} is {selection.captured:.0%} of the way from "
+                        f"the pool's mean to the true top {k}'s; a structure-blind method "
+                        f"needs about {hardness:,.3g} evaluations for a high recall here (the "
+                        f"top-{k} complexity H)", soft_wrap=True, highlight=False)
 
 
 def _as_dict(selection: Selection, k: int, pool_tree: PoolTree) -> dict[str, object]:
     return {"names": list(selection.names), "method": selection.method, "k": k,
             "budget": selection.budget, "spent": selection.spent,
             "n_probes": selection.n_probes, "n_leaf_evals": selection.n_leaf_evals,
-            "recall": selection.recall, "tree": pool_tree.description}
+            "recall": selection.recall, "captured": selection.captured,
+            "tree": pool_tree.description}
 
 
 def _render(selection: Selection, scores: object, console: Console, pool_tree: PoolTree,

@@ -34,7 +34,6 @@ import csv
 import gzip
 import io
 import math
-import zlib
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -43,11 +42,12 @@ from typing import Literal
 
 import numpy as np
 
-from canopy import data
+from canopy import data, safeio
 
 __all__ = [
     "LEADERBOARD_COLUMNS",
     "Pool",
+    "aggregates_of_target",
     "alpaca_eval",
     "can_ai_code",
     "load_pool",
@@ -80,6 +80,8 @@ class Pool:
         items: optional ``(n, m)`` real per-item outcomes in ``[0, 1]``, ``NaN`` where missing;
             when given, ``target`` is each row's mean over its present items.
         groups: optional hierarchy columns, outermost first (``{"family": (...), ...}``).
+        left_out: numeric columns not used as features because they contain the target
+            (see :func:`aggregates_of_target`).
     """
 
     name: str
@@ -90,6 +92,7 @@ class Pool:
     feature_names: tuple[str, ...]
     items: np.ndarray | None = None
     groups: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    left_out: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         n = len(self.names)
@@ -178,10 +181,17 @@ def read_pool_csv(source: str | Path, *, target: str, name_column: str | None = 
         if column not in header:
             raise ValueError(f"{source}: no {what} {column!r}; columns: {', '.join(header)}")
     position = {column: i for i, column in enumerate(header)}
+    left_out: list[str] = []
     if feature_columns is None:
         taken = {name_column, target, *group_columns}
         feature_columns = [c for c in header if c not in taken
                            and _all_numbers(row[position[c]] for row in rows)]
+        candidates = {c: _scores(source, c, [row[position[c]] for row in rows], scale)
+                      for c in feature_columns}
+        left_out = aggregates_of_target(
+            _scores(source, target, [row[position[target]] for row in rows], scale),
+            candidates)
+        feature_columns = [c for c in feature_columns if c not in left_out]
     else:
         for column in feature_columns:
             if column not in header:
@@ -196,29 +206,47 @@ def read_pool_csv(source: str | Path, *, target: str, name_column: str | None = 
         np.empty((len(rows), 0)))
     groups = {c: tuple(row[position[c]] for row in rows) for c in group_columns}
     return Pool(label, names, values[target], target, features, tuple(feature_columns),
-                groups=groups)
+                groups=groups, left_out=tuple(left_out))
+
+
+def aggregates_of_target(target: np.ndarray, columns: Mapping[str, np.ndarray], *,
+                         fit: float = 0.999, weight: float = 0.05) -> list[str]:
+    """The columns that contain the target: each is fitted as a non-negative combination of
+    the target and the other columns (plus a constant); one that such a combination explains
+    (``R^2 >= fit``) with a target weight of at least ``weight`` is an aggregate such as a
+    leaderboard's Average, and would leak the target into the tree. Needs at least three rows
+    per column fitted; fewer, and nothing is flagged."""
+    from scipy.optimize import nnls
+
+    names = list(columns)
+    n = len(target)
+    if n < 3 * (len(names) + 2):
+        return []
+    found = []
+    for name in names:
+        y = np.asarray(columns[name], dtype=float)
+        spread = float(np.sum((y - y.mean()) ** 2))
+        if spread == 0:
+            continue
+        design = np.column_stack([target, *(columns[o] for o in names if o != name),
+                                  np.ones(n), -np.ones(n)])
+        coefficients, residual = nnls(design, y)
+        if 1 - residual**2 / spread >= fit and coefficients[0] >= weight:
+            found.append(name)
+    return found
+
+
+MAX_POOL_BYTES = 32 * safeio.MiB
+"""A pool file (unpacked) above this size is refused (``CANOPY_MAX_INPUT_MB`` raises it)."""
 
 
 def _read_csv(source: Path) -> tuple[list[str], list[list[str]]]:
-    try:
-        raw = source.read_bytes()
-    except OSError as error:
-        raise ValueError(f"cannot read pool file {source}: {error.strerror}") from None
-    if source.suffix == ".gz":
-        try:
-            raw = gzip.decompress(raw)
-        except (OSError, EOFError, zlib.error) as error:
-            raise ValueError(f"{source}: not a readable gzip file ({error})") from None
-    try:
-        text = raw.decode("utf-8-sig")
-    except UnicodeDecodeError as error:
-        raise ValueError(f"{source}: not UTF-8 text ({error.reason} at byte "
-                         f"{error.start})") from None
+    text = safeio.read_text(source, max_bytes=MAX_POOL_BYTES, what="pool file")
     reader = csv.reader(io.StringIO(text, newline=""))
     try:
         table = [row for row in reader if row]
     except csv.Error as error:
-        raise ValueError(f"{source}, line {reader.line_num}: malformed CSV ({error})") from None
+        raise safeio.BadInput(source, f"malformed CSV ({error})", reader.line_num) from None
     if not table:
         raise ValueError(f"{source}: empty file, expected a header and one row per candidate")
     header = [column.strip() for column in table[0]]

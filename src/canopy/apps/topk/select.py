@@ -28,7 +28,7 @@ from canopy.apps.topk.problem import PoolProblem
 from canopy.policies.base import Policy
 from canopy.run import run
 
-__all__ = ["METHODS", "Selection", "make_policy", "select_top_k", "tied_recall"]
+__all__ = ["METHODS", "Selection", "captured", "make_policy", "select_top_k", "tied_recall"]
 
 
 def _canopy(k: int) -> Policy:
@@ -99,6 +99,9 @@ class Selection:
         n_probes, n_leaf_evals: queries of each kind.
         recall: recall@k against the pool's own target column (the table's truth), counting
             ties: see :func:`tied_recall`.
+        captured: how far the picks' mean target goes from the pool's mean (0, a random
+            choice) to the true top ``k``'s mean (1): informative where recall is 0 because
+            many candidates sit within noise of the ``k``-th.
     """
 
     method: str
@@ -109,6 +112,7 @@ class Selection:
     n_probes: int
     n_leaf_evals: int
     recall: float
+    captured: float
 
 
 def tied_recall(picked_rows: np.ndarray, scores: np.ndarray, k: int) -> float:
@@ -140,4 +144,16 @@ def select_top_k(problem: PoolProblem, *, k: int, budget: float, method: str = "
                      rows=tuple(int(r) for r in rows), budget=float(budget),
                      spent=float(result.spent), n_probes=int(result.n_probes),
                      n_leaf_evals=int(result.n_leaf_evals),
-                     recall=tied_recall(rows, problem.pool.target, k))
+                     recall=tied_recall(rows, problem.pool.target, k),
+                     captured=captured(rows, problem.pool.target, k))
+
+
+def captured(picked_rows: np.ndarray, scores: np.ndarray, k: int) -> float:
+    """``(mean of the picks - mean of all) / (mean of the true top k - mean of all)``: 1 for
+    the top ``k``, about 0 for a random choice (``nan`` when every score is equal)."""
+    values = np.asarray(scores, dtype=float)
+    best = np.sort(values)[::-1][:k].mean()
+    gap = best - values.mean()
+    if gap <= 0:
+        return float("nan")
+    return float((values[np.asarray(picked_rows, dtype=np.int64)].mean() - values.mean()) / gap)

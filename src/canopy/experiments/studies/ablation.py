@@ -1,4 +1,4 @@
-"""Ablation study (paper Appendix D, "Estimating the smoothness", fig:ablation, tab:ablation):
+"""Ablation study (paper Appendix D, "Estimating the smoothness", Figure 5, Table 2):
 on the heterogeneous-smoothness tree, final regret of the optimistic descent with an assumed
 constant L swept over a grid (the U-shaped tuning curve) beside the data-driven per-subtree
 estimate, 10 seeds. The estimate comes in two forms: ``spread="estimated"``, Section 3.3's
@@ -48,7 +48,7 @@ VARIANTS = ((ESTIMATED, {"spread": "estimated"}),
             (CERTIFIED, {"spread": "certified", "certificate": "paper"}),
             (COMPOSED, {"spread": "certified", "certificate": "sharp"}))
 
-#: tab:ablation (App. D, 10 seeds): final regret 4,076 at L = 0.05 (too tight), 3,424 at
+#: Table 2 (App. D, 10 seeds): final regret 4,076 at L = 0.05 (too tight), 3,424 at
 #: L = 3.0 (too loose), 3,127 at the oracle-tuned L = 0.8, 3,029 for the estimated L.
 PAPER = (
     PaperValue(ASSUMED, 0.05, "final regret", 4076.0),
@@ -134,7 +134,7 @@ def headlines(rows: Sequence[Row]) -> list[Headline]:
 
 STUDY = Study(
     name="ablation",
-    title="final regret vs assumed L (U-curve) beside the estimated L (App. D, tab:ablation)",
+    title="final regret vs assumed L (U-curve) beside the estimated L (App. D, Table 2)",
     module=__name__,
     params=AblationParams(),
     quick_params=AblationParams(horizon=4_000, assumed=(0.05, 0.2, 0.8, 3.0)),

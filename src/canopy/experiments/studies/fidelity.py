@@ -1,5 +1,5 @@
 """Fidelity study (paper Appendix D, "The tree prior pays off only when probes are cheap",
-fig:fidelity): top-5 identification on a 1,024-leaf tree, recall@5 against the probe/leaf cost
+Figure 3): top-5 identification on a 1,024-leaf tree, recall@5 against the probe/leaf cost
 ratio at a fixed budget, and against the budget with cheap probes; the beam (width 20) and
 sound top-k variants against structure-blind successive elimination (60 seeds).
 
@@ -57,7 +57,7 @@ BEAM, SOUND, CERT, SE = ("beam (width 20)", "sound", "sound (certified)",
 COMPOSED = "sound (certified, composed)"
 RATIO, BUDGET = "probe/leaf cost ratio", "budget"
 
-#: App. D "The tree prior pays off only when probes are cheap", fig:fidelity (budget 1,500,
+#: App. D "The tree prior pays off only when probes are cheap", Figure 3 (budget 1,500,
 #: cheap probes): beam 0.84, sound 0.62, successive elimination 0.57 recall@5.
 PAPER = (
     PaperValue(BEAM, 1500.0, "recall@5", 0.84),
@@ -165,7 +165,7 @@ def headlines(rows: Sequence[Row]) -> list[Headline]:
 
 STUDY = Study(
     name="fidelity",
-    title="top-5 recall vs probe/leaf cost ratio and vs budget (App. D, fig:fidelity)",
+    title="top-5 recall vs probe/leaf cost ratio and vs budget (App. D, Figure 3)",
     module=__name__,
     params=FidelityParams(),
     quick_params=FidelityParams(ratios=(0.05, 0.2, 1.0), budgets=(500.0, 1500.0)),

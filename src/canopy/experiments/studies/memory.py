@@ -1,4 +1,4 @@
-"""Memory study (paper Appendix D, "Regret versus memory", fig:memory): online regret play on a
+"""Memory study (paper Appendix D, "Regret versus memory", Figure 4): online regret play on a
 256-leaf tree of depth 4 over a 12k-round horizon (16 seeds); final regret against the nodes
 stored, for fixed-resolution play at depths 1-4 (depth 4 = full resolution), the
 expand-versus-refine rule of Eq. (6) with the assumed spread, and the variance-aware variant
@@ -50,7 +50,7 @@ VARIANTS = ((ESTIMATED, {"spread": "estimated"}),
             (COMPOSED, {"spread": "certified", "certificate": "sharp"}))
 NEAR = 1.2
 
-#: App. D "Regret versus memory", fig:memory: the refine rule reaches near full-resolution
+#: App. D "Regret versus memory", Figure 4: the refine rule reaches near full-resolution
 #: regret at about 1/3 of the memory, the variance-aware variant at about 6x less (memory
 #: saving = stored nodes of full resolution / stored nodes of the method).
 PAPER = (
@@ -128,7 +128,7 @@ def headlines(rows: Sequence[Row]) -> list[Headline]:
 
 STUDY = Study(
     name="memory",
-    title="regret vs stored nodes: fixed depths, refine rule, certified (App. D, fig:memory)",
+    title="regret vs stored nodes: fixed depths, refine rule, certified (App. D, Figure 4)",
     module=__name__,
     params=MemoryParams(),
     quick_params=MemoryParams(horizon=4_000, depths=(2, 3, 4)),

@@ -1,5 +1,5 @@
 """``realtopk``: top-10 identification over real model pools (paper Section 5, "Top-k
-identification"; Appendix E, Table ``tab:realtopk``).
+identification"; Appendix E, Table 4).
 
 Pools (see :mod:`canopy.apps.topk.pools`), each with a fixed tree (seed 0, the same for every
 run seed, as the paper arranges its pool once):
@@ -151,7 +151,7 @@ def _run_cell(cell: Mapping[str, Any], seed: int) -> list[Measurement]:
                         selection.spent / budget)]
 
 
-# Appendix E, Table tab:realtopk: RouterEval 1,000 models, branching 10, depth 3, probe cost
+# Appendix E, Table 4: RouterEval 1,000 models, branching 10, depth 3, probe cost
 # 0.05, mean recall@10 over 20 seeds x 9 evaluation splits (the hierarchical method's cost
 # includes the certificate's pre-pass).
 _PAPER_TABLE = {

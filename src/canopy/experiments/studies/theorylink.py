@@ -1,4 +1,4 @@
-"""Theory-link study (paper Appendix D, "From the rate to the data", fig:theorylink, left
+"""Theory-link study (paper Appendix D, "From the rate to the data", Figure 7, left
 panel): on a tree-Lipschitz value function, the cumulative regret R(n) of the optimistic
 descent at several horizons, the exponent alpha of the least-squares fit of log R(n) on log n
 (sublinear rate: alpha < 1), and the near-optimality dimension estimated from the value
@@ -49,7 +49,7 @@ __all__ = ["PAPER", "STUDY", "TheoryLinkParams", "near_optimality_dimension"]
 
 METHOD, N_AXIS, FIT = "descent (assumed L)", "n", "fit"
 
-#: App. D "From the rate to the data", fig:theorylink (8 seeds): alpha ~ 0.77, d_hat ~ 0.
+#: App. D "From the rate to the data", Figure 7 (8 seeds): alpha ~ 0.77, d_hat ~ 0.
 PAPER = (
     PaperValue(METHOD, None, "alpha", 0.77),
     PaperValue(METHOD, None, "near-optimality dimension", 0.0),
@@ -128,7 +128,7 @@ def headlines(rows: Sequence[Row]) -> list[Headline]:
 
 STUDY = Study(
     name="theorylink",
-    title="regret exponent alpha and near-optimality dimension (App. D, fig:theorylink)",
+    title="regret exponent alpha and near-optimality dimension (App. D, Figure 7)",
     module=__name__,
     params=TheoryLinkParams(),
     quick_params=TheoryLinkParams(checkpoints=(250, 500, 1000, 2000, 4000, 8000)),

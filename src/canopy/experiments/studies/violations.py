@@ -1,5 +1,5 @@
 """Violations study (paper Appendix D, "Graceful degradation in the violation count",
-fig:violations): top-1 accuracy against the number K of discontinuities (branching 4, depth 5,
+Figure 6): top-1 accuracy against the number K of discontinuities (branching 4, depth 5,
 budget 400, probe/leaf cost 0.05, 30 seeds) for the detect-and-relax hybrid against pure
 assumed smoothness and the structure-blind baseline; and K recovered from data against the
 true K.

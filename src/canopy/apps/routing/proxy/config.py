@@ -30,12 +30,12 @@ themselves never appear in the file: ``auth`` names the environment variables th
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from canopy import safeio
 from canopy.apps.routing.prices import PriceTable
 from canopy.regional.router import RegionalRouter
 from canopy.validation import check_positive
@@ -233,11 +233,8 @@ class ProxyConfig:
     @classmethod
     def from_file(cls, path: str | Path) -> ProxyConfig:
         path = Path(path)
-        with open(path, encoding="utf-8") as handle:
-            try:
-                data = json.load(handle)
-            except json.JSONDecodeError as error:
-                raise ValueError(f"{path}: not JSON ({error})") from None
+        text = safeio.read_text(path, max_bytes=safeio.MiB, what="router configuration")
+        data = safeio.parse_json(text, file=path)
         return cls.from_mapping(data, base=path.parent)
 
 
