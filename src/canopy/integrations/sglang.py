@@ -6,11 +6,12 @@ SGLang evicts whole unlocked leaf nodes of its radix tree, lowest
 ``--radix-eviction-policy``. One call, :func:`register` (run by SGLang itself in every
 process through the ``sglang.srt.plugins`` entry point when Canopy is installed beside it),
 adds ``canopy`` to SGLang's strategy registry and to the choices of
-``--radix-eviction-policy``::
+``--radix-eviction-policy``, and a radix-cache backend ``canopy`` (SGLang's ``RadixCache``,
+whose inserts the strategy watches)::
 
-    sglang serve --model-path ... --radix-eviction-policy canopy
+    sglang serve --model-path ... --radix-cache-backend canopy --radix-eviction-policy canopy
 
-or, in code, ``register()`` and then a cache built with ``eviction_policy="canopy"``.
+or, in code, ``register()`` and then a ``RadixCache`` built with ``eviction_policy="canopy"``.
 
 The strategy learns from what SGLang's own radix cache does, with no trace: every
 ``insert`` (SGLang inserts a request's tokens when a prefill chunk ends and when the request
@@ -105,8 +106,8 @@ class CanopyEviction:
         """The priority of the node's deepest page (lower evicts first)."""
         if self.policy is None:
             raise RuntimeError(f"the {POLICY_NAME} eviction policy learns from the inserts of "
-                               "SGLang's RadixCache (hooked by register()); this cache "
-                               "evicted before showing it any")
+                               "SGLang's RadixCache; this cache evicted before showing it any "
+                               f"(serve with --radix-cache-backend {POLICY_NAME})")
         keys = _node_keys(node, self.page_size)
         return self.policy.priority(keys[-1]) if keys else -math.inf
 
@@ -188,15 +189,19 @@ def install(cache_class: type) -> None:
 
 def register() -> None:
     """Make ``canopy`` an SGLang eviction policy: its strategy registry, the choices of
-    ``--radix-eviction-policy``, and the radix cache's hooks (idempotent)."""
+    ``--radix-eviction-policy``, the radix cache's hooks, and a radix-cache backend of the
+    same name that serves with SGLang's ``RadixCache`` (its default tree in 0.5.23,
+    ``UnifiedRadixCache``, is not hooked). Idempotent."""
     from sglang.srt.arg_groups.choices import (
         RADIX_EVICTION_POLICY_CHOICES,
         add_radix_eviction_policy_choices,
     )
-    from sglang.srt.mem_cache import utils
+    from sglang.srt.mem_cache import registry, utils
     from sglang.srt.mem_cache.radix_cache import RadixCache
 
     utils._EVICTION_POLICY_FACTORIES[POLICY_NAME] = CanopyEviction
     if POLICY_NAME not in RADIX_EVICTION_POLICY_CHOICES:
         add_radix_eviction_policy_choices([POLICY_NAME])
+    if registry.get_radix_cache_factory(POLICY_NAME) is None:
+        registry.register_radix_cache_backend(POLICY_NAME, lambda ctx: RadixCache(ctx.params))
     install(RadixCache)
