@@ -9,17 +9,20 @@ environment)."""
 
 from __future__ import annotations
 
+import json
 import os
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from typer.testing import CliRunner
 
 import sglang_standin as standin
 from canopy.apps.cache import RadixCache, from_paths, make_policy
 from canopy.apps.cache.sglang import drive, sweep
 from canopy.apps.cache.traces import resolve
+from canopy.cli import app
 from canopy.integrations.sglang import CanopyEviction, _node_keys, _page_keys, _root, install
 from conftest import require_data
 
@@ -200,3 +203,32 @@ def test_online_canopy_in_sglangs_radix_cache_on_the_conversation_trace():
            for r in sweep(trace, policies=["lru", "lfu", "canopy"], capacities=[256],
                           api=api)}
     assert got["canopy"] > 1.01 * max(got["lru"], got["lfu"]), got
+
+
+def _prompt_log(tmp_path):
+    log = tmp_path / "log.jsonl"
+    log.write_text("".join(json.dumps(list(range(i % 3, i % 3 + 64))) + "\n"
+                           for i in range(30)))
+    return str(log)
+
+
+def test_replay_cli_refuses_a_bad_engine_in_one_line(tmp_path):
+    runner = CliRunner()
+    for args, message in ((["--engine", "vllm"], "--engine must be canopy or sglang"),
+                          (["--engine", "sglang", "--policies", "optimal"], "sglang")):
+        result = runner.invoke(app, ["cache", "replay", "--trace", _prompt_log(tmp_path),
+                                     "--capacity", "4", *args])
+        assert result.exit_code == 2 and message in result.output, result.output
+        assert "Traceback" not in result.output
+
+
+@pytest.mark.sglang
+def test_replay_cli_drives_sglangs_radix_cache(tmp_path):
+    _real_sglang()
+    result = CliRunner().invoke(app, ["cache", "replay", "--engine", "sglang", "--trace",
+                                      _prompt_log(tmp_path), "--capacity", "4,16",
+                                      "--policies", "lru,lfu,canopy", "--json"])
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.output[result.output.index("{"):])
+    assert out["engine"] == "sglang" and set(out["results"]) == {"lru", "lfu", "canopy"}
+    assert out["results"]["lru"]["16"]["blocks_reused_per_request"] > 0
