@@ -291,3 +291,18 @@ def test_online_keys_may_be_bytes_and_unknown_keys_evict_first():
         OnlinePolicy("optimal", 8)
     with pytest.raises(ValueError, match="unknown policy"):
         OnlinePolicy("fifo", 8)
+
+
+def test_online_sieve_forgets_while_a_hot_block_is_hit_more_often_than_nodes_are_held():
+    # a hit count larger than the table must not be renumbered as if it linked nodes
+    online = OnlinePolicy("sieve", 8, history_floor=0.5)
+    for _ in range(5000):
+        online.observe(["root"])
+    for i in range(6000):
+        keys = ["root", f"{i}:a", f"{i}:b"]
+        online.observe(keys)
+        online.evicted(keys[1])
+        online.evicted(keys[2])
+    assert online.forgotten > 0 and online.n_nodes < 3000  # of 12,001 keys seen
+    assert online.visited("root")
+    assert online.priority("root") < online.priority("5999:a")  # inserted first

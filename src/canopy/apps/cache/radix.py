@@ -13,7 +13,10 @@ its victim choice (paper Section 4, "Serving systems": the prefix tree is the ca
 * ``LRU`` keeps an intrusive doubly linked free queue in vLLM's order (a finished request's
   blocks are appended tail first; the victim is the queue front, always a leaf);
 * ``SIEVE`` keeps an insertion-ordered queue and a hand (Zhang et al., NSDI 2024) that skips
-  blocks it may not evict (inner nodes, pinned blocks);
+  blocks it may not evict (inner nodes, pinned blocks) and clears their visited bits. The hand
+  walks a second list holding only the leaves, so an eviction costs what LRU's does; inner
+  nodes' bits are cleared lazily (a bit set before the hand's next pass over the node's
+  position, :func:`_passed`), which evicts exactly what a walk over every node would;
 * the priority policies (``LFU``, ``CANOPY``, ``OPTIMAL``) keep a binary min-heap of
   evictable leaves with lazy deletion (per-node versions); a node is pushed when it becomes a
   leaf or a leaf is used. A key changes only when its node is used, so the heap is exact;
@@ -37,14 +40,20 @@ LRU, LFU, SIEVE, CANOPY, OPTIMAL = 0, 1, 2, 3, 4
 # integer node fields (columns of ``ni``, one row a node for locality)
 _CACHED, _NCHILD, _PIN, _VER, _PREV, _NEXT, _HITS, _LAST, _VISITED, _NU = range(10)
 _NI = 10
+# SIEVE has no heap and counts nothing in the replay: its leaf list, the lap of the hand's
+# next pass over a node whose visited bit is set, and its insertion order reuse those columns
+_LPREV, _LNEXT, _LAP, _SEQ = _VER, _HITS, _LAST, _NU
 # ``CANOPY`` cell statistics (columns of ``cells``, one row a node of the prefix tree, cached
 # or not): clock at the last use (-1: never used), children seen, then one discounted use
 # count (as of the last use) per decayed arm
 _CL, _KIDS, _S0 = range(3)
-# scalars (``sc``): blocks cached, list ends, SIEVE hand, heap length, blocks referenced so
-# far, the arm whose priority orders the heap (``CANOPY``: 0 recency, ``j >= 1`` decayed arm j)
-_SIZE, _HEAD, _TAIL, _HAND, _HLEN, _CLOCK, _ARM = range(7)
-_SC = 7
+# scalars (``sc``): blocks cached, list ends, SIEVE's hand leaf, heap length, blocks
+# referenced so far, the arm whose priority orders the heap (``CANOPY``: 0 recency, ``j >= 1``
+# decayed arm j), SIEVE's leaf list ends, the hand's position (the insertion order it examines
+# next) and laps, the next insertion order, and the number of leaves
+(_SIZE, _HEAD, _TAIL, _HAND, _HLEN, _CLOCK, _ARM, _LHEAD, _LTAIL, _HPOS, _LAPS, _SEQN,
+ _NLEAF) = range(13)
+_SC = 13
 # decayed-count configuration (``params``): prior weight, deepest depth, one decay rate
 # (per referenced block) per decayed arm
 _RHO, _DMAX, _LAM0 = range(3)
@@ -91,6 +100,101 @@ def _push_head(ni, sc, v):
     else:
         sc[_TAIL] = v
     sc[_HEAD] = v
+
+
+# ---------------------------------------------------------------- SIEVE's hand over leaves
+@nb.njit(cache=True, inline="always")
+def _passed(ni, sc, v):
+    """Whether the hand passed ``v`` since its visited bit was set: the bit records the lap of
+    the next pass over ``v``'s insertion order (the hand examines insertion orders >=
+    ``sc[_HPOS]`` in lap ``sc[_LAPS]``)."""
+    lap = ni[v, _LAP]
+    return sc[_LAPS] > lap or (sc[_LAPS] == lap and sc[_HPOS] > ni[v, _SEQ])
+
+
+@nb.njit(cache=True, inline="always")
+def _visit(ni, sc, v):
+    ni[v, _VISITED] = 1
+    ni[v, _LAP] = sc[_LAPS] if ni[v, _SEQ] >= sc[_HPOS] else sc[_LAPS] + 1
+
+
+@nb.njit(cache=True, inline="always")
+def _leaf_in(ni, sc, v, a):
+    """``v`` becomes a leaf, after leaf ``a`` in insertion order (-1: the oldest)."""
+    n = sc[_LTAIL] if a < 0 else ni[a, _LNEXT]
+    ni[v, _LPREV] = a
+    ni[v, _LNEXT] = n
+    if a >= 0:
+        ni[a, _LNEXT] = v
+    else:
+        sc[_LTAIL] = v
+    if n >= 0:
+        ni[n, _LPREV] = v
+    else:
+        sc[_LHEAD] = v
+    sc[_NLEAF] += 1
+    h = sc[_HAND]
+    if ni[v, _SEQ] >= sc[_HPOS] and (h < 0 or ni[v, _SEQ] < ni[h, _SEQ]):
+        sc[_HAND] = v  # the hand rests on the first leaf at or after its position
+
+
+@nb.njit(cache=True, inline="always")
+def _leaf_out(ni, sc, v):
+    if sc[_HAND] == v:
+        sc[_HAND] = ni[v, _LNEXT]
+    p, n = ni[v, _LPREV], ni[v, _LNEXT]
+    if p >= 0:
+        ni[p, _LNEXT] = n
+    else:
+        sc[_LTAIL] = n
+    if n >= 0:
+        ni[n, _LPREV] = p
+    else:
+        sc[_LHEAD] = p
+    ni[v, _LPREV] = -1
+    ni[v, _LNEXT] = -1
+    sc[_NLEAF] -= 1
+
+
+@nb.njit(cache=True, inline="always")
+def _leaf_before(ni, v, a):
+    """The newest leaf older than ``v`` (-1: none), searching back from leaf ``a`` along the
+    leaves and from ``v`` along every node at once, whichever finds it first."""
+    s, b = ni[v, _SEQ], ni[v, _PREV]
+    while True:
+        if a < 0 or ni[a, _SEQ] < s:
+            return a
+        if b < 0 or ni[b, _NCHILD] == 0:
+            return b
+        a, b = ni[a, _LPREV], ni[b, _PREV]
+
+
+@nb.njit(cache=True)
+def _sieve_victim(ni, sc, t):
+    """The hand walks the leaves from its position, oldest to newest and around, clearing
+    visited bits, to the first unvisited unpinned leaf; -1 (the hand stays, every bit is
+    cleared: two laps) when every leaf is pinned."""
+    laps, hpos, hand = sc[_LAPS], sc[_HPOS], sc[_HAND]
+    v = hand
+    for _ in range(2 * sc[_NLEAF] + 2):
+        if v < 0:
+            sc[_LAPS] += 1
+            sc[_HPOS] = -1
+            v = sc[_LTAIL]
+        if ni[v, _PIN] != t and ni[v, _VISITED] == 0:
+            if ni[v, _NEXT] < 0:  # the newest block: the hand starts over
+                sc[_LAPS] += 1
+                sc[_HPOS] = -1
+                sc[_HAND] = sc[_LTAIL]
+            else:
+                sc[_HPOS] = ni[v, _SEQ] + 1
+                sc[_HAND] = ni[v, _LNEXT]
+            return v
+        ni[v, _VISITED] = 0
+        sc[_HPOS] = ni[v, _SEQ] + 1
+        v = ni[v, _LNEXT]
+    sc[_LAPS], sc[_HPOS], sc[_HAND] = laps + 2, hpos, hand
+    return -1
 
 
 # ---------------------------------------------------------------- heap with lazy deletion
@@ -179,16 +283,7 @@ def _victim(kind, t, parent, depth, ni, nf, params, hkey, hnode, hver, sc):
         v = sc[_TAIL]
         return v if v >= 0 else -1
     if kind == SIEVE:
-        v = sc[_HAND] if sc[_HAND] >= 0 else sc[_TAIL]
-        for _ in range(2 * sc[_SIZE] + 2):
-            if v < 0:
-                v = sc[_TAIL]
-            if ni[v, _NCHILD] == 0 and ni[v, _PIN] != t and ni[v, _VISITED] == 0:
-                sc[_HAND] = ni[v, _NEXT]
-                return v
-            ni[v, _VISITED] = 0
-            v = ni[v, _NEXT]
-        return -1
+        return _sieve_victim(ni, sc, t)
     while sc[_HLEN] > 0:
         v, ver = hnode[0], hver[0]
         _heap_pop(hkey, hnode, hver, sc)
@@ -251,7 +346,7 @@ def _request(kind, t, lo, hi, nodes, nu, parent, depth, capacity, params, ni, nf
         if kind == LRU:
             _unlink(ni, sc, v)
         elif kind == SIEVE:
-            ni[v, _VISITED] = 1
+            _visit(ni, sc, v)
         k += 1
     end = k
     held = -1  # heap policies: a parent that just became the lowest leaf, kept off the heap
@@ -263,6 +358,9 @@ def _request(kind, t, lo, hi, nodes, nu, parent, depth, capacity, params, ni, nf
                 u = _victim(kind, t, parent, depth, ni, nf, params, hkey, hnode, hver, sc)
             if u < 0:
                 break
+            after = ni[u, _LPREV]
+            if kind == SIEVE:
+                _leaf_out(ni, sc, u)
             if kind == LRU or kind == SIEVE:
                 _unlink(ni, sc, u)
             ni[u, _CACHED] = 0
@@ -270,7 +368,11 @@ def _request(kind, t, lo, hi, nodes, nu, parent, depth, capacity, params, ni, nf
             p = parent[u]
             if p >= 0:
                 ni[p, _NCHILD] -= 1
-                if ni[p, _NCHILD] == 0 and ni[p, _PIN] != t and kind != LRU and kind != SIEVE:
+                if ni[p, _NCHILD] == 0 and kind == SIEVE:
+                    if ni[p, _VISITED] == 1 and _passed(ni, sc, p):
+                        ni[p, _VISITED] = 0
+                    _leaf_in(ni, sc, p, _leaf_before(ni, p, after))
+                elif ni[p, _NCHILD] == 0 and ni[p, _PIN] != t and kind != LRU and kind != SIEVE:
                     # evicting a chain tail first: when the parent's key is at most every
                     # heap key it is the next victim, so skip its push and pop
                     ni[p, _VER] += 1  # retires heap entries from when it was a leaf before
@@ -282,16 +384,26 @@ def _request(kind, t, lo, hi, nodes, nu, parent, depth, capacity, params, ni, nf
         v = nodes[r]
         ni[v, _CACHED] = 1
         ni[v, _PIN] = t
-        ni[v, _HITS] = 0
         ni[v, _VISITED] = 0
         sc[_SIZE] += 1
-        if parent[v] >= 0:
-            ni[parent[v], _NCHILD] += 1
+        p = parent[v]
         if kind == SIEVE:
+            ni[v, _SEQ] = sc[_SEQN]
+            sc[_SEQN] += 1
             _push_head(ni, sc, v)
+            if p >= 0 and ni[p, _NCHILD] == 0:
+                _leaf_out(ni, sc, p)
+        else:
+            ni[v, _HITS] = 0
+        if p >= 0:
+            ni[p, _NCHILD] += 1
+        if kind == SIEVE:
+            _leaf_in(ni, sc, v, sc[_LHEAD])
         end = r + 1
     if held >= 0:
         _push_leaf(kind, held, parent, depth, ni, nf, params, hkey, hnode, hver, sc)
+    if kind == SIEVE:
+        return k - lo
     for r in range(lo, end):
         _touch(nodes[r], t, nu[r], ni)
     if kind == LRU:
@@ -438,10 +550,13 @@ def _priorities(kind, nodes, depth, ni, cells, params, sc, out):
             out[i] = _key(kind, v, depth, ni, cells, params, sc)
 
 
-def _node_table(n: int) -> np.ndarray:
-    """Per-node cache state for ``n`` nodes: nothing cached, unpinned, unlinked."""
-    ni = np.zeros((n, _NI), dtype=np.int64)
-    ni[:, [_PIN, _PREV, _NEXT]] = -1
+def _node_table(n: int, dtype: type = np.int64, k: int | None = None) -> np.ndarray:
+    """Per-node cache state for ``n`` nodes (``k``: that many tables stacked): nothing cached,
+    unpinned, unlinked (``dtype``: ``int32`` halves a replay's tables where node ids and
+    request indices fit it)."""
+    ni = np.zeros((n, _NI) if k is None else (k, n, _NI), dtype=dtype)
+    for column in (_PIN, _PREV, _NEXT):
+        ni[..., column] = -1
     return ni
 
 
@@ -453,7 +568,7 @@ def shadow_heap_size(capacity: int, longest: int) -> int:
 
 def _scalars() -> np.ndarray:
     sc = np.full(_SC, -1, dtype=np.int64)
-    sc[[_SIZE, _HLEN, _CLOCK]] = 0
+    sc[[_SIZE, _HLEN, _CLOCK, _LAPS, _SEQN, _NLEAF]] = 0
     return sc
 
 
@@ -461,7 +576,8 @@ class _Shadows:
     """Metadata-only shadow caches, one per arm, over the sampled requests (see
     :class:`~canopy.apps.cache.policies.Canopy`); they read the main cache's cells."""
 
-    def __init__(self, n_nodes: int, longest: int, policy, capacity: int) -> None:
+    def __init__(self, n_nodes: int, longest: int, policy, capacity: int,
+                 dtype: type = np.int64) -> None:
         arms = policy.arms(capacity)
         self.capacity = arms.capacity
         self.ac = np.array([arms.rate, arms.gamma, arms.z, arms.min_evidence])
@@ -471,7 +587,7 @@ class _Shadows:
         self.pairs = np.zeros((2, k, k))
         self.got = np.zeros(k)
         self.sm = np.array([0, arms.seed], dtype=np.int64)  # switches, salt
-        self.ni = np.stack([_node_table(n_nodes) for _ in range(k)])
+        self.ni = _node_table(n_nodes, dtype, k)
         self.sc = np.stack([_scalars() for _ in range(k)])
         self.sc[:, _ARM] = np.arange(k)  # shadow a evicts by arm a
         heap = shadow_heap_size(arms.capacity, longest)
@@ -503,18 +619,19 @@ class RadixCache:
         self.kind, self.params = policy.kernel(trace, self.capacity)
         n = trace.n_nodes
         self._nu = (next_use(trace.offsets, trace.nodes, n) if self.kind == OPTIMAL
-                    else np.zeros(0, dtype=np.int64))
-        self._ni = _node_table(n)
+                    else trace.nodes)  # read by the optimum only (never out of bounds)
+        dtype = np.int32 if max(n, trace.n_requests) < 2**31 - 1 else np.int64
+        longest = int(np.diff(trace.offsets).max(initial=0))
+        self._ni = _node_table(n, dtype)
         self._sc = _scalars()
         self._cells = np.zeros((1, _S0), dtype=np.float64)  # only ``CANOPY`` reads cells
         self._shadows = None
         if self.kind == CANOPY:
             self._cells = np.zeros((n, len(self.params) - _LAM0 + _S0), dtype=np.float64)
             self._cells[:, _CL] = -1.0
-            self._shadows = _Shadows(n, int(np.diff(trace.offsets).max(initial=0)), policy,
-                                     self.capacity)
+            self._shadows = _Shadows(n, longest, policy, self.capacity, dtype)
             self._sc[_ARM] = policy.start_arm
-        heap = 2 * (trace.n_refs + trace.n_requests) + 16
+        heap = shadow_heap_size(self.capacity, longest)  # compacted when full
         self._hkey = np.zeros(heap, dtype=np.float64)
         self._hnode = np.zeros(heap, dtype=np.int64)
         self._hver = np.zeros(heap, dtype=np.int64)

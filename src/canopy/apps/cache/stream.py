@@ -91,6 +91,8 @@ class _Tree:
     names its whole prefix (a prefix hash), so it indexes a node by itself; otherwise by its
     parent node and key."""
 
+    _serves = False  # whether the kernels serve requests (SIEVE's leaf list links nodes)
+
     def __init__(self, policy: EvictionPolicy | str, capacity: int,
                  history_floor: float | None, *, prefix_keys: bool) -> None:
         policy = make_policy(policy) if isinstance(policy, str) else policy
@@ -243,9 +245,12 @@ class _Tree:
             s.ni[:, m:n] = radix._node_table(n - m)
             tables += [(s.ni[a], s.sc[a], s.hkey[a], s.hnode[a], s.hver[a])
                        for a in range(len(s.kinds))]
+        serves_sieve = self._serves and self.kind == radix.SIEVE
+        sieve = (radix._LPREV, radix._LNEXT) if serves_sieve else ()
         for ni, sc, hkey, hnode, hver in tables:
-            _remap_links(ni[:m], remap, (radix._PREV, radix._NEXT))
-            for field in (radix._HEAD, radix._TAIL, radix._HAND):
+            _remap_links(ni[:m], remap, (radix._PREV, radix._NEXT, *sieve))
+            sieve = ()  # only the main cache runs SIEVE; the shadows' columns are counts
+            for field in (radix._HEAD, radix._TAIL, radix._HAND, radix._LHEAD, radix._LTAIL):
                 if sc[field] >= 0:
                     sc[field] = remap[sc[field]]
             _remap_heap(hkey, hnode, hver, sc, remap)
@@ -265,6 +270,8 @@ class StreamingCache(_Tree):
     whole prefix, as in a prefix-hash chain), and returns how many leading blocks were cached.
     ``history_floor=None`` keeps every node ever seen (exactly :class:`RadixCache`).
     """
+
+    _serves = True
 
     def __init__(self, policy: EvictionPolicy | str, capacity: int, *,
                  history_floor: float | None = 0.5) -> None:
