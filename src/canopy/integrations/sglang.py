@@ -33,6 +33,7 @@ holds, bounding its memory; default 0.5).
 from __future__ import annotations
 
 import functools
+import hashlib
 import math
 from collections.abc import Callable
 from typing import Any
@@ -117,8 +118,11 @@ def _tokens(key: Any) -> Any:
 
 
 def _root(key: Any) -> int:
-    """The chain's seed: SGLang keeps keys of different ``extra_key`` namespaces apart."""
-    return hash(("sglang-root", getattr(key, "extra_key", None)))
+    """The chain's seed: SGLang keeps keys of different ``extra_key`` namespaces apart (a
+    digest, not ``hash``, so that every tensor-parallel rank's process keys pages alike)."""
+    extra = repr(getattr(key, "extra_key", None)).encode()
+    return int.from_bytes(hashlib.blake2b(extra, digest_size=8).digest(), "little",
+                          signed=True)
 
 
 def _page_keys(tokens: Any, page_size: int, prev: int) -> list[int]:
