@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -232,3 +234,23 @@ def test_replay_cli_drives_sglangs_radix_cache(tmp_path):
     out = json.loads(result.output[result.output.index("{"):])
     assert out["engine"] == "sglang" and set(out["results"]) == {"lru", "lfu", "canopy"}
     assert out["results"]["lru"]["16"]["blocks_reused_per_request"] > 0
+
+
+@pytest.mark.sglang
+def test_sglang_loads_canopy_through_its_plugin_entry_point():
+    """Installed beside SGLang, Canopy registers itself when SGLang loads its plugins (as
+    ``sglang serve`` and each scheduler process do), in a fresh process."""
+    _real_sglang()
+    from importlib.metadata import entry_points
+
+    if "canopy" not in {ep.name for ep in entry_points(group="sglang.srt.plugins")}:
+        if os.environ.get("CANOPY_SGLANG") == "required":
+            pytest.fail("canopy is not installed in SGLang's environment (.ci/sglang.sh)")
+        pytest.skip("canopy is not installed (pip install -e .) in this environment")
+    code = ("from sglang.srt.plugins import load_plugins; load_plugins(); "
+            "from sglang.srt.arg_groups.choices import RADIX_EVICTION_POLICY_CHOICES as c; "
+            "from sglang.srt.mem_cache.utils import get_eviction_strategy as g; "
+            "print('canopy' in c, type(g('canopy', {'capacity_blocks': 8})).__name__)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=600, check=True)
+    assert done.stdout.split()[-2:] == ["True", "CanopyEviction"], done.stderr[-2000:]
