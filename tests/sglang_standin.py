@@ -14,7 +14,10 @@ cannot be installed (it needs its CUDA stack):
 * ``inc_lock_ref`` / ``dec_lock_ref`` lock the path to the root; sizes count tokens.
 
 Strategies: LRU ``last_access_time``, LFU ``(hit_count, last_access_time)``, as in SGLang's
-``evict_policy.py``. Only what :func:`canopy.apps.cache.sglang.drive` calls is provided.
+``evict_policy.py``, looked up by name in :data:`STRATEGIES` (SGLang's registry) with the
+keyword arguments of the policy's configuration. Only what
+:func:`canopy.apps.cache.sglang.drive` calls is provided, and the two methods
+:func:`canopy.integrations.sglang.install` hooks (``insert``, ``_delete_leaf``).
 """
 
 from __future__ import annotations
@@ -80,9 +83,16 @@ class LFU:
         return (node.hit_count, node.last_access_time)
 
 
+STRATEGIES: dict[str, Any] = {"lru": LRU, "lfu": LFU}
+"""SGLang's registry (``mem_cache/utils.py``): name -> factory of keyword arguments."""
+
+
 class RadixCache:
-    def __init__(self, eviction_policy: str = "lru") -> None:
-        self.eviction_strategy = {"lru": LRU, "lfu": LFU}[eviction_policy]()
+    page_size = 1
+    disable = False
+
+    def __init__(self, eviction_policy: str = "lru", config: dict | None = None) -> None:
+        self.eviction_strategy = STRATEGIES[eviction_policy](**(config or {}))
         self.root = Node(lock_ref=1)
         self._clock = itertools.count(1)
         self._evictable = 0
@@ -149,13 +159,16 @@ class RadixCache:
         freed = 0
         while freed < params.num_tokens and heap:
             *_, node = heapq.heappop(heap)
-            del node.parent.children[node.key[0]]
+            self._delete_leaf(node)
             freed += len(node.key)
-            self._evictable -= len(node.key)
             if self._evictable_leaf(node.parent):
                 parent = node.parent
                 heapq.heappush(heap, (self.eviction_strategy.get_priority(parent),
                                       parent.last_access_time, next(tie), parent))
+
+    def _delete_leaf(self, node: Node) -> None:
+        del node.parent.children[node.key[0]]
+        self._evictable -= len(node.key)
 
     def _nodes(self) -> list[Node]:
         out, stack = [], [self.root]

@@ -44,6 +44,8 @@ def replay_command(
              "(overrides --ms-per-token)")] = None,
     window: int = typer.Option(500, help="requests per point of the shift recovery curve"),
     seed: int = typer.Option(0, help="canopy: hash seed of the shadows' spatial sample"),
+    engine: str = typer.Option("canopy", help="canopy (Canopy's replay) or sglang (SGLang's "
+                               "own radix cache, policies lru, lfu, canopy; extra 'sglang')"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
     plot: Annotated[Path | None, typer.Option(help="write a figure (needs matplotlib)",
                                               callback=output_path)] = None,
@@ -72,10 +74,25 @@ def replay_command(
         raise typer.BadParameter(str(error)) from None
     if scenario not in ("stationary", "shift"):
         raise typer.BadParameter(f"--scenario must be stationary or shift, got {scenario!r}")
-    results = sweep(loaded, policies=chosen, capacities=capacities, scenario_name=scenario,
-                    before=pre, ttft=ttft)
-    out: dict = {"trace": loaded.name, "scenario": scenario, "requests_counted":
-                 len(results[0].reused),
+    if engine not in ("canopy", "sglang"):
+        raise typer.BadParameter(f"--engine must be canopy or sglang, got {engine!r}")
+    if engine == "sglang":
+        from canopy.apps.cache import sglang
+
+        try:
+            results = sglang.sweep(loaded, policies=[p.name for p in chosen],
+                                   capacities=capacities, scenario_name=scenario, before=pre,
+                                   ttft=ttft)
+        except ImportError as missing:
+            raise typer.BadParameter(f"--engine sglang needs SGLang (pip install "
+                                     f"'canopy-bandits[sglang]'): {missing}") from None
+        except ValueError as error:
+            raise typer.BadParameter(str(error)) from None
+    else:
+        results = sweep(loaded, policies=chosen, capacities=capacities,
+                        scenario_name=scenario, before=pre, ttft=ttft)
+    out: dict = {"trace": loaded.name, "engine": engine, "scenario": scenario,
+                 "requests_counted": len(results[0].reused),
                  "ttft_model": {"ms_per_token": ttft.ms_per_token, "overhead_ms": ttft.overhead_ms,
                                 "source": "default" if calibration is None and ms_per_token == 0.1
                                 else str(calibration or "--ms-per-token")},

@@ -21,7 +21,8 @@ from canopy.apps.cache.radix import RadixCache
 from canopy.apps.cache.traces import Trace, from_paths, shifted
 from canopy.apps.cache.ttft import TTFTModel
 
-__all__ = ["SCENARIOS", "ReplayResult", "recovery_curve", "replay", "scenario", "sweep"]
+__all__ = ["SCENARIOS", "ReplayResult", "recovery_curve", "replay", "result", "scenario",
+           "sweep"]
 
 SCENARIOS = ("stationary", "shift")
 
@@ -58,18 +59,26 @@ def replay(trace: Trace, policy: EvictionPolicy | str, capacity: int, *, start: 
     cache = RadixCache(trace, policy, capacity)
     began, began_cpu = time.perf_counter(), time.thread_time()
     reused_all = cache.run()
-    cpu, elapsed = time.thread_time() - began_cpu, time.perf_counter() - began
+    return result(trace, policy.name, capacity, reused_all, start=start, ttft=ttft,
+                  cpu_s=time.thread_time() - began_cpu, wall_s=time.perf_counter() - began)
+
+
+def result(trace: Trace, policy: str, capacity: int, reused_all: np.ndarray, *,
+           start: int = 0, ttft: TTFTModel | None = None, cpu_s: float = 0.0,
+           wall_s: float = 0.0) -> ReplayResult:
+    """The metrics of a replay of ``trace`` that reused ``reused_all[i]`` blocks on request
+    ``i`` (by any cache: this one, an engine's), counting requests from ``start`` on."""
     reused = reused_all[start:].copy()
     lengths = np.diff(trace.offsets)[start:]
     cached_tokens = np.minimum(reused * trace.block_size, trace.input_tokens[start:])
     model = TTFTModel() if ttft is None else ttft
     return ReplayResult(
-        trace=trace.name, policy=policy.name, capacity=int(capacity), start=start,
+        trace=trace.name, policy=policy, capacity=int(capacity), start=start,
         reused=reused, blocks_reused_per_request=float(reused.mean()),
         hit_ratio=float(reused.sum() / max(lengths.sum(), 1)),
         ttft_saved_ms=float(model.saved_ms(cached_tokens).mean()),
-        block_refs_per_s=trace.n_refs / max(cpu, 1e-9),
-        wall_block_refs_per_s=trace.n_refs / max(elapsed, 1e-9))
+        block_refs_per_s=trace.n_refs / max(cpu_s, 1e-9),
+        wall_block_refs_per_s=trace.n_refs / max(wall_s, 1e-9))
 
 
 def scenario(trace: Trace, name: str, *, before: Trace | None = None) -> tuple[Trace, int]:

@@ -356,13 +356,19 @@ class OnlinePolicy(_Tree):
         """Blocks the engine holds, as observed and reported."""
         return int(self._sc[radix._SIZE])
 
-    def observe(self, keys: Sequence[Hashable]) -> None:
+    def observe(self, keys: Sequence[Hashable], *, start: int = 0) -> None:
         """Learn from one admitted request: its block keys, root first (key ``i``'s parent is
         key ``i - 1``), the blocks it hits and the ones it misses. A key the engine does not
-        hold counts as (re)inserted now."""
+        hold counts as (re)inserted now. ``start > 0``: the request grew (a later prefill
+        chunk, its output) and ``keys[:start]`` were observed with it already; only the blocks
+        after them count (the shadows replayed the request when it was first observed)."""
+        if not 0 <= start <= len(keys):
+            raise ValueError(f"start must be in 0..{len(keys)}, got {start}")
         path = self._chain(keys)
-        self._seq = radix._observe(self.kind, self.requests, path, self._parent, self.params,
-                                   self._ni, self._cells, self._sc, self._seq)
+        self._seq = radix._observe(self.kind, self.requests, path[start:], self._parent,
+                                   self.params, self._ni, self._cells, self._sc, self._seq)
+        if start:
+            return
         if self._canopy:
             radix._canopy_shadows(self.requests, 0, len(path), path, self._parent,
                                   self._depth, self.params, self._cells, self._sc,

@@ -1,0 +1,211 @@
+"""Canopy's eviction as an SGLang radix-cache eviction strategy, learnt online (the ``sglang``
+extra; paper Section 4, "Serving systems").
+
+SGLang evicts whole unlocked leaf nodes of its radix tree, lowest
+``eviction_strategy.get_priority(node)`` first, and picks the strategy by the name given to
+``--radix-eviction-policy``. One call, :func:`register` (run by SGLang itself in every
+process through the ``sglang.srt.plugins`` entry point when Canopy is installed beside it),
+adds ``canopy`` to SGLang's strategy registry and to the choices of
+``--radix-eviction-policy``, and a radix-cache backend ``canopy`` (SGLang's ``RadixCache``,
+whose inserts the strategy watches)::
+
+    sglang serve --model-path ... --radix-cache-backend canopy --radix-eviction-policy canopy
+
+or, in code, ``register()`` and then a ``RadixCache`` built with ``eviction_policy="canopy"``.
+
+The strategy learns from what SGLang's own radix cache does, with no trace: every
+``insert`` (SGLang inserts a request's tokens when a prefill chunk ends and when the request
+finishes, and counts each request once past ``inserted_len``, as its ``hit_count`` does) is
+observed as the request's chain of page keys (a page's key hashes its tokens with its
+parent's key, so it names the whole prefix), every leaf SGLang deletes is reported evicted, and
+``get_priority(node)`` is the priority of the node's deepest page under
+:class:`~canopy.apps.cache.stream.OnlinePolicy` (the replay's kernels: decayed cell counts
+with the parental prior, shadow caches that pick how much to remember). Memory is bounded by
+the policy's forgetting; a node caches its own page keys.
+
+Configuration (``--radix-eviction-policy-config``, JSON): ``policy`` (``canopy``, or ``lru``
+and ``lfu`` for parity checks; default ``canopy``), ``capacity_blocks`` (the cache's size
+in pages; default: the KV pool's size, which a cache without a pool must be given) and
+``history_floor`` (the decayed count below which the policy forgets a block SGLang no longer
+holds, bounding its memory; default 0.5).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import math
+from collections.abc import Callable
+from typing import Any
+
+from canopy.apps.cache.stream import OnlinePolicy
+
+__all__ = ["POLICY_NAME", "CanopyEviction", "install", "register"]
+
+POLICY_NAME = "canopy"
+"""The name ``--radix-eviction-policy`` takes."""
+
+_POLICIES = ("canopy", "lru", "lfu")  # priority orders (sieve is a hand, not a priority)
+_KEYS = "_canopy_page_keys"  # a node's own page keys, with the token count they were made for
+
+
+class CanopyEviction:
+    """SGLang eviction strategy backed by :class:`~canopy.apps.cache.stream.OnlinePolicy`
+    (``policy``: ``canopy``, ``lru`` or ``lfu``); built by SGLang's registry with the keyword
+    arguments of ``--radix-eviction-policy-config``. The policy is made when the cache first
+    inserts (then its page size and pool are known)."""
+
+    def __init__(self, policy: str = POLICY_NAME, capacity_blocks: int | None = None,
+                 history_floor: float = 0.5) -> None:
+        if policy not in _POLICIES:
+            raise ValueError(f"unknown policy {policy!r} for SGLang's radix cache; "
+                             f"known: {', '.join(_POLICIES)}")
+        if capacity_blocks is not None and (isinstance(capacity_blocks, bool) or not isinstance(
+                capacity_blocks, int) or capacity_blocks < 1):
+            raise ValueError(f"capacity_blocks must be a positive int, got {capacity_blocks!r}")
+        if not 0 < history_floor < 1:
+            raise ValueError(f"history_floor must be in (0, 1), got {history_floor!r}")
+        self.policy_name = policy
+        self.capacity_blocks = capacity_blocks
+        self.history_floor = history_floor
+        self.policy: OnlinePolicy | None = None
+        self.page_size = 1
+
+    def bind(self, cache: Any) -> OnlinePolicy:
+        """The policy, made on first use for ``cache`` (its page size; its pool's size when
+        no ``capacity_blocks`` was configured)."""
+        if self.policy is None:
+            self.page_size = int(getattr(cache, "page_size", 1) or 1)
+            capacity = self.capacity_blocks
+            if capacity is None:
+                pool = getattr(cache, "token_to_kv_pool_allocator", None)
+                size = getattr(pool, "size", None)
+                if not size:
+                    raise ValueError("the canopy eviction policy needs the cache's size: set "
+                                     "capacity_blocks in --radix-eviction-policy-config")
+                capacity = max(1, int(size) // self.page_size)
+            self.policy = OnlinePolicy(self.policy_name, capacity,
+                                       history_floor=self.history_floor)
+        return self.policy
+
+    def observe(self, cache: Any, key: Any, inserted_len: int) -> None:
+        """One insert of ``key`` (a ``RadixKey``) into ``cache``; tokens before
+        ``inserted_len`` were inserted, and observed, with the same request before."""
+        policy = self.bind(cache)
+        keys = _page_keys(_tokens(key), self.page_size, _root(key))
+        start = min(len(keys), max(0, inserted_len) // self.page_size)
+        if keys and start < len(keys):
+            policy.observe(keys, start=start)
+
+    def evicted(self, node: Any) -> None:
+        """SGLang deleted leaf ``node``: each of its pages leaves the cache."""
+        if self.policy is not None:
+            for key in _node_keys(node, self.page_size):
+                self.policy.evicted(key)
+
+    def get_priority(self, node: Any) -> float:
+        """The priority of the node's deepest page (lower evicts first)."""
+        if self.policy is None:
+            raise RuntimeError(f"the {POLICY_NAME} eviction policy learns from the inserts of "
+                               "SGLang's RadixCache; this cache evicted before showing it any "
+                               f"(serve with --radix-cache-backend {POLICY_NAME})")
+        keys = _node_keys(node, self.page_size)
+        return self.policy.priority(keys[-1]) if keys else -math.inf
+
+
+def _tokens(key: Any) -> Any:
+    return key.token_ids if hasattr(key, "token_ids") else key
+
+
+def _root(key: Any) -> int:
+    """The chain's seed: SGLang keeps keys of different ``extra_key`` namespaces apart (a
+    digest, not ``hash``, so that every tensor-parallel rank's process keys pages alike)."""
+    extra = repr(getattr(key, "extra_key", None)).encode()
+    return int.from_bytes(hashlib.blake2b(extra, digest_size=8).digest(), "little",
+                          signed=True)
+
+
+def _page_keys(tokens: Any, page_size: int, prev: int) -> list[int]:
+    """Chain keys of the whole pages of ``tokens`` after a page keyed ``prev``."""
+    out = []
+    for i in range(0, len(tokens) - page_size + 1, page_size):
+        prev = hash((prev, tuple(tokens[i:i + page_size])))
+        out.append(prev)
+    return out
+
+
+def _node_keys(node: Any, page_size: int) -> list[int]:
+    """The page keys of ``node``'s own tokens (SGLang page-aligns them: one page at least),
+    cached on the node; SGLang splits a node by cutting its key, so a cache made for another
+    length is made again from the parent's last key."""
+    todo = []
+    while node.parent is not None and getattr(node, _KEYS, (0,))[0] != len(node.key):
+        todo.append(node)
+        node = node.parent
+    if not todo:
+        return [] if node.parent is None else getattr(node, _KEYS)[1]
+    prev = _root(todo[-1].key) if node.parent is None else getattr(node, _KEYS)[1][-1]
+    for n in reversed(todo):
+        keys = _page_keys(_tokens(n.key), page_size, prev)
+        setattr(n, _KEYS, (len(n.key), keys))
+        prev = keys[-1]
+    return getattr(todo[0], _KEYS)[1]
+
+
+def _strategy(cache: Any) -> CanopyEviction | None:
+    strategy = getattr(cache, "eviction_strategy", None)
+    return strategy if isinstance(strategy, CanopyEviction) else None
+
+
+def _wrap(cls: type, name: str, before: Callable[..., None]) -> None:
+    """Run ``before(self, *args)`` ahead of ``cls.name`` (once per class)."""
+    original = getattr(cls, name)
+    if getattr(original, "_canopy_hook", False):
+        return
+
+    @functools.wraps(original)
+    def hooked(self: Any, *args: Any, **kwargs: Any) -> Any:
+        strategy = _strategy(self)
+        if strategy is not None:
+            before(strategy, self, *args, **kwargs)
+        return original(self, *args, **kwargs)
+
+    hooked._canopy_hook = True  # type: ignore[attr-defined]
+    setattr(cls, name, hooked)
+
+
+def _on_insert(strategy: CanopyEviction, cache: Any, params: Any) -> None:
+    if not getattr(cache, "disable", False):
+        strategy.observe(cache, params.key, int(getattr(params, "inserted_len", 0) or 0))
+
+
+def _on_delete(strategy: CanopyEviction, cache: Any, node: Any) -> None:
+    strategy.evicted(node)
+
+
+def install(cache_class: type) -> None:
+    """Let ``cache_class`` (SGLang's ``RadixCache`` or one with its interface) show its
+    inserts and deleted leaves to a :class:`CanopyEviction` it evicts with; other strategies
+    are untouched."""
+    _wrap(cache_class, "insert", _on_insert)
+    _wrap(cache_class, "_delete_leaf", _on_delete)
+
+
+def register() -> None:
+    """Make ``canopy`` an SGLang eviction policy: its strategy registry, the choices of
+    ``--radix-eviction-policy``, the radix cache's hooks, and a radix-cache backend of the
+    same name that serves with SGLang's ``RadixCache`` (its default tree in 0.5.23,
+    ``UnifiedRadixCache``, is not hooked). Idempotent."""
+    from sglang.srt.arg_groups.choices import (
+        RADIX_EVICTION_POLICY_CHOICES,
+        add_radix_eviction_policy_choices,
+    )
+    from sglang.srt.mem_cache import registry, utils
+    from sglang.srt.mem_cache.radix_cache import RadixCache
+
+    utils._EVICTION_POLICY_FACTORIES[POLICY_NAME] = CanopyEviction
+    if POLICY_NAME not in RADIX_EVICTION_POLICY_CHOICES:
+        add_radix_eviction_policy_choices([POLICY_NAME])
+    if registry.get_radix_cache_factory(POLICY_NAME) is None:
+        registry.register_radix_cache_backend(POLICY_NAME, lambda ctx: RadixCache(ctx.params))
+    install(RadixCache)
