@@ -72,7 +72,7 @@ def execute(module: str, cell: dict[str, Any], seed: int) -> list[tuple]:
             raise ValueError(f"study {study.name!r} cell {cell} seed {seed} measured "
                              f"{m.metric}={m.value!r} for {m.method}: not a finite number")
         out.append((m.method, m.x_name, None if m.x is None else float(m.x), m.metric,
-                    float(m.value)))
+                    float(m.value), m.objective))
     return out
 
 

@@ -36,18 +36,22 @@ __all__ = [
 
 class Measurement(NamedTuple):
     """One number measured by one cell for one seed. ``x`` is the position on the study's
-    x axis (``x_name``); ``None`` marks a value constant across that axis (drawn as a band)."""
+    x axis (``x_name``); ``None`` marks a value constant across that axis (drawn as a band).
+    ``objective`` names the problem of a study that runs every method on several (``None``
+    for a study of one problem)."""
 
     method: str
     x_name: str
     x: float | None
     metric: str
     value: float
+    objective: str | None = None
 
 
 @dataclass(frozen=True)
 class Row:
-    """Mean over seeds of one (method, x, metric) with a 95% t-interval (``None`` for n < 2)."""
+    """Mean over seeds of one (method, x, metric, objective) with a 95% t-interval
+    (``None`` for n < 2)."""
 
     method: str
     x_name: str
@@ -57,6 +61,7 @@ class Row:
     ci_low: float | None
     ci_high: float | None
     n: int
+    objective: str | None = None
 
 
 @dataclass(frozen=True)

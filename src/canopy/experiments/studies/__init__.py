@@ -25,6 +25,7 @@ STUDIES: dict[str, str] = {
     "theorylink": "canopy.experiments.studies.theorylink",
     "realtopk": "canopy.experiments.studies.realtopk",
     "certificate": "canopy.experiments.studies.certwidth",
+    "pyxab": "canopy.experiments.studies.pyxab",
 }
 
 
