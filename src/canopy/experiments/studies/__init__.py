@@ -26,6 +26,7 @@ STUDIES: dict[str, str] = {
     "realtopk": "canopy.experiments.studies.realtopk",
     "certificate": "canopy.experiments.studies.certwidth",
     "pyxab": "canopy.experiments.studies.pyxab",
+    "discontinuities": "canopy.experiments.studies.discontinuities",
 }
 
 
