@@ -27,6 +27,7 @@ STUDIES: dict[str, str] = {
     "certificate": "canopy.experiments.studies.certwidth",
     "pyxab": "canopy.experiments.studies.pyxab",
     "discontinuities": "canopy.experiments.studies.discontinuities",
+    "lowerbound": "canopy.experiments.studies.lowerbound",
 }
 
 

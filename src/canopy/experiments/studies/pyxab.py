@@ -23,7 +23,8 @@ excluded (PyXAB's ``pull`` + ``receive_reward``; Canopy's ``ask`` + ``tell``), i
 microseconds, each driven by the same plain loop. PyXAB's HOO, POO and StoSOO refresh their
 whole tree every round, so their cost per round grows with the round: past
 ``slow_max_horizon`` they are not run, HOO (the slowest: ~12 ms of CPU a round at 10k
-rounds) past ``hoo_max_horizon``.
+rounds) past ``hoo_max_horizon``; Canopy's variants (all but the default and its
+centre-probe twin) past ``variants_max_horizon``.
 """
 
 from __future__ import annotations
@@ -74,6 +75,8 @@ CANOPY_METHODS: dict[str, dict[str, Any]] = {
     CENTRE: {},
 }
 
+#: Canopy's methods beside the default, run to ``variants_max_horizon`` (CPU time is scarce)
+VARIANTS = ("canopy-certified", "canopy-estimated", "canopy-c=1")
 PYXAB_METHODS = ("pyxab-HCT", "pyxab-VHCT", "pyxab-POO", "pyxab-StoSOO", "pyxab-HOO")
 #: PyXAB's algorithms whose per-round cost grows with the round (whole-tree refresh)
 SLOW = ("pyxab-POO", "pyxab-StoSOO", "pyxab-HOO")
@@ -91,6 +94,7 @@ class PyXABParams:
     pyxab: tuple[str, ...] = PYXAB_METHODS
     slow_max_horizon: int = 10000
     hoo_max_horizon: int = 1000
+    variants_max_horizon: int = 10000
 
     def __post_init__(self) -> None:
         for name, known, values in (("objectives", OBJECTIVES, self.objectives),
@@ -105,6 +109,7 @@ class PyXABParams:
             check_count(horizon, "horizons")
         check_count(self.slow_max_horizon, "slow_max_horizon")
         check_count(self.hoo_max_horizon, "hoo_max_horizon")
+        check_count(self.variants_max_horizon, "variants_max_horizon")
         check_all_nonnegative(sigma=self.sigma)
 
 
@@ -236,7 +241,8 @@ def cells(params: PyXABParams) -> list[dict[str, Any]]:
     return [{**method, "objective": name, "T": T, "sigma": params.sigma}
             for name in params.objectives for T in params.horizons for method in methods
             if not (method["method"] in SLOW and T > params.slow_max_horizon)
-            and not (method["method"] == SLOWEST and T > params.hoo_max_horizon)]
+            and not (method["method"] == SLOWEST and T > params.hoo_max_horizon)
+            and not (method["method"] in VARIANTS and T > params.variants_max_horizon)]
 
 
 def run_cell(cell: dict[str, Any], seed: int) -> list[Measurement]:
