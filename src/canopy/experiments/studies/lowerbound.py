@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from canopy.experiments.studies._common import headline, instance_seed
-from canopy.experiments.study import Headline, Measurement, Panel, Row, Study
+from canopy.experiments.study import PROPORTION, Headline, Measurement, Panel, Row, Study
 from canopy.experiments.summary import lookup
 from canopy.policies import SuccessiveRejects
 from canopy.problem import LeafMeans
@@ -101,7 +101,7 @@ def run_cell(cell: dict[str, Any], seed: int) -> list[Measurement]:
     n = max(m, round(cell["x"] * hardness(m) / math.log(m)))
     result = run(SuccessiveRejects(k=1), leaves, budget=float(n), seed=seed)
     error = float(int(result.recommendation[0]) != int(np.argmax(leaves.means)))
-    return [Measurement(METHOD, X_AXIS, float(cell["x"]), "top-1 error", error)]
+    return [Measurement(METHOD, X_AXIS, float(cell["x"]), "top-1 error", error, PROPORTION)]
 
 
 def error_slope(rows: Sequence[Row]) -> float | None:

@@ -249,8 +249,9 @@ def run_cell(cell: dict[str, Any], seed: int) -> list[Measurement]:
     runner = _run_canopy if "policy" in cell else _run_pyxab
     regret, seconds = runner(cell, seed)
     x, name, target = float(cell["T"]), cell["method"], cell["objective"]
-    return [Measurement(name, T_AXIS, x, "regret", regret, target),
-            Measurement(name, T_AXIS, x, "us per round", 1e6 * seconds / cell["T"], target)]
+    return [Measurement(name, T_AXIS, x, "regret", regret, objective=target),
+            Measurement(name, T_AXIS, x, "us per round", 1e6 * seconds / cell["T"],
+                        objective=target)]
 
 
 def best_peer(rows: Sequence[Row], target: str, T: float) -> Row | None:
