@@ -162,3 +162,16 @@ def test_lower_bound_error_is_a_constant_below_h_over_log_m_and_probes_are_blind
     assert high.mean < low.mean - 0.25
     probes = lookup(result.rows, PROBES, PROBE_MEAN)
     assert probes.ci_low <= cell_average(8) <= probes.ci_high
+
+
+def test_misidentification_falls_with_the_budget_in_units_of_h_edge(tmp_path):
+    """Theorem 2 on one-violation instances of two hardnesses, 30 seeds: the edge-targeted
+    policy errs almost always at 8 H_edge and rarely at 256 H_edge, in both families."""
+    from canopy.experiments.studies.misidentification import method
+
+    result = run_study(get_study("misidentification"), store=tmp_path, seeds=30, workers=1,
+                       overrides={"budgets": "8,256"})
+    for jump in (0.15, 0.3):
+        low = lookup(result.rows, method(jump), "top-1 error", 8.0)
+        high = lookup(result.rows, method(jump), "top-1 error", 256.0)
+        assert low.mean > 0.6 and high.mean < low.mean - 0.4

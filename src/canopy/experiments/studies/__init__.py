@@ -28,6 +28,7 @@ STUDIES: dict[str, str] = {
     "pyxab": "canopy.experiments.studies.pyxab",
     "discontinuities": "canopy.experiments.studies.discontinuities",
     "lowerbound": "canopy.experiments.studies.lowerbound",
+    "misidentification": "canopy.experiments.studies.misidentification",
 }
 
 
