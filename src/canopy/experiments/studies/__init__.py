@@ -29,6 +29,7 @@ STUDIES: dict[str, str] = {
     "discontinuities": "canopy.experiments.studies.discontinuities",
     "lowerbound": "canopy.experiments.studies.lowerbound",
     "misidentification": "canopy.experiments.studies.misidentification",
+    "variancesplit": "canopy.experiments.studies.variancesplit",
 }
 
 

@@ -294,7 +294,7 @@ STUDY = Study(
     module=__name__,
     params=PyXABParams(),
     quick_params=PyXABParams(horizons=(1000, 10000)),
-    seeds=5,
+    seeds=3,
     quick_seeds=2,
     cells=cells,
     run_cell=run_cell,
