@@ -4,7 +4,7 @@ regret curves, recall, and headline lookups."""
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -21,6 +21,7 @@ __all__ = [
     "headline",
     "instance_seed",
     "lipschitz_instance",
+    "log_slope",
     "make_policy",
     "policy_cell",
     "recall",
@@ -88,3 +89,14 @@ def headline(label: str, row: Row | None, *, paper: float | None = None, target:
         return []
     return [Headline(label, row.mean, row.ci_low, row.ci_high, paper=paper, target=target,
                      passed=passed)]
+
+
+def log_slope(rows: Sequence[Row], method: str, metric: str) -> float | None:
+    """Least-squares slope of ``log mean`` on ``x`` over ``method``'s rows of ``metric`` with a
+    positive mean (an exponential decay's rate, negated); ``None`` with fewer than two."""
+    points = [(r.x, r.mean) for r in rows
+              if r.method == method and r.metric == metric and r.x is not None and r.mean > 0]
+    if len(points) < 2:
+        return None
+    xs, means = (np.array(v) for v in zip(*points, strict=True))
+    return float(np.polyfit(xs, np.log(means), 1)[0])

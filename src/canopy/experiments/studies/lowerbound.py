@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from canopy.experiments.studies._common import headline, instance_seed
+from canopy.experiments.studies._common import headline, instance_seed, log_slope
 from canopy.experiments.study import PROPORTION, Headline, Measurement, Panel, Row, Study
 from canopy.experiments.summary import lookup
 from canopy.policies import SuccessiveRejects
@@ -104,16 +104,6 @@ def run_cell(cell: dict[str, Any], seed: int) -> list[Measurement]:
     return [Measurement(METHOD, X_AXIS, float(cell["x"]), "top-1 error", error, PROPORTION)]
 
 
-def error_slope(rows: Sequence[Row]) -> float | None:
-    """Least-squares slope of ``log error`` on ``x`` over the budgets with an error > 0."""
-    points = [(r.x, r.mean) for r in rows
-              if r.method == METHOD and r.metric == "top-1 error" and r.mean > 0]
-    if len(points) < 2:
-        return None
-    xs, errors = (np.array(v) for v in zip(*points, strict=True))
-    return float(np.polyfit(xs, np.log(errors), 1)[0])
-
-
 def headlines(rows: Sequence[Row]) -> list[Headline]:
     xs = sorted(r.x for r in rows if r.method == METHOD and r.metric == "top-1 error")
     out: list[Headline] = []
@@ -130,7 +120,7 @@ def headlines(rows: Sequence[Row]) -> list[Headline]:
                         target="a constant (Proposition 2)")
         out += headline(f"top-1 error at n = {xs[-1]:g} h / log m",
                         lookup(rows, METHOD, "top-1 error", xs[-1]))
-    slope = error_slope(rows)
+    slope = log_slope(rows, METHOD, "top-1 error")
     if slope is not None:
         out.append(Headline("slope of log(error) on n log m / h", slope,
                             target="< 0 (exp(-c'' n log m / h))", passed=slope < 0))

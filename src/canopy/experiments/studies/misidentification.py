@@ -25,13 +25,13 @@ from typing import Any
 
 import numpy as np
 
-from canopy.experiments.studies._common import instance_seed
+from canopy.experiments.studies._common import instance_seed, log_slope
 from canopy.experiments.study import PROPORTION, Headline, Measurement, Panel, Row, Study
 from canopy.instances import Planted, piecewise_lipschitz
 from canopy.policies import EdgeTargeted
 from canopy.run import run
 
-__all__ = ["STUDY", "MisidentificationParams", "edge_hardness", "fitted_kappa"]
+__all__ = ["STUDY", "MisidentificationParams", "edge_hardness"]
 
 X_AXIS = "B / H_edge"
 SIGMA, PROBE_COST, LEAF_COST = 0.1, 0.05, 1.0
@@ -92,19 +92,10 @@ def run_cell(cell: dict[str, Any], seed: int) -> list[Measurement]:
             Measurement(name, X_AXIS, x, "H_edge", hardness)]
 
 
-def fitted_kappa(rows: Sequence[Row], name: str) -> float | None:
-    """``-slope`` of ``log error`` on ``B / H_edge`` over the budgets with an error > 0."""
-    points = [(r.x, r.mean) for r in rows
-              if r.method == name and r.metric == "top-1 error" and r.mean > 0]
-    if len(points) < 2:
-        return None
-    xs, errors = (np.array(v) for v in zip(*points, strict=True))
-    return float(-np.polyfit(xs, np.log(errors), 1)[0])
-
-
 def headlines(rows: Sequence[Row]) -> list[Headline]:
     names = list(dict.fromkeys(r.method for r in rows))
-    kappas = {name: fitted_kappa(rows, name) for name in names}
+    slopes = {name: log_slope(rows, name, "top-1 error") for name in names}
+    kappas = {name: None if slope is None else -slope for name, slope in slopes.items()}
     out = [Headline(f"{name}: kappa (decay of log error per unit B / H_edge)", kappa,
                     target="> 0", passed=kappa > 0)
            for name, kappa in kappas.items() if kappa is not None]
