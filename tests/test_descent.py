@@ -121,7 +121,7 @@ def _play(policy, problem, budget, seed):
     played, values = [], []
     while (query := policy.ask()) is not None:
         value = (problem.probe(query.node, rng) if query.kind == "probe"
-                 else problem.evaluate(query.node, rng))
+                 else problem.evaluate(problem.spec.leaf_of(query.node), rng))
         played.append(query.node)
         values.append(value)
         policy.tell(query, value)
@@ -132,7 +132,8 @@ def test_estimated_spread_is_the_deconvolved_sd_and_tracks_local_smoothness():
     smooth, rough = [], []
     for seed in range(4):
         problem = heterogeneous_smoothness(4, 4, seed=seed)
-        policy = OptimisticDescent(spread="estimated")
+        # c = 1 explores every level-1 cell to its own estimate within the 4,000 rounds
+        policy = OptimisticDescent(spread="estimated", c=1.0)
         played, values = _play(policy, problem, 4_000, seed)
         # the root is played alone until it has its own estimate (and Eq. 6 holds), then never
         n_root = int(np.sum(played == 0))
@@ -158,7 +159,7 @@ def test_refine_and_certified_store_fewer_nodes_than_full_resolution():
                          "certified": dict(spread="certified", certificate="paper")}.items():
         regrets, stored = [], []
         for seed in range(3):
-            policy = OptimisticDescent(**kwargs)
+            policy = OptimisticDescent(c=1.0, **kwargs)  # the memory table's c (docs/descent.md)
             regrets.append(regret_curve(policy, tree_lipschitz(4, 4, seed=seed), n, seed)[0][-1])
             stored.append(policy.max_stored_)
         rows[name] = (np.mean(regrets), np.mean(stored))

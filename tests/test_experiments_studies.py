@@ -14,11 +14,12 @@ from canopy.experiments.runner import plan, run_study
 from canopy.experiments.studies import available, get_study
 from canopy.experiments.studies.theorylink import near_optimality_dimension
 from canopy.experiments.study import PROPORTION
+from canopy.experiments.summary import lookup
 from canopy.problem import LeafMeans
 from canopy.tree import Tree
 
 SYNTHETIC = ("fidelity", "memory", "violations", "compression", "ablation", "theorylink",
-             "certificate")
+             "certificate", "discontinuities")
 
 TINY = {
     "fidelity": {"ratios": "0.05,1", "budgets": "150", "budget": "150"},
@@ -29,6 +30,7 @@ TINY = {
     "theorylink": {"checkpoints": "100,200,400", "depth": "6"},
     "certificate": {"leaves": "4,64", "probes": "16,256", "trials": "40",
                     "methods": "paper,sharp", "shapes": "flat,one-spike"},
+    "discontinuities": {"depth": "5", "ks": "0,2,8", "horizon": "1500"},
 }
 
 
@@ -106,6 +108,19 @@ def test_certificate_study_covers_and_the_default_is_narrower(tiny_runs):
     assert width["sharp / flat / m=4"] < 0.5 * width["paper / flat / m=4"]
 
 
+def test_excess_regret_stays_far_below_theorem_3s_jump_term(tiny_runs):
+    """Theorem 3 bounds the excess regret over K = 0 by C2 K D ln n / Delta_min: measured, the
+    excess per unit of that term is small at every K (the bound is far from tight here)."""
+    from canopy.experiments.studies.discontinuities import HYBRID, TERM
+
+    rows = tiny_runs[1]["discontinuities"].rows
+    base = lookup(rows, HYBRID, "regret", 0.0)
+    for k in (2.0, 8.0):
+        regret, term = lookup(rows, HYBRID, "regret", k), lookup(rows, HYBRID, TERM, k)
+        assert term.mean == pytest.approx(k * 5 * np.log(1500) / 0.1)
+        assert (regret.mean - base.mean) / term.mean < 0.05
+
+
 def test_near_optimality_dimension_on_hand_made_functions():
     tree = Tree.complete(2, 8)
     flat = LeafMeans(tree, np.full(tree.n_leaves, 0.5))
@@ -133,3 +148,62 @@ def test_bad_study_configuration_fails_before_work(tmp_path, name, overrides, me
     with pytest.raises(ValueError, match="seeds must be >= 1"):
         plan(get_study(name), seeds=-2)
     assert not (tmp_path / "cells").exists()
+
+
+def test_lower_bound_error_is_a_constant_below_h_over_log_m_and_probes_are_blind(tmp_path):
+    """Proposition 2 on a permuted cell of 8 leaves, 60 seeds: leaf-only search errs with
+    constant probability at a quarter of h / log m and far less at 4 h / log m; the probes'
+    mean is the cell's average whatever the permutation."""
+    from canopy.experiments.studies.lowerbound import METHOD, PROBE_MEAN, PROBES, cell_average
+
+    result = run_study(get_study("lowerbound"), store=tmp_path, seeds=60, workers=1,
+                       overrides={"m": "8", "budgets": "0.25,4"})
+    low = lookup(result.rows, METHOD, "top-1 error", 0.25)
+    high = lookup(result.rows, METHOD, "top-1 error", 4.0)
+    assert low.ci_low > 0.5  # random guessing errs 7/8 of the time
+    assert high.mean < low.mean - 0.25
+    probes = lookup(result.rows, PROBES, PROBE_MEAN)
+    assert probes.ci_low <= cell_average(8) <= probes.ci_high
+
+
+def test_misidentification_falls_with_the_budget_in_units_of_h_edge(tmp_path):
+    """Theorem 2 on one-violation instances of two hardnesses, 30 seeds: the edge-targeted
+    policy errs almost always at 8 H_edge and rarely at 256 H_edge, in both families."""
+    from canopy.experiments.studies.misidentification import method
+
+    result = run_study(get_study("misidentification"), store=tmp_path, seeds=30, workers=1,
+                       overrides={"budgets": "8,256"})
+    for jump in (0.15, 0.3):
+        low = lookup(result.rows, method(jump), "top-1 error", 8.0)
+        high = lookup(result.rows, method(jump), "top-1 error", 256.0)
+        assert low.mean > 0.6 and high.mean < low.mean - 0.4
+
+
+def test_eta_squared_on_hand_made_groups():
+    from canopy.experiments.studies.variancesplit import eta_squared
+
+    groups = np.array([0, 0, 1, 1])
+    assert eta_squared(np.array([1.0, 1.0, 3.0, 3.0]), groups) == pytest.approx(1.0)
+    assert eta_squared(np.array([1.0, 3.0, 1.0, 3.0]), groups) == pytest.approx(0.0)
+    assert eta_squared(np.array([0.0, 2.0, 2.0, 4.0]), groups) == pytest.approx(0.5)
+
+
+def test_variance_split_on_routellm_mmlu_is_far_above_chance(tmp_path):
+    """The category tree's share of the routing value's variance (App. D; paper 31% / 53% on
+    RouterBench), 4 bootstrap seeds: both shares sit well above what labels with no structure
+    give, and near the paper's."""
+    from canopy.experiments.studies.variancesplit import (
+        METHOD,
+        PROMPT,
+        PROMPT_CHANCE,
+        REGION,
+        REGION_CHANCE,
+    )
+    from conftest import require_data
+
+    require_data("routellm", "routellm/evals/mmlu/responses")
+    rows = run_study(get_study("variancesplit"), store=tmp_path, seeds=4, workers=1).rows
+    prompt, region = lookup(rows, METHOD, PROMPT), lookup(rows, METHOD, REGION)
+    assert prompt.ci_low > 10 * lookup(rows, METHOD, PROMPT_CHANCE).mean
+    assert region.ci_low > lookup(rows, METHOD, REGION_CHANCE).mean
+    assert 0.1 < prompt.mean < 0.5 and 0.35 < region.mean < 0.75

@@ -50,8 +50,13 @@ def _ci(low: float | None, high: float | None) -> str:
     return "–" if low is None or high is None else f"[{_fmt(low)}, {_fmt(high)}]"
 
 
+def _label(row: Row) -> str:
+    """A row's method, with its objective where the study has several."""
+    return row.method if row.objective is None else f"{row.method} on {row.objective}"
+
+
 def _table_rows(study: Study, rows: Sequence[Row]) -> list[list[str]]:
-    return [[r.method, r.x_name, _fmt(r.x), r.metric, _fmt(r.mean), _ci(r.ci_low, r.ci_high),
+    return [[_label(r), r.x_name, _fmt(r.x), r.metric, _fmt(r.mean), _ci(r.ci_low, r.ci_high),
              str(r.n), _fmt(_paper_value(study.paper, r))] for r in rows]
 
 
@@ -150,8 +155,11 @@ def _figure(study: Study, rows: Sequence[Row], path: Path) -> None:
 
 
 def _methods(panel: Panel, rows: Sequence[Row]) -> list[str]:
-    present = dict.fromkeys(r.method for r in rows)
-    return [m for m in (panel.methods or present) if m in present]
+    """The curves' labels (:func:`_label`): the panel's methods in its order, else all."""
+    present: dict[str, dict[str, None]] = {}
+    for r in rows:
+        present.setdefault(r.method, {})[_label(r)] = None
+    return [label for m in (panel.methods or present) if m in present for label in present[m]]
 
 
 def _curve_panel(ax, panel: Panel, rows: Sequence[Row]) -> None:
@@ -164,7 +172,7 @@ def _curve_panel(ax, panel: Panel, rows: Sequence[Row]) -> None:
     curves = []
     for index, method in enumerate(_methods(panel, rows)):
         color = f"C{index}"
-        mine = sorted((r for r in rows if r.method == method),
+        mine = sorted((r for r in rows if _label(r) == method),
                       key=lambda r: -math.inf if r.x is None else r.x)
         if len(mine) == 1 and mine[0].x is None and xs:
             r = mine[0]
@@ -187,8 +195,8 @@ def _curve_panel(ax, panel: Panel, rows: Sequence[Row]) -> None:
 
 def _pair_panel(ax, panel: Panel, rows: Sequence[Row]) -> None:
     for index, method in enumerate(_methods(panel, rows)):
-        ys = {r.x: r for r in rows if r.method == method and r.metric == panel.metric}
-        xs = {r.x: r for r in rows if r.method == method and r.metric == panel.x_metric}
+        ys = {r.x: r for r in rows if _label(r) == method and r.metric == panel.metric}
+        xs = {r.x: r for r in rows if _label(r) == method and r.metric == panel.x_metric}
         keys = sorted((k for k in ys if k in xs), key=lambda k: -math.inf if k is None else k)
         if not keys:
             continue

@@ -107,7 +107,7 @@ def execute(module: str, cell: dict[str, Any], seed: int) -> list[tuple]:
                              f"{m.metric}={m.value!r} for {m.method}, outside its declared "
                              f"range [{bounds[0]:g}, {bounds[1]:g}]")
         out.append((m.method, m.x_name, None if m.x is None else float(m.x), m.metric,
-                    float(m.value), m.kind))
+                    float(m.value), m.kind, m.objective))
     return out
 
 

@@ -74,7 +74,8 @@ class Measurement(NamedTuple):
     """One number measured by one cell for one seed. ``x`` is the position on the study's
     x axis (``x_name``); ``None`` marks a value constant across that axis (drawn as a band).
     ``kind`` declares the metric's range (:data:`PROPORTION`, :func:`bounded`,
-    :data:`UNBOUNDED`), which decides its interval."""
+    :data:`UNBOUNDED`), which decides its interval. ``objective`` names the problem of a
+    study that runs every method on several (``None`` for a study of one problem)."""
 
     method: str
     x_name: str
@@ -82,11 +83,13 @@ class Measurement(NamedTuple):
     metric: str
     value: float
     kind: str = UNBOUNDED
+    objective: str | None = None
 
 
 @dataclass(frozen=True)
 class Row:
-    """Mean over seeds of one (method, x, metric) with a 95% t-interval (``None`` for n < 2)."""
+    """Mean over seeds of one (method, x, metric, objective) with a 95% t-interval
+    (``None`` for n < 2)."""
 
     method: str
     x_name: str
@@ -96,6 +99,7 @@ class Row:
     ci_low: float | None
     ci_high: float | None
     n: int
+    objective: str | None = None
 
 
 @dataclass(frozen=True)

@@ -15,36 +15,40 @@ __all__ = ["lookup", "summarize"]
 
 
 def summarize(measurements: Iterable[Measurement]) -> list[Row]:
-    """Group measurements by (method, x_name, x, metric) and reduce each group over seeds to
-    its mean and 95% t-interval. Rows are ordered by x axis, metric and method (each in order
-    of first appearance), then by x (``None`` first)."""
+    """Group measurements by (method, x_name, x, metric, objective) and reduce each group over
+    seeds to its mean and 95% t-interval. Rows are ordered by objective, x axis, metric and
+    method (each in order of first appearance), then by x (``None`` first)."""
     groups: dict[tuple, list[float]] = {}
     kinds: dict[str, str] = {}
     for m in measurements:
-        groups.setdefault((m.method, m.x_name, m.x, m.metric), []).append(m.value)
+        groups.setdefault((m.method, m.x_name, m.x, m.metric, m.objective), []).append(m.value)
         if kinds.setdefault(m.metric, m.kind) != m.kind:
             raise ValueError(f"metric {m.metric!r} is declared both {kinds[m.metric]!r} and "
                              f"{m.kind!r}")
-    rank = [{key[i]: None for key in groups} for i in range(4)]
+    rank = [{key[i]: None for key in groups} for i in range(5)]
     order = [{value: n for n, value in enumerate(r)} for r in rank]
 
     def position(key: tuple) -> tuple:
-        method, x_name, x, metric = key
-        return (order[1][x_name], order[3][metric], order[0][method], x is not None, x or 0.0)
+        method, x_name, x, metric, objective = key
+        return (order[4][objective], order[1][x_name], order[3][metric], order[0][method],
+                x is not None, x or 0.0)
 
     rows = []
     for key in sorted(groups, key=position):
-        mean, low, high = t_interval(groups[key], bounds=kind_bounds(kinds[key[3]]))
-        rows.append(Row(*key, mean, low, high, len(groups[key])))
+        method, x_name, x, metric, objective = key
+        mean, low, high = t_interval(groups[key], bounds=kind_bounds(kinds[metric]))
+        rows.append(Row(method, x_name, x, metric, mean, low, high, len(groups[key]),
+                        objective))
     return rows
 
 
 def lookup(rows: Sequence[Row], method: str, metric: str, x: float | None = None, *,
-           x_name: str | None = None) -> Row | None:
-    """The row of (method, metric, x) (on axis ``x_name`` if given), or ``None`` when the
-    run's grid did not include it."""
+           x_name: str | None = None, objective: str | None = None) -> Row | None:
+    """The row of (method, metric, x) (on axis ``x_name``, of ``objective``, where given), or
+    ``None`` when the run's grid did not include it."""
     for row in rows:
         if row.method == method and row.metric == metric and x_name in (None, row.x_name) and (
+                objective in (None, row.objective)) and (
                 row.x == x or (row.x is not None and x is not None and math.isclose(row.x, x))):
             return row
     return None

@@ -20,6 +20,10 @@ Choices the paper leaves open, fixed here:
 - Eq. (6) is used as written, ``T(v) >= c^2 ln t / spread(v)^2`` (the radius of Eq. 4 carries a
   factor 2 that Eq. 6 drops).
 - Asynchronous use: ``ask`` without an intervening ``tell`` repeats the current descent.
+- ``c`` defaults to the problem's noise sd ``sigma`` (:func:`radius_scale`): Eq. (4)'s radius
+  is then the UCB radius of the declared noise, and Eq. (6) splits a cell once its confidence
+  width falls to its spread. A constant ``c = 1`` (the former default) explores as if the
+  noise were ``1 / sigma`` times larger and splits ``1 / sigma^2`` times later.
 """
 
 from __future__ import annotations
@@ -320,10 +324,11 @@ def spec_value_range(spec: ProblemSpec) -> tuple[float, float]:
     return 0.0, 1.0
 
 
-def _check_schedule(lipschitz: float, rho: float | None, c: float) -> None:
+def _check_schedule(lipschitz: float, rho: float | None, c: float | None) -> None:
     check_positive(lipschitz, "lipschitz")
     check_open_unit(rho, "rho", allow_none=True)
-    check_positive(c, "c")
+    if c is not None:  # None: the problem's noise sd (radius_scale)
+        check_positive(c, "c")
 
 
 def _check_certificate(value: str) -> str:
@@ -335,6 +340,19 @@ def _check_certificate(value: str) -> str:
 def spec_rounds(spec: ProblemSpec, budget: float) -> float:
     """The most rounds a budget can pay for (every round at the cheaper, probe cost)."""
     return budget / spec.probe_cost
+
+
+def radius_scale(c: float | None, spec: ProblemSpec) -> float:
+    """``c`` of Eq. (4) and Eq. (6): as given, or by default (``None``) the problem's noise
+    sd ``sigma``, the sub-Gaussian scale of a probe's noise (``c sqrt(2 ln t / T)`` is then
+    the UCB radius of ``sigma``-sub-Gaussian noise); half the value range when
+    ``sigma = 0`` (Hoeffding's scale of a bounded probe)."""
+    if c is not None:
+        return c
+    if spec.sigma > 0:
+        return spec.sigma
+    low, high = spec_value_range(spec)
+    return (high - low) / 2
 
 
 class OptimisticDescent(ExploredTreePolicy):
@@ -387,7 +405,8 @@ class OptimisticDescent(ExploredTreePolicy):
               certified bound above (``min(1, own bound)`` under ``certificate="paper"``).
         lipschitz: ``L`` of the floor (> 0).
         rho: the floor's ratio in (0, 1); ``None`` is ``1 / max number of children``.
-        c: scale of the confidence radius (> 0).
+        c: scale of the confidence radius (> 0); ``None`` (the default) is the problem's
+            noise sd (:func:`radius_scale`).
         expand: ``"refine"`` (Eq. 6: split an explored leaf once
             ``T(v) >= c^2 ln t / spread(v)^2``, else play it again), ``"always"`` (HOO-style:
             split a node after its first play, so each round plays a new node) or ``"fixed"``
@@ -404,7 +423,7 @@ class OptimisticDescent(ExploredTreePolicy):
     query_kinds = ("probe", "leaf")
 
     def __init__(self, *, spread: str = "assumed", lipschitz: float = 1.0,
-                 rho: float | None = None, c: float = 1.0, expand: str = "refine",
+                 rho: float | None = None, c: float | None = None, expand: str = "refine",
                  max_depth: int | None = None, delta: float = 0.05, z: float = 3.0,
                  certificate: str = DEFAULT_METHOD) -> None:
         self.spread = _check_choice(spread, _SPREADS, "spread")
@@ -428,7 +447,8 @@ class OptimisticDescent(ExploredTreePolicy):
             raise TypeError("OptimisticDescent needs a finite Tree; use MemoryBoundedDescent "
                             "on a LazyTree")
         self._begin(schedules=[(self.lipschitz, self.rho)], spread=self.spread,
-                    expand=self.expand, max_depth=self.max_depth, path_stats=False, c=self.c,
+                    expand=self.expand, max_depth=self.max_depth, path_stats=False,
+                    c=radius_scale(self.c, self.spec_),
                     delta=self.delta, z=self.z, certificate=self.certificate)
 
 
@@ -444,10 +464,10 @@ class KnownBiasDescent(OptimisticDescent):
 
     Args:
         bias: the spread of each node of the problem's tree, indexed by node id (>= 0).
-        c: scale of the confidence radius (> 0).
+        c: scale of the confidence radius (> 0); ``None`` is the problem's noise sd.
     """
 
-    def __init__(self, bias: np.ndarray, *, c: float = 1.0) -> None:
+    def __init__(self, bias: np.ndarray, *, c: float | None = None) -> None:
         super().__init__(spread="assumed", c=c)
         values = np.asarray(bias, dtype=float)
         if values.ndim != 1 or not np.all(np.isfinite(values) & (values >= 0)):
@@ -507,9 +527,9 @@ class MemoryBoundedDescent(ExploredTreePolicy):
     depth_reached_: int
     tree_nodes_: int
 
-    def __init__(self, *, lipschitz: float = 1.0, rho: float | None = None, c: float = 1.0,
-                 spread: str = "assumed", max_nodes: int | None = None, delta: float = 0.05,
-                 z: float = 3.0, certificate: str = DEFAULT_METHOD) -> None:
+    def __init__(self, *, lipschitz: float = 1.0, rho: float | None = None,
+                 c: float | None = None, spread: str = "assumed", max_nodes: int | None = None,
+                 delta: float = 0.05, z: float = 3.0, certificate: str = DEFAULT_METHOD) -> None:
         self.certificate = _check_certificate(certificate)
         _check_schedule(lipschitz, rho, c)
         self.lipschitz, self.rho, self.c = lipschitz, rho, c
@@ -535,7 +555,8 @@ class MemoryBoundedDescent(ExploredTreePolicy):
             raise ValueError(f"max_nodes must be at least 1 + arity = {1 + tree.arity}, "
                              f"got {cap}")
         self._begin(schedules=[(self.lipschitz, self.rho)], spread=self.spread,
-                    expand="refine", max_depth=None, path_stats=False, c=self.c,
+                    expand="refine", max_depth=None, path_stats=False,
+                    c=radius_scale(self.c, self.spec_),
                     delta=self.delta, z=self.z, max_nodes=cap, certificate=self.certificate)
 
     def _sync_counts(self) -> None:

@@ -25,6 +25,11 @@ STUDIES: dict[str, str] = {
     "theorylink": "canopy.experiments.studies.theorylink",
     "realtopk": "canopy.experiments.studies.realtopk",
     "certificate": "canopy.experiments.studies.certwidth",
+    "pyxab": "canopy.experiments.studies.pyxab",
+    "discontinuities": "canopy.experiments.studies.discontinuities",
+    "lowerbound": "canopy.experiments.studies.lowerbound",
+    "misidentification": "canopy.experiments.studies.misidentification",
+    "variancesplit": "canopy.experiments.studies.variancesplit",
 }
 
 

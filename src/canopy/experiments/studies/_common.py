@@ -4,7 +4,7 @@ regret curves, recall, and headline lookups."""
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -17,14 +17,21 @@ from canopy.problem import LeafMeans, Problem
 from canopy.run import RunResult, run
 
 __all__ = [
+    "PAPER_C",
     "headline",
     "instance_seed",
     "lipschitz_instance",
+    "log_slope",
     "make_policy",
     "policy_cell",
     "recall",
     "regret_curve",
 ]
+
+
+#: Eq. (4)'s ``c`` in the paper's regret studies: the paper leaves it open; they were measured
+#: at ``c = 1`` (the descent's former default, now the problem's noise sd) and keep it.
+PAPER_C = 1.0
 
 
 def policy_cell(method: str, policy: str, **kwargs: Any) -> dict[str, Any]:
@@ -82,3 +89,14 @@ def headline(label: str, row: Row | None, *, paper: float | None = None, target:
         return []
     return [Headline(label, row.mean, row.ci_low, row.ci_high, paper=paper, target=target,
                      passed=passed)]
+
+
+def log_slope(rows: Sequence[Row], method: str, metric: str) -> float | None:
+    """Least-squares slope of ``log mean`` on ``x`` over ``method``'s rows of ``metric`` with a
+    positive mean (an exponential decay's rate, negated); ``None`` with fewer than two."""
+    points = [(r.x, r.mean) for r in rows
+              if r.method == method and r.metric == metric and r.x is not None and r.mean > 0]
+    if len(points) < 2:
+        return None
+    xs, means = (np.array(v) for v in zip(*points, strict=True))
+    return float(np.polyfit(xs, np.log(means), 1)[0])

@@ -21,7 +21,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from canopy.experiments.studies._common import instance_seed, make_policy, policy_cell, regret_curve
+from canopy.experiments.studies._common import (
+    PAPER_C,
+    instance_seed,
+    make_policy,
+    policy_cell,
+    regret_curve,
+)
 from canopy.experiments.study import (
     Headline,
     Measurement,
@@ -84,12 +90,14 @@ def cells(params: AblationParams) -> list[dict[str, Any]]:
     common = {"branching": params.branching, "depth": params.depth, "sigma": params.sigma,
               "smooth_lipschitz": params.smooth_lipschitz,
               "rough_lipschitz": params.rough_lipschitz, "horizon": params.horizon}
-    out = [{**policy_cell(ASSUMED, "OptimisticDescent", spread="assumed", lipschitz=value,
+    out = [{**policy_cell(ASSUMED, "OptimisticDescent", c=PAPER_C, spread="assumed",
+                          lipschitz=value,
                           expand="refine"), "x": value, **common} for value in params.assumed]
     for method, kwargs in VARIANTS:
-        out.append({**policy_cell(method, "OptimisticDescent", expand="refine", **kwargs),
+        out.append({**policy_cell(method, "OptimisticDescent", c=PAPER_C, expand="refine",
+                                **kwargs),
                     "x": None, **common})
-    out.append({**policy_cell(LIMIT, "KnownBiasDescent"), "x": None, **common})
+    out.append({**policy_cell(LIMIT, "KnownBiasDescent", c=PAPER_C), "x": None, **common})
     return out
 
 

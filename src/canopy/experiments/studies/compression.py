@@ -18,7 +18,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from canopy.experiments.studies._common import headline, make_policy, policy_cell, regret_curve
+from canopy.experiments.studies._common import (
+    PAPER_C,
+    headline,
+    make_policy,
+    policy_cell,
+    regret_curve,
+)
 from canopy.experiments.study import (
     Headline,
     Measurement,
@@ -81,9 +87,9 @@ PAPER = tuple(PaperValue(method(L), 15000.0, metric, value)
 
 
 def cells(params: CompressionParams) -> list[dict[str, Any]]:
-    policies = [policy_cell(method(L), "MemoryBoundedDescent", lipschitz=L)
+    policies = [policy_cell(method(L), "MemoryBoundedDescent", c=PAPER_C, lipschitz=L)
                 for L in params.lipschitz]
-    policies += [policy_cell(spread_method(s), "MemoryBoundedDescent", spread=s)
+    policies += [policy_cell(spread_method(s), "MemoryBoundedDescent", c=PAPER_C, spread=s)
                  for s in params.spreads]
     return [{**policy, "arity": params.arity, "sigma": params.sigma, "horizon": h}
             for policy in policies for h in params.horizons]

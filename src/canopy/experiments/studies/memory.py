@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from canopy.experiments.studies._common import (
+    PAPER_C,
     lipschitz_instance,
     make_policy,
     policy_cell,
@@ -83,13 +84,14 @@ class MemoryParams:
 def cells(params: MemoryParams) -> list[dict[str, Any]]:
     common = {"branching": params.branching, "depth": params.depth, "sigma": params.sigma,
               "lipschitz": params.lipschitz, "horizon": params.horizon}
-    out = [{**policy_cell(FIXED, "OptimisticDescent", spread="assumed",
+    out = [{**policy_cell(FIXED, "OptimisticDescent", c=PAPER_C, spread="assumed",
                           lipschitz=params.lipschitz, expand="fixed", max_depth=d),
             "x": float(d), **common} for d in params.depths]
-    out.append({**policy_cell(REFINE, "OptimisticDescent", spread="assumed",
+    out.append({**policy_cell(REFINE, "OptimisticDescent", c=PAPER_C, spread="assumed",
                               lipschitz=params.lipschitz, expand="refine"), "x": None, **common})
     for method, kwargs in VARIANTS:
-        out.append({**policy_cell(method, "OptimisticDescent", expand="refine", **kwargs),
+        out.append({**policy_cell(method, "OptimisticDescent", c=PAPER_C, expand="refine",
+                                **kwargs),
                     "x": None, **common})
     return out
 

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from canopy.experiments.studies._common import (
+    PAPER_C,
     headline,
     lipschitz_instance,
     make_policy,
@@ -95,7 +96,7 @@ def near_optimality_dimension(problem: LeafMeans, *, branching: int, lipschitz: 
 
 
 def cells(params: TheoryLinkParams) -> list[dict[str, Any]]:
-    return [{**policy_cell(METHOD, "OptimisticDescent", spread="assumed",
+    return [{**policy_cell(METHOD, "OptimisticDescent", c=PAPER_C, spread="assumed",
                            lipschitz=params.lipschitz, expand="refine"),
              "branching": params.branching, "depth": params.depth,
              "lipschitz": params.lipschitz, "sigma": params.sigma,

@@ -1,0 +1,308 @@
+"""Canopy's descent against the PyXAB package (Li et al. 2023) on PyXAB's own synthetic
+objectives: cumulative regret at horizons T and the policy's CPU time per round.
+
+Not an experiment of the paper: it measures the library against the reference
+implementations of HCT (Azar et al. 2014), VHCT (Li et al. 2022), POO (Grill et al. 2015)
+wrapping truncated HOO, StoSOO (Valko et al. 2013) and truncated HOO (Bubeck et al. 2011),
+each with PyXAB's own defaults and its binary partition (split in the middle along a random
+dimension).
+
+Canopy plays the same objectives on :class:`~canopy.tree.LazyTree` ``(2)``: the level-``l``
+cell ``(l, i)`` is the box reached by ``l`` halvings along the dimensions in turn (the bits of
+``i``, most significant first), and a probe of a cell is the objective at a uniform point of
+the box plus the noise. PyXAB's algorithms play the centre of a cell. Regret is the realised
+one both ways, ``sum_t (f_max - f(x_t))`` over the points played (PyXAB's own ``f_max``;
+Garland's is 1, 3e-5 above its true maximum, adding at most 3 at 100k rounds).
+
+Rewards are ``f(x) + N(0, sigma^2)`` from the seed's stream. Objectives: ``Garland``,
+``DoubleSine``, ``DifficultFunc`` (on [0, 1]) and ``Himmelblau`` (PyXAB's normalised version,
+``/890``, on [-5, 5]^2, so that its values share the noise's scale).
+
+Time per round: process CPU time of the policy's own calls, the objective's evaluation
+excluded (PyXAB's ``pull`` + ``receive_reward``; Canopy's ``ask`` + ``tell``), in
+microseconds, each driven by a plain loop (PyXAB's calls timed one by one: the clock reads,
+about 1 us a round, are under 2% of its time; Canopy's by the loop's total less a replay of
+its probes). PyXAB's HOO, POO and StoSOO refresh their
+whole tree every round, so their cost per round grows with the round: past
+``slow_max_horizon`` they are not run, HOO (the slowest: ~12 ms of CPU a round at 10k
+rounds) past ``hoo_max_horizon``; Canopy's variants (all but the default and its
+centre-probe twin) past ``variants_max_horizon``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from canopy.experiments.studies._common import make_policy, policy_cell
+from canopy.experiments.study import (
+    Headline,
+    Measurement,
+    Panel,
+    Row,
+    Study,
+    check_all_nonnegative,
+)
+from canopy.experiments.summary import lookup
+from canopy.problem import ProblemSpec
+from canopy.tree import LazyTree
+from canopy.validation import check_count
+
+__all__ = ["OBJECTIVES", "PYXAB_METHODS", "STUDY", "BoxCells", "PyXABParams"]
+
+T_AXIS = "T"
+DEFAULT = "canopy-default"
+
+#: objective name -> (PyXAB module under ``PyXAB.synthetic_obj``, class, domain)
+OBJECTIVES: dict[str, tuple[str, str, tuple[tuple[float, float], ...]]] = {
+    "Garland": ("Garland", "Garland", ((0.0, 1.0),)),
+    "DoubleSine": ("DoubleSine", "DoubleSine", ((0.0, 1.0),)),
+    "DifficultFunc": ("DifficultFunc", "DifficultFunc", ((0.0, 1.0),)),
+    "Himmelblau": ("Himmelblau", "Himmelblau_Normalized", ((-5.0, 5.0), (-5.0, 5.0))),
+}
+
+CENTRE = "canopy-default (centre probes)"
+#: Canopy's methods: label -> MemoryBoundedDescent keywords (the defaults, the two data-driven
+#: spreads, the former default c = 1, and the default on PyXAB's probes: cell centres)
+CANOPY_METHODS: dict[str, dict[str, Any]] = {
+    DEFAULT: {},
+    "canopy-certified": {"spread": "certified"},
+    "canopy-estimated": {"spread": "estimated"},
+    "canopy-c=1": {"c": 1.0},
+    CENTRE: {},
+}
+
+#: Canopy's methods beside the default, run to ``variants_max_horizon`` (CPU time is scarce)
+VARIANTS = ("canopy-certified", "canopy-estimated", "canopy-c=1")
+PYXAB_METHODS = ("pyxab-HCT", "pyxab-VHCT", "pyxab-POO", "pyxab-StoSOO", "pyxab-HOO")
+#: the figure's methods (the table has them all)
+SHOWN = (DEFAULT, "pyxab-HCT", "pyxab-VHCT")
+#: PyXAB's algorithms whose per-round cost grows with the round (whole-tree refresh)
+SLOW = ("pyxab-POO", "pyxab-StoSOO", "pyxab-HOO")
+SLOWEST = "pyxab-HOO"  # ~12 ms of CPU a round at 10k rounds
+
+
+@dataclass(frozen=True)
+class PyXABParams:
+    """Objectives, horizons and methods of the PyXAB comparison."""
+
+    objectives: tuple[str, ...] = tuple(OBJECTIVES)
+    horizons: tuple[int, ...] = (1000, 10000, 100000)
+    sigma: float = 0.1
+    canopy: tuple[str, ...] = tuple(CANOPY_METHODS)
+    pyxab: tuple[str, ...] = PYXAB_METHODS
+    slow_max_horizon: int = 10000
+    hoo_max_horizon: int = 1000
+    variants_max_horizon: int = 10000
+
+    def __post_init__(self) -> None:
+        for name, known, values in (("objectives", OBJECTIVES, self.objectives),
+                                    ("canopy", CANOPY_METHODS, self.canopy),
+                                    ("pyxab", PYXAB_METHODS, self.pyxab)):
+            for value in values:
+                if value not in known:
+                    raise ValueError(f"{name}: unknown {value!r}; known: {', '.join(known)}")
+        if not self.horizons:
+            raise ValueError("horizons must not be empty")
+        for horizon in self.horizons:
+            check_count(horizon, "horizons")
+        check_count(self.slow_max_horizon, "slow_max_horizon")
+        check_count(self.hoo_max_horizon, "hoo_max_horizon")
+        check_count(self.variants_max_horizon, "variants_max_horizon")
+        check_all_nonnegative(sigma=self.sigma)
+
+
+class BoxCells:
+    """A PyXAB objective on the cells of ``LazyTree(2)`` (see the module docstring); keeps
+    the noise-free value of every point it plays. A probe is at a
+    uniform point of the cell (an unbiased sample of the cell's mean, Eq. 1), or at its centre
+    with ``centre=True`` (PyXAB's point; the certified and estimated spreads then lose their
+    footing, the assumed one does not)."""
+
+    def __init__(self, objective: Any, domain: Sequence[tuple[float, float]], sigma: float,
+                 *, centre: bool = False) -> None:
+        self.objective = objective
+        self.centre = centre
+        self.domain = np.asarray(domain, dtype=float)
+        self.spec = ProblemSpec(LazyTree(2), float(sigma), 1.0, 1.0)
+        self.played: list[float] = []
+
+    def box(self, node: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+        """The box of cell ``(level, index)``: halvings along the dimensions in turn."""
+        level, index = node
+        low, high = self.domain[:, 0].copy(), self.domain[:, 1].copy()
+        for step in range(level):
+            dim = step % len(low)
+            middle = (low[dim] + high[dim]) / 2
+            if (index >> (level - 1 - step)) & 1:
+                low[dim] = middle
+            else:
+                high[dim] = middle
+        return low, high
+
+    def probe(self, node: tuple[int, int], rng: np.random.Generator) -> float:
+        low, high = self.box(node)
+        share = 0.5 if self.centre else rng.random(len(low))
+        value = float(self.objective.f(list(low + (high - low) * share)))
+        self.played.append(value)
+        return value + self.spec.sigma * rng.standard_normal()
+
+    def evaluate(self, leaf: int, rng: np.random.Generator) -> float:
+        raise TypeError("an infinite-depth tree has no leaves to evaluate; probe its cells")
+
+
+def _pyxab(path: str) -> Any:
+    try:
+        return importlib.import_module(f"PyXAB.{path}")
+    except ImportError as error:
+        raise ImportError("the pyxab study needs PyXAB: pip install PyXAB (in the 'dev' "
+                          "extra)") from error
+
+
+def objective(name: str) -> tuple[Any, tuple[tuple[float, float], ...]]:
+    """A fresh PyXAB objective and its domain."""
+    module, cls, domain = OBJECTIVES[name]
+    return getattr(_pyxab(f"synthetic_obj.{module}"), cls)(), domain
+
+
+def _pyxab_algorithm(method: str, rounds: int, domain: list[list[float]]) -> Any:
+    algos = {name: _pyxab(f"algos.{name}") for name in ("HCT", "VHCT", "POO", "StoSOO", "HOO")}
+    makers: dict[str, Callable[[], Any]] = {
+        "pyxab-HCT": lambda: algos["HCT"].HCT(domain=domain),
+        "pyxab-VHCT": lambda: algos["VHCT"].VHCT(domain=domain),
+        "pyxab-POO": lambda: algos["POO"].POO(rounds=rounds, domain=domain,
+                                              algo=algos["HOO"].T_HOO),
+        "pyxab-StoSOO": lambda: algos["StoSOO"].StoSOO(n=rounds, domain=domain),
+        "pyxab-HOO": lambda: algos["HOO"].T_HOO(rounds=rounds, domain=domain),
+    }
+    return makers[method]()
+
+
+def _run_pyxab(cell: dict[str, Any], seed: int) -> tuple[float, float]:
+    target, domain = objective(cell["objective"])
+    rounds = int(cell["T"])
+    np.random.seed(seed % 2**32)  # noqa: NPY002 - PyXAB draws from numpy's global stream
+    algorithm = _pyxab_algorithm(cell["method"], rounds, [list(d) for d in domain])
+    rng = np.random.default_rng(np.random.SeedSequence([seed, 0x9A8]))
+    noise = cell["sigma"] * rng.standard_normal(rounds)
+    regret, seconds = 0.0, 0.0
+    for t in range(1, rounds + 1):
+        start = time.process_time()
+        point = algorithm.pull(t)
+        seconds += time.process_time() - start
+        value = float(target.f(point))
+        regret += target.fmax - value
+        start = time.process_time()
+        algorithm.receive_reward(t, value + noise[t - 1])
+        seconds += time.process_time() - start
+    return regret, seconds
+
+
+def _play(policy: Any, problem: BoxCells, rounds: int, seed: int) -> float:
+    """Regret play of ``rounds`` probes in the user's own ask/tell loop (as PyXAB's is
+    driven); returns the CPU seconds of ``ask`` and ``tell`` alone: the loop's time less that
+    of replaying its probes on a twin problem (no clock read inside the loop, whose cost
+    would be a fifth of the policy's)."""
+    policy_seed, noise_seed = np.random.SeedSequence([seed, 0xC40]).spawn(2)
+    policy.start(problem.spec, budget=float(rounds), seed=np.random.default_rng(policy_seed))
+    rng = np.random.default_rng(noise_seed)
+    nodes = []
+    start = time.process_time()
+    while (query := policy.ask()) is not None:
+        nodes.append(query.node)
+        policy.tell(query, problem.probe(query.node, rng))
+    seconds = time.process_time() - start
+    twin, rng = BoxCells(problem.objective, problem.domain, problem.spec.sigma,
+                         centre=problem.centre), np.random.default_rng(noise_seed)
+    start = time.process_time()
+    for node in nodes:
+        twin.probe(node, rng)
+    return max(seconds - (time.process_time() - start), 0.0)
+
+
+def _run_canopy(cell: dict[str, Any], seed: int) -> tuple[float, float]:
+    target, domain = objective(cell["objective"])
+    rounds = int(cell["T"])
+    centre = cell["method"] == CENTRE
+    # a warm-up run first: the compiled kernels load once a process
+    _play(make_policy(cell), BoxCells(target, domain, cell["sigma"], centre=centre), 64, seed)
+    problem = BoxCells(target, domain, cell["sigma"], centre=centre)
+    seconds = _play(make_policy(cell), problem, rounds, seed)
+    if len(problem.played) != rounds:
+        raise RuntimeError(f"{cell['method']} played {len(problem.played)} of {rounds} rounds")
+    return float(target.fmax * rounds - np.sum(problem.played)), seconds
+
+
+def cells(params: PyXABParams) -> list[dict[str, Any]]:
+    methods = [policy_cell(name, "MemoryBoundedDescent", **CANOPY_METHODS[name])
+               for name in params.canopy]
+    methods += [{"method": name} for name in params.pyxab]
+    return [{**method, "objective": name, "T": T, "sigma": params.sigma}
+            for name in params.objectives for T in params.horizons for method in methods
+            if not (method["method"] in SLOW and T > params.slow_max_horizon)
+            and not (method["method"] == SLOWEST and T > params.hoo_max_horizon)
+            and not (method["method"] in VARIANTS and T > params.variants_max_horizon)]
+
+
+def run_cell(cell: dict[str, Any], seed: int) -> list[Measurement]:
+    runner = _run_canopy if "policy" in cell else _run_pyxab
+    regret, seconds = runner(cell, seed)
+    x, name, target = float(cell["T"]), cell["method"], cell["objective"]
+    return [Measurement(name, T_AXIS, x, "regret", regret, objective=target),
+            Measurement(name, T_AXIS, x, "us per round", 1e6 * seconds / cell["T"],
+                        objective=target)]
+
+
+def best_peer(rows: Sequence[Row], target: str, T: float) -> Row | None:
+    """The PyXAB method of lowest mean regret on ``target`` at horizon ``T``."""
+    peers = [r for r in rows if r.method in PYXAB_METHODS and r.metric == "regret"
+             and r.objective == target and r.x == T]
+    return min(peers, key=lambda r: r.mean, default=None)
+
+
+def headlines(rows: Sequence[Row]) -> list[Headline]:
+    out = []
+    for target in dict.fromkeys(r.objective for r in rows):
+        for T in sorted({r.x for r in rows if r.objective == target and r.x is not None}):
+            ours = lookup(rows, DEFAULT, "regret", T, objective=target)
+            peer = best_peer(rows, target, T)
+            if ours is None or peer is None:
+                continue
+            low = ours.mean if ours.ci_low is None else ours.ci_low
+            out.append(Headline(f"{target}, T={T:g}: {DEFAULT} regret vs {peer.method}",
+                                ours.mean, ours.ci_low, ours.ci_high,
+                                target=f"CI low end <= {peer.method}'s mean {peer.mean:,.0f}",
+                                passed=low <= peer.mean))
+            mine = lookup(rows, DEFAULT, "us per round", T, objective=target)
+            theirs = [r for r in rows if r.method in PYXAB_METHODS and r.x == T
+                      and r.objective == target and r.metric == "us per round"]
+            if mine is not None and theirs:
+                fastest = min(theirs, key=lambda r: r.mean)
+                speedup = fastest.mean / mine.mean
+                out.append(Headline(f"{target}, T={T:g}: speed-up over {fastest.method} "
+                                    "(fastest PyXAB) per round", speedup,
+                                    target=">= 50x", passed=speedup >= 50))
+    return out
+
+
+STUDY = Study(
+    name="pyxab",
+    title="Canopy's descent vs PyXAB (HCT, VHCT, POO, StoSOO, HOO) on PyXAB's objectives",
+    module=__name__,
+    params=PyXABParams(),
+    quick_params=PyXABParams(horizons=(1000, 10000)),
+    seeds=3,
+    quick_seeds=2,
+    cells=cells,
+    run_cell=run_cell,
+    headlines=headlines,
+    panels=(Panel("regret", T_AXIS, log_x=True, log_y=True, methods=SHOWN,
+                  title="cumulative regret"),
+            Panel("us per round", T_AXIS, log_x=True, log_y=True, methods=SHOWN,
+                  title="CPU time per round (us)")),
+)

@@ -1,0 +1,67 @@
+"""``canopy run pyxab``: Canopy's descent against the real PyXAB package on PyXAB's objectives.
+PyXAB is in the ``dev`` extra: these tests skip without it, and fail in CI."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import numpy as np
+import pytest
+
+from canopy.experiments.runner import run_study
+from canopy.experiments.studies import get_study
+from canopy.experiments.studies.pyxab import BoxCells, PyXABParams, objective
+from canopy.experiments.summary import lookup
+from conftest import IN_CI
+
+if importlib.util.find_spec("PyXAB") is None:
+    if IN_CI:
+        pytest.fail("PyXAB (the dev extra) is missing in CI", pytrace=False)
+    pytest.skip("PyXAB is not installed (pip install PyXAB, in the dev extra)",
+                allow_module_level=True)
+
+
+def test_cells_are_boxes_halved_along_the_dimensions_in_turn():
+    target, domain = objective("Himmelblau")
+    cells = BoxCells(target, domain, 0.1)
+    low, high = cells.box((2, 3))  # right half in x, then upper half in y
+    assert low.tolist() == [0.0, 0.0] and high.tolist() == [5.0, 5.0]
+    low, high = cells.box((3, 0b101))  # x right, y lower, x right again
+    assert low.tolist() == [2.5, -5.0] and high.tolist() == [5.0, 0.0]
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        cells.probe((3, 0b101), rng)
+    assert max(cells.played) <= 0.0  # Himmelblau_Normalized is at most 0
+    centre = BoxCells(target, domain, 0.0, centre=True)
+    assert centre.probe((3, 0b101), rng) == pytest.approx(target.f([3.75, -2.5]))
+
+
+def test_default_descent_beats_the_former_default_and_hct_and_is_faster(tmp_path):
+    """Garland at T = 2,000, 3 seeds: the default (c = the noise sd) against the former
+    default c = 1 and PyXAB's HCT with its own defaults, in regret and CPU time per round."""
+    study = get_study("pyxab")
+    result = run_study(study, store=tmp_path, seeds=3, workers=1, overrides={
+        "objectives": "Garland", "horizons": "2000", "pyxab": "pyxab-HCT",
+        "canopy": "canopy-default,canopy-c=1"})
+    rows = result.rows
+    assert {r.objective for r in rows} == {"Garland"}
+
+    def row(method: str, metric: str):
+        found = lookup(rows, method, metric, 2000.0, objective="Garland")
+        assert found is not None and found.n == 3
+        return found
+
+    default, former = row("canopy-default", "regret"), row("canopy-c=1", "regret")
+    hct = row("pyxab-HCT", "regret")
+    assert default.mean < 0.6 * former.mean
+    assert default.ci_low <= hct.mean  # the study's target: interval's low end at their mean
+    assert former.ci_low > hct.mean  # which the former default missed
+    speed = row("pyxab-HCT", "us per round").mean / row("canopy-default", "us per round").mean
+    assert speed > 3.0  # ~10x on an idle machine at this horizon; a margin for load
+
+
+def test_bad_configuration_fails_before_work():
+    with pytest.raises(ValueError, match="objectives: unknown 'Rosenbrock'"):
+        PyXABParams(objectives=("Rosenbrock",))
+    with pytest.raises(ValueError, match="pyxab: unknown"):
+        PyXABParams(pyxab=("HCT",))
