@@ -166,15 +166,16 @@ def reproduce_command(
     out: Out = Path("results"),
     only: Annotated[list[str] | None, typer.Option(
         "--study", help="Run only these studies, by name or package.module:NAME "
-                        "(repeatable; default: all).")] = None,
+                        "(repeatable; default: all but pyxab, which takes hours).")] = None,
 ) -> None:
     """Run every study and write OUT/report.md: each headline beside the paper's number."""
     from canopy.experiments.outputs import write_report
     from canopy.experiments.runner import load_study, plan
-    from canopy.experiments.studies import available
+    from canopy.experiments.studies import ON_REQUEST, available
 
     try:
-        studies = [load_study(name) for name in (only or available())]
+        default = [name for name in available() if name not in ON_REQUEST]
+        studies = [load_study(name) for name in (only or default)]
         for study in studies:
             plan(study, quick=quick)
         _check_backend(backend, workers)

@@ -14,7 +14,7 @@ import importlib.util
 
 from canopy.experiments.study import Study
 
-__all__ = ["STUDIES", "available", "get_study"]
+__all__ = ["ON_REQUEST", "STUDIES", "available", "get_study"]
 
 STUDIES: dict[str, str] = {
     "fidelity": "canopy.experiments.studies.fidelity",
@@ -31,6 +31,10 @@ STUDIES: dict[str, str] = {
     "misidentification": "canopy.experiments.studies.misidentification",
     "variancesplit": "canopy.experiments.studies.variancesplit",
 }
+
+ON_REQUEST: tuple[str, ...] = ("pyxab",)
+"""Studies ``canopy reproduce`` runs only when named with ``--study``: the comparison with
+PyXAB's algorithms takes hours at T = 100k (their per-round cost grows with the rounds)."""
 
 
 def available() -> list[str]:
