@@ -214,7 +214,9 @@ def test_outputs_hold_rows_paper_numbers_table_and_figure(tmp_path):
     assert {"study", "config", "rows", "paper"} <= set(document)
     assert document["study"] == "toy" and document["config"]["seeds"] == 3
     row = document["rows"][0]
-    assert set(row) == {"method", "x_name", "x", "metric", "mean", "ci_low", "ci_high", "n"}
+    assert set(row) == {"method", "x_name", "x", "metric", "objective", "mean", "ci_low",
+                        "ci_high", "n"}
+    assert row["objective"] is None  # a study of one objective
     assert row["n"] == 3 and row["ci_low"] <= row["mean"] <= row["ci_high"]
     assert document["paper"] == [{"method": "probe-root", "x": 8.0, "metric": "abs error",
                                   "value": 0.01}]
