@@ -184,6 +184,13 @@ class SqliteStore:
                 (self.namespace,)).fetchone()
         return {"requests": int(total), "with_feedback": int(rated)}
 
+    def namespaces(self, prefix: str) -> dict[str, list[str]]:
+        with self._busy():
+            rows = self._db().execute("SELECT ns, value FROM canopy_meta WHERE key = 'models'"
+                                      " AND substr(ns, 1, ?) = ?",
+                                      (len(prefix), prefix)).fetchall()
+        return {ns: value.split("\n") for ns, value in rows}
+
     def close(self) -> None:
         with self._all_lock:
             for db in self._all:
