@@ -240,3 +240,19 @@ def test_a_store_locked_by_another_process_never_stalls_health_or_chat(tmp_path,
                 time.sleep(0.1)
             assert rated.status_code == 200, rated.text
     print(f"\nwhile locked: health {took['health']:.3f} s, chat {took['chat']:.3f} s")
+
+
+def test_store_settings_are_checked_and_an_unreachable_store_is_named(tmp_path, upstreams):
+    for bad, message in (({"store": "mysql://x"}, "store must be"),
+                         ({"store": "memory", "state_path": "s.sqlite"}, "one of 'store'"),
+                         ({"store": 5}, "store must be")):
+        data = {**_mapping(upstreams, "memory"), **bad}
+        with pytest.raises(ValueError, match=message):
+            ProxyConfig.from_mapping(data, base=tmp_path)
+    cfg = ProxyConfig.from_mapping(_mapping(upstreams, f"redis://127.0.0.1:{_port()}/0"),
+                                   base=tmp_path)
+    with pytest.raises(ValueError, match="cannot open the store redis://"):
+        create_app(cfg)
+    relative = ProxyConfig.from_mapping(_mapping(upstreams, "sqlite:///state/r.sqlite"),
+                                        base=tmp_path)
+    assert relative.state_path == tmp_path / "state" / "r.sqlite"

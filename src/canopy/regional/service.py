@@ -54,7 +54,7 @@ class RoutingService:
         self.ledger = FeedbackLedger(self.store, lam=router.lam, chain=self.chain_paths,
                                      window_s=window_s, max_queued=max_queued)
         self.breaker = Breaker(breaker_failures, breaker_cooldown_s)
-        self.sync()
+        self._sync_quietly()
         self._stop = threading.Event()
         self._thread = None
         if sync_s > 0:
