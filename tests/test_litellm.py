@@ -295,3 +295,15 @@ def test_a_rating_route_for_litellm_proxy_users(tmp_path, monkeypatch):
         time.sleep(0.05)
     routing.close()
     rater.close()
+
+
+def test_a_deployment_joining_the_group_keeps_what_was_learned():
+    router = _router(_deployment("a"), _deployment("b"))
+    canopy = CanopyRouting(router).install()
+    asyncio.run(_rounds(router, canopy, 10, lambda d: 0.5))
+    router.add_deployment(litellm.types.router.Deployment(**_deployment("c")))
+    picks = asyncio.run(_rounds(router, canopy, 6, lambda d: 0.5))
+    rows = {r["model"]: r["count"] for r in canopy.stats()["groups"]["chat"]
+            if r["region"] == "/"}
+    assert rows["a"] + rows["b"] + rows.get("c", 0) == 16
+    assert "c" in picks  # the newcomer is tried first

@@ -162,18 +162,21 @@ class CanopyRouting(CustomRoutingStrategyBase, CustomLogger):
 
     # -- routing ---------------------------------------------------------------------------
     def _service(self, group: str, ids: list[str]) -> RoutingService:
-        """The group's service (over the shared store, its own namespace), rebuilt when the
-        group's deployments change."""
+        """The group's service (over the shared store, its own namespace); rebuilt, from the
+        store, when the group gains a deployment (one that leaves is simply never offered)."""
         with self._lock:
             service = self.services.get(group)
-            if service is not None and set(service.models) == set(ids):
+            if service is not None and set(ids) <= set(service.models):
                 return service
+            store = None
             if service is not None:
-                log.warning("model group %r changed deployments; its statistics restart", group)
-                service.close()
+                log.info("model group %r gained deployments; its service reloads", group)
+                ids = sorted(set(ids) | set(service.models))
+                service.close(store=False)
+                store = service.store
             service = self.services[group] = RoutingService(
                 RegionalRouter(sorted(ids), seed=0, **self._settings),
-                open_store(self.store, namespace=f"{_NAMESPACE}/{group}"),
+                store or open_store(self.store, namespace=f"{_NAMESPACE}/{group}"),
                 **self._service_options)
             return service
 

@@ -170,9 +170,12 @@ class RoutingService:
     def counts(self) -> dict[str, int]:
         return self.store.counts()
 
-    def close(self) -> None:
+    def close(self, *, store: bool = True) -> None:
+        """Stop the pulls, store what is queued, and close the store (unless ``store`` is
+        false: another service goes on with it)."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
         self.ledger.close()
-        self.store.close()
+        if store:
+            self.store.close()
