@@ -10,6 +10,7 @@ import asyncio
 import math
 import os
 import socket
+import time
 from collections import Counter
 
 import pytest
@@ -248,3 +249,61 @@ def test_what_was_learned_survives_a_restart(tmp_path):
     restarted.get_available_deployment("chat", MESSAGES, request_kwargs={})
     assert restarted.stats()["groups"]["chat"] == before
     assert sum(r["count"] for r in before if r["region"] == "/") == 30
+
+
+def test_a_rating_route_for_litellm_proxy_users(tmp_path, monkeypatch):
+    """Replies routed by one LiteLLM process, rated over HTTP through another that only
+    shares the store (what a LiteLLM proxy's pass-through endpoint forwards to)."""
+    pytest.importorskip("fastapi")
+    import httpx
+
+    from canopy.apps.routing.proxy.app import serve_in_thread
+    from canopy.integrations.litellm_feedback import feedback_app
+
+    monkeypatch.setenv("TEST_CANOPY_RATING_KEY", "rating-key-1234567")
+    store = f"sqlite:///{tmp_path / 'litellm.sqlite'}"
+    router = _router(_deployment("weak"), _deployment("strong"))
+    routing = CanopyRouting(router, store=store).install()
+    rater = CanopyRouting(store=store)  # no router: it only rates
+
+    async def calls() -> list:
+        replies = [await router.acompletion(model="chat", messages=MESSAGES) for _ in range(12)]
+        await asyncio.sleep(0.5)  # LiteLLM runs its success callbacks after the reply
+        return replies
+
+    replies = asyncio.run(calls())
+    deadline = time.monotonic() + 30
+    while routing.stats()["pending"] < 12:  # LiteLLM's callbacks run after the replies
+        assert time.monotonic() < deadline, routing.stats()
+        time.sleep(0.05)
+    auth = {"Authorization": "Bearer rating-key-1234567"}
+    with serve_in_thread(feedback_app(rater, admin_key_env="TEST_CANOPY_RATING_KEY")) as url:
+        statuses = [httpx.post(url + "/v1/feedback", headers=auth, timeout=30, json={
+            "request_id": r.id, "quality": 0.9 if r._hidden_params["model_id"] == "strong"
+            else 0.2}).status_code for r in replies]
+        again = httpx.post(url + "/v1/feedback", headers=auth, timeout=30,
+                           json={"request_id": replies[0].id, "quality": 0.5})
+        unknown = httpx.post(url + "/v1/feedback", headers=auth, timeout=30,
+                             json={"request_id": "nope", "quality": 0.5})
+        refused = httpx.post(url + "/v1/feedback", timeout=30,
+                             json={"request_id": replies[1].id, "quality": 0.5})
+    assert statuses == [200] * 12
+    assert (again.status_code, unknown.status_code, refused.status_code) == (409, 404, 401)
+    deadline = time.monotonic() + 30
+    while sum(r["count"] for r in routing.stats()["groups"]["chat"] if r["region"] == "/") < 12:
+        assert time.monotonic() < deadline, "the routing process never saw the ratings"
+        time.sleep(0.05)
+    routing.close()
+    rater.close()
+
+
+def test_a_deployment_joining_the_group_keeps_what_was_learned():
+    router = _router(_deployment("a"), _deployment("b"))
+    canopy = CanopyRouting(router).install()
+    asyncio.run(_rounds(router, canopy, 10, lambda d: 0.5))
+    router.add_deployment(litellm.types.router.Deployment(**_deployment("c")))
+    picks = asyncio.run(_rounds(router, canopy, 6, lambda d: 0.5))
+    rows = {r["model"]: r["count"] for r in canopy.stats()["groups"]["chat"]
+            if r["region"] == "/"}
+    assert rows["a"] + rows["b"] + rows.get("c", 0) == 16
+    assert "c" in picks  # the newcomer is tried first

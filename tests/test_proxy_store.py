@@ -240,3 +240,33 @@ def test_a_store_locked_by_another_process_never_stalls_health_or_chat(tmp_path,
                 time.sleep(0.1)
             assert rated.status_code == 200, rated.text
     print(f"\nwhile locked: health {took['health']:.3f} s, chat {took['chat']:.3f} s")
+
+
+def test_store_settings_are_checked_and_an_unreachable_store_is_named(tmp_path, upstreams):
+    for bad, message in (({"store": "mysql://x"}, "store must be"),
+                         ({"store": "memory", "state_path": "s.sqlite"}, "one of 'store'"),
+                         ({"store": 5}, "store must be")):
+        data = {**_mapping(upstreams, "memory"), **bad}
+        with pytest.raises(ValueError, match=message):
+            ProxyConfig.from_mapping(data, base=tmp_path)
+    cfg = ProxyConfig.from_mapping(_mapping(upstreams, f"redis://127.0.0.1:{_port()}/0"),
+                                   base=tmp_path)
+    with pytest.raises(ValueError, match="cannot open the store redis://"):
+        create_app(cfg)
+    relative = ProxyConfig.from_mapping(_mapping(upstreams, "sqlite:///state/r.sqlite"),
+                                        base=tmp_path)
+    assert relative.state_path == tmp_path / "state" / "r.sqlite"
+
+
+def test_requests_past_the_feedback_window_are_forgotten_on_schedule(tmp_path, upstreams):
+    """The requests table used to grow for ever: nothing called its expiry."""
+    cfg = ProxyConfig.from_mapping(_mapping(upstreams, "sqlite:///s.sqlite",
+                                            limits={"feedback_window_s": 1.0}), base=tmp_path)
+    with serve_in_thread(create_app(cfg)) as url, httpx.Client(base_url=url, headers=ADMIN,
+                                                               timeout=30) as client:
+        for _ in range(3):
+            assert client.post("/v1/chat/completions", json=ASK).status_code == 200
+        deadline = time.monotonic() + 60
+        while (kept := client.get("/v1/router/stats").json()["requests"]) > 0:
+            assert time.monotonic() < deadline, f"{kept} requests still kept"
+            time.sleep(0.1)

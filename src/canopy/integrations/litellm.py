@@ -55,6 +55,7 @@ from canopy.validation import check_count, check_nonnegative, check_number
 __all__ = ["CanopyRouting", "UnknownReply"]
 
 REGION_KEY = "canopy_region"
+_NAMESPACE = "litellm"  # each model group's statistics live under litellm/<group>
 _RESOLVED_KEY = "canopy_region_resolved"
 _STRATEGY_KEY = "canopy_strategy"
 log = logging.getLogger("canopy.litellm")
@@ -140,42 +141,42 @@ class CanopyRouting(CustomRoutingStrategyBase, CustomLogger):
             "max_queued": check_count(max_pending, "max_pending"),
             "breaker_failures": check_count(breaker_failures, "breaker_failures"),
             "breaker_cooldown_s": check_nonnegative(breaker_cooldown_s, "breaker_cooldown_s")}
-        open_store(store, namespace="litellm/check").close()  # a bad store is refused now
         self.store = store
+        self._catalog = open_store(store, namespace=_NAMESPACE)  # a bad store is refused now
         self.services: dict[str, RoutingService] = {}
         self.counts = {"routed": 0, "succeeded": 0, "failed": 0, "rated": 0, "unpriced": 0}
         self._lock = threading.Lock()
         self._token = uuid.uuid4().hex
-
-    def install(self) -> CanopyRouting:
-        """Make this strategy pick the router's deployments and receive LiteLLM's callbacks."""
         import litellm
 
-        register = getattr(self.router, "register_plugin", None) or \
-            self.router.set_custom_routing_strategy
-        register(self)
-        self._listen(litellm)
-        return self
-
-    def _listen(self, litellm: Any) -> None:
-        _CALLBACK.strategies[self._token] = self
+        _CALLBACK.strategies[self._token] = self  # outcomes of the calls this one routes
         if _CALLBACK not in litellm.callbacks:
             litellm.callbacks.append(_CALLBACK)
 
+    def install(self) -> CanopyRouting:
+        """Make this strategy pick the router's deployments."""
+        register = getattr(self.router, "register_plugin", None) or \
+            self.router.set_custom_routing_strategy
+        register(self)
+        return self
+
     # -- routing ---------------------------------------------------------------------------
     def _service(self, group: str, ids: list[str]) -> RoutingService:
-        """The group's service (over the shared store, its own namespace), rebuilt when the
-        group's deployments change."""
+        """The group's service (over the shared store, its own namespace); rebuilt, from the
+        store, when the group gains a deployment (one that leaves is simply never offered)."""
         with self._lock:
             service = self.services.get(group)
-            if service is not None and set(service.models) == set(ids):
+            if service is not None and set(ids) <= set(service.models):
                 return service
+            store = None
             if service is not None:
-                log.warning("model group %r changed deployments; its statistics restart", group)
-                service.close()
+                log.info("model group %r gained deployments; its service reloads", group)
+                ids = sorted(set(ids) | set(service.models))
+                service.close(store=False)
+                store = service.store
             service = self.services[group] = RoutingService(
                 RegionalRouter(sorted(ids), seed=0, **self._settings),
-                open_store(self.store, namespace=f"litellm/{group}"),
+                store or open_store(self.store, namespace=f"{_NAMESPACE}/{group}"),
                 **self._service_options)
             return service
 
@@ -250,6 +251,23 @@ class CanopyRouting(CustomRoutingStrategyBase, CustomLogger):
         return [self._choose(model, healthy_deployments, healthy_deployments, messages,
                              request_kwargs)]
 
+    # -- LiteLLM's outcome callbacks, when LiteLLM holds this object as a callback -----------
+    def _heard(self, kwargs: Any, reply: Any, start: Any, end: Any, ok: bool) -> None:
+        """A LiteLLM proxy rebuilds its callback list from its configuration, so the shared
+        listener may be missing there: then this object hears the outcomes itself."""
+        import litellm
+
+        if _CALLBACK not in litellm.callbacks:
+            _CALLBACK._forward(kwargs, reply, start, end, ok)
+
+    async def async_log_success_event(self, kwargs: Any, response_obj: Any, start_time: Any,
+                                      end_time: Any) -> None:
+        self._heard(kwargs, response_obj, start_time, end_time, True)
+
+    async def async_log_failure_event(self, kwargs: Any, response_obj: Any, start_time: Any,
+                                      end_time: Any) -> None:
+        self._heard(kwargs, response_obj, start_time, end_time, False)
+
     # -- learning --------------------------------------------------------------------------
     def _learn(self, metadata: Mapping[str, Any], kwargs: Mapping[str, Any], reply: Any,
                seconds: float, ok: bool) -> None:
@@ -298,8 +316,21 @@ class CanopyRouting(CustomRoutingStrategyBase, CustomLogger):
 
         service.record(call).add_done_callback(rate)
 
+    def _groups(self) -> list[RoutingService]:
+        """Every model group's service: those this process routed, and those the store holds
+        (routed by another process sharing it), opened on first need."""
+        with self._lock:
+            known = set(self.services)
+        found = self._catalog.namespaces(_NAMESPACE + "/")
+        for namespace, models in found.items():
+            group = namespace[len(_NAMESPACE) + 1:]
+            if group not in known:
+                self._service(group, models)
+        with self._lock:
+            return list(self.services.values())
+
     def _find(self, reply_id: str) -> RoutingService:
-        for service in list(self.services.values()):
+        for service in self._groups():
             if service.store.calls([reply_id])[0] is not None:
                 return service
         raise UnknownReply(f"unknown or expired reply id {reply_id!r}")
@@ -309,7 +340,7 @@ class CanopyRouting(CustomRoutingStrategyBase, CustomLogger):
         (:class:`UnknownReply` for a second rating, an unknown or an expired id). Waits at
         most the store's wait; raises ``StoreBusy`` when the store is busy (retry later)."""
         quality = check_number(quality, "quality", low=0.0, high=1.0)
-        for service in list(self.services.values()):
+        for service in self._groups():
             try:
                 service.rate(reply_id, quality)
             except UnknownCall:
@@ -360,6 +391,7 @@ class CanopyRouting(CustomRoutingStrategyBase, CustomLogger):
             services, self.services = list(self.services.values()), {}
         for service in services:
             service.close()
+        self._catalog.close()
 
 
 class _Callback(CustomLogger):

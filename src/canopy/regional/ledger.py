@@ -13,6 +13,7 @@ on a rating (retry later) and never loses a call it holds in its queue.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import logging
 import queue
 import threading
@@ -176,7 +177,8 @@ class FeedbackLedger:
 
     def close(self, timeout: float = 5.0) -> None:
         """Store what is queued (waiting at most ``timeout`` for a busy store), then stop."""
-        self._queue.put(None)
+        with contextlib.suppress(queue.Full):
+            self._queue.put(None, timeout=timeout)
         self._writer.join(timeout)
         self._closing.set()
         self._writer.join(timeout)

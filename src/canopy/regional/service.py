@@ -36,12 +36,14 @@ class RoutingService:
     :func:`~canopy.regional.store.open_store`; ``namespace`` separates services sharing a
     store). ``window_s``: how long a call accepts its rating; ``breaker_failures`` and
     ``breaker_cooldown_s``: the circuit breaker; ``sync_s``: how often the store is read
-    (``0``: only on :meth:`sync`); ``expire_every_s``: how often old calls are forgotten."""
+    (``0``: only on :meth:`sync`); ``expire_every_s``: how often calls past the window are
+    forgotten (default: every minute, or every half window when that is shorter)."""
 
     def __init__(self, router: RegionalRouter, store: Store | str = "memory", *,
                  namespace: str = "", window_s: float = 7 * 24 * 3600.0,
                  breaker_failures: int = 3, breaker_cooldown_s: float = 30.0,
-                 sync_s: float = 0.25, expire_every_s: float = 60.0, wait_s: float = 1.0,
+                 sync_s: float = 0.25, expire_every_s: float | None = None,
+                 wait_s: float = 1.0,
                  max_queued: int = 100_000) -> None:
         self.router = router
         self.store = open_store(store, namespace=namespace, wait_s=wait_s) \
@@ -54,9 +56,11 @@ class RoutingService:
         self.ledger = FeedbackLedger(self.store, lam=router.lam, chain=self.chain_paths,
                                      window_s=window_s, max_queued=max_queued)
         self.breaker = Breaker(breaker_failures, breaker_cooldown_s)
-        self.sync()
+        self._sync_quietly()
         self._stop = threading.Event()
         self._thread = None
+        if expire_every_s is None:
+            expire_every_s = min(60.0, window_s / 2)
         if sync_s > 0:
             self._thread = threading.Thread(target=self._loop, args=(sync_s, expire_every_s),
                                             daemon=True, name="canopy-service-sync")
@@ -170,9 +174,12 @@ class RoutingService:
     def counts(self) -> dict[str, int]:
         return self.store.counts()
 
-    def close(self) -> None:
+    def close(self, *, store: bool = True) -> None:
+        """Stop the pulls, store what is queued, and close the store (unless ``store`` is
+        false: another service goes on with it)."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
         self.ledger.close()
-        self.store.close()
+        if store:
+            self.store.close()

@@ -115,6 +115,10 @@ class Store(Protocol):
     def counts(self) -> dict[str, int]:
         """``{"requests": calls kept, "with_feedback": those rated}``."""
 
+    def namespaces(self, prefix: str) -> dict[str, list[str]]:
+        """Every namespace of this store starting with ``prefix``, with the models its
+        statistics belong to (how a process that routed nothing finds what to rate)."""
+
     def close(self) -> None: ...
 
 

@@ -81,5 +81,12 @@ class MemoryStore:
             rated = sum(c.quality is not None for c in self._calls.values())
             return {"requests": len(self._calls), "with_feedback": rated}
 
+    def namespaces(self, prefix: str) -> dict[str, list[str]]:
+        with self._lock:
+            models = self._meta.get("models")
+        if models is None or not self.namespace.startswith(prefix):
+            return {}
+        return {self.namespace: list(models)}
+
     def close(self) -> None:
         pass

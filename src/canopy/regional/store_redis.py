@@ -154,6 +154,15 @@ class RedisStore:
             return {"requests": int(self._redis.zcard(self._p + "calls")),
                     "with_feedback": int(self._redis.zcard(self._p + "rated"))}
 
+    def namespaces(self, prefix: str) -> dict[str, list[str]]:
+        out = {}
+        with self._busy():
+            for key in self._redis.scan_iter(match=f"canopy:{_glob(prefix)}*:meta", count=500):
+                models = self._redis.hget(key, "models")
+                if models is not None:
+                    out[key[len("canopy:"):-len(":meta")]] = models.split("\n")
+        return out
+
     def close(self) -> None:
         with contextlib.suppress(*self._errors):
             self._redis.close()
@@ -165,3 +174,8 @@ def _call(ident: str, row: dict[str, str]) -> Call | None:
     quality = row.get("quality")
     return Call(ident, row["region"], row["model"], float(row["cost"]), float(row["created"]),
                 row.get("episode"), None if quality is None else float(quality))
+
+
+def _glob(text: str) -> str:
+    """``text`` with Redis glob characters escaped."""
+    return "".join("\\" + c if c in "*?[]\\" else c for c in text)

@@ -84,8 +84,8 @@ class SqliteStore:
             raise StoreBusy(f"SQLite store {self.path}: {error}") from error
 
     @contextlib.contextmanager
-    def _write(self) -> Iterator[sqlite3.Connection]:
-        db = self._db()
+    def _write(self, db: sqlite3.Connection | None = None) -> Iterator[sqlite3.Connection]:
+        db = self._db() if db is None else db
         with self._busy():
             db.execute("BEGIN IMMEDIATE")
             try:
@@ -97,15 +97,19 @@ class SqliteStore:
 
     # -- the protocol --------------------------------------------------------------------
     def check_meta(self, models: Sequence[str], lam: float) -> None:
-        with self._write() as db:
-            row = db.execute("SELECT value FROM canopy_meta WHERE ns = ? AND key = 'lam'",
-                             (self.namespace,)).fetchone()
-            if row is not None and float(row[0]) != float(lam):
-                raise ValueError(f"{self.path} holds statistics for lam={float(row[0])}, "
-                                 f"not {lam}")
-            db.executemany("INSERT OR REPLACE INTO canopy_meta VALUES (?, ?, ?)",
-                           [(self.namespace, "lam", repr(float(lam))),
-                            (self.namespace, "models", "\n".join(models))])
+        db = sqlite3.connect(self.path, timeout=30.0, isolation_level=None)  # at start: wait
+        try:
+            with self._write(db):
+                row = db.execute("SELECT value FROM canopy_meta WHERE ns = ? AND key = 'lam'",
+                                 (self.namespace,)).fetchone()
+                if row is not None and float(row[0]) != float(lam):
+                    raise ValueError(f"{self.path} holds statistics for lam={float(row[0])}, "
+                                     f"not {lam}")
+                db.executemany("INSERT OR REPLACE INTO canopy_meta VALUES (?, ?, ?)",
+                               [(self.namespace, "lam", repr(float(lam))),
+                                (self.namespace, "models", "\n".join(models))])
+        finally:
+            db.close()
 
     def add_calls(self, calls: Sequence[Call], ttl_s: float) -> None:
         with self._write() as db:
@@ -183,6 +187,13 @@ class SqliteStore:
                 "SELECT COUNT(*), COUNT(quality) FROM canopy_calls WHERE ns = ?",
                 (self.namespace,)).fetchone()
         return {"requests": int(total), "with_feedback": int(rated)}
+
+    def namespaces(self, prefix: str) -> dict[str, list[str]]:
+        with self._busy():
+            rows = self._db().execute("SELECT ns, value FROM canopy_meta WHERE key = 'models'"
+                                      " AND substr(ns, 1, ?) = ?",
+                                      (len(prefix), prefix)).fetchall()
+        return {ns: value.split("\n") for ns, value in rows}
 
     def close(self) -> None:
         with self._all_lock:

@@ -109,6 +109,8 @@ class _Proxy:
         except ValueError as error:
             raise ValueError(f"{config.store} holds another router's state: {error}; "
                              "use a new store") from None
+        except StoreBusy as error:
+            raise ValueError(f"cannot open the store {config.store}: {error}") from None
         self.router = self.service.router
         self.breaker = self.service.breaker
         self.upstreams = {u.model: u for u in config.upstreams}
