@@ -215,6 +215,87 @@ def run_policy(policy: str, workload: Workload, *, capacity_mb: float, block_tok
     return run
 
 
+def _stream_vllm(client: Any, model: str, prompt: list[int], max_tokens: int
+                 ) -> tuple[float, float, int]:
+    """TTFT, total time and the cached prompt tokens vLLM reports for one streamed
+    completion of token ids."""
+    began = time.perf_counter()
+    first, cached = math.nan, -1
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
+            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+    with client.stream("POST", "/completions", json=body) as response:
+        response.raise_for_status()
+        for line in response.iter_lines():
+            if not line.startswith("data:") or line[5:].strip() in ("", "[DONE]"):
+                continue
+            chunk = json.loads(line[5:])
+            if chunk.get("choices") and math.isnan(first):
+                first = time.perf_counter() - began
+            if chunk.get("usage"):
+                details = chunk["usage"].get("prompt_tokens_details") or {}
+                cached = int(details.get("cached_tokens") or 0)
+    if math.isnan(first) or cached < 0:
+        raise RuntimeError("vLLM streamed no completion chunk or no usage")
+    return first, time.perf_counter() - began, cached
+
+
+def run_vllm_policy(policy: str, workload: Workload, *, blocks: int, block_tokens: int,
+                    n_threads: int, max_tokens: int, folder: Path, dummy: bool,
+                    vocab: Any, progress: Callable[[int], None] | None = None) -> LiveRun:
+    """:func:`run_policy` on vLLM (:class:`~canopy.apps.cache.vllm_server.VLLMServer`):
+    prompts sent as token ids, each request's reuse from the cached tokens vLLM reports,
+    the hit rate of the counted requests from vLLM's prefix-cache counters."""
+    import httpx
+
+    from canopy.apps.cache.vllm_server import VLLMServer
+
+    prompts = token_prompts(workload, vocab)
+    longest = max(len(p) for p in prompts) + max_tokens + block_tokens
+    run = LiveRun(policy, workload.start)
+    reused, prompt_blocks = [], []
+    with VLLMServer(folder, policy=policy, blocks=blocks, block_tokens=block_tokens,
+                    max_model_len=longest, threads=n_threads, dummy=dummy) as server, \
+            httpx.Client(base_url=f"{server.url}/v1", timeout=600.0,
+                         headers=server.headers) as client:
+        _stream_vllm(client, server.model, [1, 2, 3], 1)  # warm-up: shorter than a block
+        before, began = server.metrics(), time.perf_counter()
+        for i, prompt in enumerate(prompts):
+            if i == workload.start:
+                before, began = server.metrics(), time.perf_counter()
+            ttft, total, cached = _stream_vllm(client, server.model, prompt, max_tokens)
+            run.ttft_s.append(ttft)
+            run.total_s.append(total)
+            reused.append(cached // block_tokens)
+            prompt_blocks.append(len(prompt) // block_tokens)
+            if progress is not None:
+                progress(1)
+        run.wall_s = time.perf_counter() - began
+        after = server.metrics()
+    queries = after.get("vllm:prefix_cache_queries_total", 0.0) - before.get(
+        "vllm:prefix_cache_queries_total", 0.0)
+    hits = after.get("vllm:prefix_cache_hits_total", 0.0) - before.get(
+        "vllm:prefix_cache_hits_total", 0.0)
+    run.server = {"policy": policy, "capacity_blocks": replay_capacity(blocks),
+                  "pool_blocks": blocks, "block_tokens": block_tokens,
+                  "reused_blocks": reused, "prompt_blocks": prompt_blocks,
+                  "prompt_tokens": [len(p) for p in prompts], "unbacked": 0, "state_bytes": 0,
+                  "prefix_cache_hit_rate": hits / queries if queries else 0.0}
+    return run
+
+
+def replay_capacity(pool_blocks: int) -> int:
+    """Cached blocks vLLM holds between requests with a pool of ``pool_blocks``: one is its
+    null block and one the running request's partial last block (prompts end mid-block)."""
+    return pool_blocks - 2
+
+
+def token_prompts(workload: Workload, vocab: Any) -> list[list[int]]:
+    """The workload's prompts as token ids, no BOS (what is sent to vLLM); every prompt
+    ends mid-block (the questions' length is no multiple of a block)."""
+    return [vocab.tokenize(workload.text(i).encode(), add_bos=False, special=True)
+            for i in range(len(workload.prompts))]
+
+
 def calibrate(runs: Sequence[LiveRun]) -> tuple[TTFTModel, float]:
     """Least-squares ``ttft = overhead + per_token * uncached_tokens`` over every request of
     ``runs`` (milliseconds); returns the model and the fit's R^2."""
