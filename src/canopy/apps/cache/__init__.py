@@ -12,6 +12,7 @@ _EXPORTS = {
     "EvictionPolicy": "canopy.apps.cache.policies",
     "Optimal": "canopy.apps.cache.policies",
     "make_policy": "canopy.apps.cache.policies",
+    "OnlinePolicy": "canopy.apps.cache.stream",
     "RadixCache": "canopy.apps.cache.radix",
     "ReplayResult": "canopy.apps.cache.replay",
     "recovery_curve": "canopy.apps.cache.replay",
@@ -27,7 +28,8 @@ _EXPORTS = {
 }
 
 __all__ = [
-    "LFU", "LRU", "POLICIES", "SIEVE", "Canopy", "EvictionPolicy", "Optimal", "RadixCache",
+    "LFU", "LRU", "POLICIES", "SIEVE", "Canopy", "EvictionPolicy", "OnlinePolicy", "Optimal",
+    "RadixCache",
     "ReplayResult", "TTFTModel", "Trace", "from_paths", "load_mooncake", "load_prompt_log",
     "make_policy", "recovery_curve", "replay", "resolve", "scenario", "sweep",
 ]

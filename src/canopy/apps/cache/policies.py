@@ -37,7 +37,8 @@ class LRU(EvictionPolicy):
     name: str = "lru"
 
     def kernel(self, trace, capacity: int) -> tuple[int, np.ndarray]:
-        return radix.LRU, np.zeros(1)
+        # the replay orders by its free queue; a host ranks by recency, deepest first
+        return radix.LRU, np.array([0.0, float(trace.depth.max(initial=0))])
 
 
 @dataclass(frozen=True)

@@ -135,9 +135,16 @@ def _key(kind, v, depth, ni, nf, params, sc):
     if kind == OPTIMAL:
         return -(ni[v, _NU] * params[0] + depth[v])
     a = sc[_ARM]  # CANOPY; ``nf`` holds the cell statistics
-    if a == 0:  # recency, deepest first within a request (vLLM's tail-first order)
-        return ni[v, _LAST] * (params[_DMAX] + 1.0) + params[_DMAX] - depth[v]
+    if a == 0:
+        return _recency(v, depth, ni, params[_DMAX])
     return np.log(nf[v, _S0 + a - 1]) + params[_LAM0 + a - 1] * nf[v, _CL]
+
+
+@nb.njit(cache=True, inline="always")
+def _recency(v, depth, ni, dmax):
+    """Recency, deepest first within a request (vLLM's tail-first order): LRU's order as a
+    key, for blocks no deeper than ``dmax``."""
+    return ni[v, _LAST] * (dmax + 1.0) + dmax - depth[v]
 
 
 @nb.njit(cache=True)
@@ -364,12 +371,24 @@ def _canopy_request(t, lo, hi, nodes, parent, depth, capacity, params, ni, cells
                     hnode, hver, ac, stats, pairs, got, sm, skinds, scap, sni, ssc, shkey,
                     shnode, shver):
     """One request of :func:`_run_canopy` (``nodes[lo:hi]``); returns the blocks it reused."""
-    rate, gamma, z, min_n = ac[0], ac[1], ac[2], ac[3]
     _cells_update(lo, hi, nodes, parent, cells, sc, params)
     reused = _request(CANOPY, t, lo, hi, nodes, nodes, parent, depth, capacity, params, ni,
                       cells, sc, hkey, hnode, hver)
+    if _canopy_shadows(t, lo, hi, nodes, parent, depth, params, cells, sc, ac, stats, pairs,
+                       got, sm, skinds, scap, sni, ssc, shkey, shnode, shver):
+        _heap_compact(CANOPY, depth, ni, cells, params, sc, hkey, hnode, hver, True)
+    return reused
+
+
+@nb.njit(cache=True)
+def _canopy_shadows(t, lo, hi, nodes, parent, depth, params, cells, sc, ac, stats, pairs, got,
+                    sm, skinds, scap, sni, ssc, shkey, shnode, shver):
+    """When request ``nodes[lo:hi]`` is in the hashed sample, replay it in every arm's shadow
+    cache, fold the shadows' reuse into the statistics and switch ``sc[_ARM]`` to the best arm
+    once it leads significantly; returns whether the arm switched."""
+    rate, gamma, z, min_n = ac[0], ac[1], ac[2], ac[3]
     if hi == lo or _unit_hash(nodes[min(lo + 1, hi - 1)], sm[1]) >= rate:
-        return reused
+        return False
     for a in range(len(skinds)):
         got[a] = _request(skinds[a], t, lo, hi, nodes, nodes, parent, depth, scap, params,
                           sni[a], cells, ssc[a], shkey[a], shnode[a], shver[a])
@@ -378,8 +397,45 @@ def _canopy_request(t, lo, hi, nodes, parent, depth, capacity, params, ni, cells
     if best != sc[_ARM] and _leads(stats, pairs, best, sc[_ARM], z, min_n):
         sc[_ARM] = best
         sm[0] += 1
-        _heap_compact(CANOPY, depth, ni, cells, params, sc, hkey, hnode, hver, True)
-    return reused
+        return True
+    return False
+
+
+# ---------------------------------------------------------------- online: a host's cache
+@nb.njit(cache=True)
+def _observe(kind, t, nodes, parent, params, ni, cells, sc, seq):
+    """Account one request admitted by a host that keeps the cache itself: ``CANOPY``'s cells
+    (:func:`_cells_update`), then each block's use as :func:`_request` accounts it (a block
+    the host does not hold is (re)inserted: hit count restarts, SIEVE's visited bit clears and
+    ``_NU`` takes the insertion order ``seq``). Returns the next insertion order."""
+    if kind == CANOPY:
+        _cells_update(0, len(nodes), nodes, parent, cells, sc, params)
+    for v in nodes:
+        if ni[v, _CACHED] == 0:
+            ni[v, _CACHED] = 1
+            ni[v, _HITS] = 0
+            ni[v, _VISITED] = 0
+            sc[_SIZE] += 1
+            _touch(v, t, seq, ni)
+            seq += 1
+        else:
+            ni[v, _VISITED] = 1
+            _touch(v, t, ni[v, _NU], ni)
+    return seq
+
+
+@nb.njit(cache=True)
+def _priorities(kind, nodes, depth, ni, cells, params, sc, out):
+    """The eviction key of each node in ``nodes`` for a host (lower evicts first): the replay's
+    heap key (``LFU``, ``CANOPY``), recency for ``LRU``, insertion order for ``SIEVE``."""
+    for i in range(len(nodes)):
+        v = nodes[i]
+        if kind == LRU:
+            out[i] = _recency(v, depth, ni, params[_DMAX])
+        elif kind == SIEVE:
+            out[i] = ni[v, _NU]
+        else:
+            out[i] = _key(kind, v, depth, ni, cells, params, sc)
 
 
 def _node_table(n: int) -> np.ndarray:

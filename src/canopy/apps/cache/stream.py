@@ -19,6 +19,7 @@ one at a time with the same interface, so every policy, the optimum included, ca
 
 from __future__ import annotations
 
+import math
 from collections.abc import Hashable, Iterable, Sequence
 
 import numba as nb
@@ -28,7 +29,7 @@ from canopy.apps.cache import radix
 from canopy.apps.cache.policies import EvictionPolicy, make_policy
 from canopy.apps.cache.traces import from_paths
 
-__all__ = ["PlannedCache", "StreamingCache", "replay_stream"]
+__all__ = ["OnlinePolicy", "PlannedCache", "StreamingCache", "replay_stream"]
 
 _MAX_DEPTH = 65_535
 """Deepest block a streaming cache orders exactly by recency (``canopy``'s recency key breaks
@@ -83,18 +84,19 @@ def _remap_heap(hkey: np.ndarray, hnode: np.ndarray, hver: np.ndarray, sc: np.nd
     sc[radix._HLEN] = m
 
 
-class StreamingCache:
-    """A radix block cache of ``capacity`` blocks under ``policy`` (a name or an online
-    :class:`~canopy.apps.cache.policies.EvictionPolicy`), fed one request at a time.
+class _Tree:
+    """The node tables of a prefix tree met one request at a time (node ids in order of first
+    appearance, so parents have smaller ids than their children), bounded by forgetting: the
+    state :class:`StreamingCache` and :class:`OnlinePolicy` share. ``prefix_keys``: a key
+    names its whole prefix (a prefix hash), so it indexes a node by itself; otherwise by its
+    parent node and key."""
 
-    :meth:`request` takes a request's block keys, root first (any hashables; a key means its
-    whole prefix, as in a prefix-hash chain), and returns how many leading blocks were cached.
-    ``history_floor=None`` keeps every node ever seen (exactly :class:`RadixCache`).
-    """
-
-    def __init__(self, policy: EvictionPolicy | str, capacity: int, *,
-                 history_floor: float | None = 0.5) -> None:
+    def __init__(self, policy: EvictionPolicy | str, capacity: int,
+                 history_floor: float | None, *, prefix_keys: bool) -> None:
         policy = make_policy(policy) if isinstance(policy, str) else policy
+        if not isinstance(policy, EvictionPolicy):
+            raise TypeError(f"policy must be a policy name or an EvictionPolicy, "
+                            f"got {type(policy).__name__}")
         if policy.offline:
             raise ValueError(f"policy {policy.name!r} reads the future; replay it on a whole "
                              "trace (canopy.apps.cache.replay)")
@@ -110,7 +112,8 @@ class StreamingCache:
         self.kind, self.params = policy.kernel(_Unbounded(), self.capacity)
         self.requests = 0
         self.forgotten = 0
-        self._index: dict[tuple[int, Hashable], int] = {}
+        self._prefix_keys = prefix_keys
+        self._index: dict[Hashable, int] = {}
         self._keys: list[Hashable] = []
         self._n = 0
         self._parent = np.full(1024, -1, dtype=np.int64)
@@ -143,46 +146,15 @@ class StreamingCache:
         return self._n
 
     @property
-    def size(self) -> int:
-        """Blocks cached now."""
-        return int(self._sc[radix._SIZE])
-
-    @property
     def arm(self) -> int:
         """``canopy``: the arm whose priority evicts now (index into ``policy.arm_names``)."""
         return int(self._sc[radix._ARM])
 
-    def request(self, keys: Iterable[Hashable]) -> int:
-        """Serve one request (its block keys, root first): reuse the longest cached prefix,
-        insert the rest, evict by the policy. Returns the number of blocks reused."""
-        path = self._chain(keys)
-        self._fit(len(path))
-        t = self.requests
-        if self._canopy:
-            reused = radix._canopy_request(
-                t, 0, len(path), path, self._parent, self._depth, self.capacity, self.params,
-                self._ni, self._cells, self._sc, self._hkey, self._hnode, self._hver,
-                *self._shadows.args())
-        else:
-            reused = radix._request(
-                self.kind, t, 0, len(path), path, path, self._parent, self._depth,
-                self.capacity, self.params, self._ni, self._cells, self._sc, self._hkey,
-                self._hnode, self._hver)
-        self.requests += 1
-        if self.history_floor is not None and self._n >= self._limit:
-            self._forget()
-        return int(reused)
-
-    def cached_prefix(self, keys: Iterable[Hashable]) -> int:
-        """How many leading blocks of ``keys`` are cached now (nothing changes)."""
-        return _cached_prefix(self._index, self._ni, keys)
-
-    # ------------------------------------------------------------ node tables
     def _chain(self, keys: Iterable[Hashable]) -> np.ndarray:
         out: list[int] = []
         node = -1
         for key in keys:
-            child = self._index.get((node, key))
+            child = self._index.get(key if self._prefix_keys else (node, key))
             if child is None:
                 child = self._add(node, key, len(out) + 1)
             out.append(child)
@@ -190,13 +162,14 @@ class StreamingCache:
         if len(out) > _MAX_DEPTH:
             raise ValueError(f"a request of {len(out)} blocks is deeper than the "
                              f"{_MAX_DEPTH} a streaming cache orders exactly")
+        self._fit(len(out))
         return np.asarray(out, dtype=np.int64)
 
     def _add(self, parent: int, key: Hashable, depth: int) -> int:
         v = self._n
         if v == len(self._parent):
             self._grow(2 * v)
-        self._index[(parent, key)] = v
+        self._index[key if self._prefix_keys else (parent, key)] = v
         self._keys.append(key)
         self._parent[v] = parent
         self._depth[v] = depth
@@ -233,6 +206,11 @@ class StreamingCache:
             shadows.hkey, shadows.hnode, shadows.hver = (
                 np.concatenate([a, np.zeros((k, size - old), dtype=a.dtype)], axis=1)
                 for a in (shadows.hkey, shadows.hnode, shadows.hver))
+
+    def _after_request(self) -> None:
+        self.requests += 1
+        if self.history_floor is not None and self._n >= self._limit:
+            self._forget()
 
     def _forget(self) -> None:
         """Drop nodes no cache holds whose every decayed count is below the floor, then
@@ -272,10 +250,169 @@ class StreamingCache:
                     sc[field] = remap[sc[field]]
             _remap_heap(hkey, hnode, hver, sc, remap)
         self._keys = [self._keys[v] for v in kept]
-        self._index = {(int(self._parent[i]), key): i for i, key in enumerate(self._keys)}
+        self._index = {key if self._prefix_keys else (int(self._parent[i]), key): i
+                       for i, key in enumerate(self._keys)}
         self._n = m
         self.forgotten += n - m
         self._limit = max(m + m // 4, 2 * self._floor_nodes)
+
+
+class StreamingCache(_Tree):
+    """A radix block cache of ``capacity`` blocks under ``policy`` (a name or an online
+    :class:`~canopy.apps.cache.policies.EvictionPolicy`), fed one request at a time.
+
+    :meth:`request` takes a request's block keys, root first (any hashables; a key means its
+    whole prefix, as in a prefix-hash chain), and returns how many leading blocks were cached.
+    ``history_floor=None`` keeps every node ever seen (exactly :class:`RadixCache`).
+    """
+
+    def __init__(self, policy: EvictionPolicy | str, capacity: int, *,
+                 history_floor: float | None = 0.5) -> None:
+        super().__init__(policy, capacity, history_floor, prefix_keys=False)
+
+    @property
+    def size(self) -> int:
+        """Blocks cached now."""
+        return int(self._sc[radix._SIZE])
+
+    def request(self, keys: Iterable[Hashable]) -> int:
+        """Serve one request (its block keys, root first): reuse the longest cached prefix,
+        insert the rest, evict by the policy. Returns the number of blocks reused."""
+        path = self._chain(keys)
+        t = self.requests
+        if self._canopy:
+            reused = radix._canopy_request(
+                t, 0, len(path), path, self._parent, self._depth, self.capacity, self.params,
+                self._ni, self._cells, self._sc, self._hkey, self._hnode, self._hver,
+                *self._shadows.args())
+        else:
+            reused = radix._request(
+                self.kind, t, 0, len(path), path, path, self._parent, self._depth,
+                self.capacity, self.params, self._ni, self._cells, self._sc, self._hkey,
+                self._hnode, self._hver)
+        self._after_request()
+        return int(reused)
+
+    def cached_prefix(self, keys: Iterable[Hashable]) -> int:
+        """How many leading blocks of ``keys`` are cached now (nothing changes)."""
+        return _cached_prefix(self._index, self._ni, keys)
+
+
+class OnlinePolicy(_Tree):
+    """An eviction policy for an engine that keeps its own block cache (vLLM's block pool,
+    SGLang's radix cache): Canopy learns from the requests the engine admits and ranks the
+    blocks the engine holds; the engine evicts. The kernels are the replay's, so an engine
+    that evicts the lowest :meth:`priority` among its unpinned leaf blocks evicts what
+    :class:`~canopy.apps.cache.radix.RadixCache` evicts (block for block for ``lru`` and
+    ``lfu``; ``canopy`` switches arm one request earlier, before the engine serves it).
+
+    ``policy``: ``lru``, ``lfu``, ``sieve``, ``canopy`` or an online
+    :class:`~canopy.apps.cache.policies.EvictionPolicy`; ``capacity``: the engine's cache size
+    in blocks (``canopy`` sizes its half-lives and shadow caches by it). Keys are any hashables
+    that name a block *with its prefix* (vLLM's block hashes, Mooncake's ``hash_ids``); a key
+    seen again under another parent keeps its first parent.
+
+    The host's part:
+
+    * :meth:`observe` each admitted request's block keys, root first, hits and misses, before
+      the engine allocates for it;
+    * :meth:`evicted` each observed block the engine drops (or could not cache);
+    * evict by :meth:`priority` (lower first). Priorities compare across blocks until
+      :attr:`epoch` changes (``canopy`` switching arm re-orders them): then re-key.
+    * ``sieve`` is not a priority order but a hand over insertion order: :meth:`priority` is
+      the insertion order, and the hand walks from the oldest block (from the block after its
+      last victim, wrapping), calling :meth:`clear_visited` on each block it passes whose
+      :meth:`visited` is set, and evicts the first unvisited evictable block.
+
+    Memory is bounded whatever the run's length: blocks the engine holds (as reported), the
+    shadows' blocks, and history whose decayed counts are above ``history_floor`` (see
+    :class:`StreamingCache`); should a host miss evictions, at a compaction blocks beyond
+    ``capacity`` plus the longest request count as evicted, lowest priority first.
+    """
+
+    def __init__(self, policy: EvictionPolicy | str, capacity: int, *,
+                 history_floor: float = 0.5) -> None:
+        if history_floor is None:
+            raise ValueError("an online policy forgets; history_floor must be in (0, 1)")
+        super().__init__(policy, capacity, history_floor, prefix_keys=True)
+        self._seq = 0
+        self._one = np.zeros(1, dtype=np.int64)
+        self._out = np.zeros(1)
+
+    @property
+    def epoch(self) -> int:
+        """Bumps when existing priorities are re-ordered (``canopy`` switched arm)."""
+        return 0 if self._shadows is None else int(self._shadows.sm[0])
+
+    @property
+    def size(self) -> int:
+        """Blocks the engine holds, as observed and reported."""
+        return int(self._sc[radix._SIZE])
+
+    def observe(self, keys: Sequence[Hashable]) -> None:
+        """Learn from one admitted request: its block keys, root first (key ``i``'s parent is
+        key ``i - 1``), the blocks it hits and the ones it misses. A key the engine does not
+        hold counts as (re)inserted now."""
+        path = self._chain(keys)
+        self._seq = radix._observe(self.kind, self.requests, path, self._parent, self.params,
+                                   self._ni, self._cells, self._sc, self._seq)
+        if self._canopy:
+            radix._canopy_shadows(self.requests, 0, len(path), path, self._parent,
+                                  self._depth, self.params, self._cells, self._sc,
+                                  *self._shadows.args())
+        self._after_request()
+
+    def evicted(self, key: Hashable) -> None:
+        """The engine dropped block ``key`` (unknown keys are ignored)."""
+        v = self._index.get(key)
+        if v is not None and self._ni[v, radix._CACHED]:
+            self._ni[v, radix._CACHED] = 0
+            self._sc[radix._SIZE] -= 1
+
+    def priority(self, key: Hashable) -> float:
+        """Eviction priority of block ``key``, lower evicts first; ``-inf`` for a key never
+        observed (or long forgotten): nothing speaks for keeping it."""
+        v = self._index.get(key)
+        if v is None:
+            return -math.inf
+        self._one[0] = v
+        radix._priorities(self.kind, self._one, self._depth, self._ni, self._cells,
+                          self.params, self._sc, self._out)
+        return float(self._out[0])
+
+    def priorities(self, keys: Sequence[Hashable]) -> np.ndarray:
+        """:meth:`priority` of many keys at once (one compiled call)."""
+        nodes = np.fromiter((self._index.get(k, -1) for k in keys), dtype=np.int64,
+                            count=len(keys))
+        known = nodes >= 0
+        out = np.full(len(nodes), -math.inf)
+        found = np.zeros(int(known.sum()))
+        radix._priorities(self.kind, nodes[known], self._depth, self._ni, self._cells,
+                          self.params, self._sc, found)
+        out[known] = found
+        return out
+
+    def visited(self, key: Hashable) -> bool:
+        """``sieve``: whether block ``key`` was reused since the hand last passed it."""
+        v = self._index.get(key)
+        return v is not None and bool(self._ni[v, radix._VISITED])
+
+    def clear_visited(self, key: Hashable) -> None:
+        """``sieve``: the hand passes block ``key``."""
+        v = self._index.get(key)
+        if v is not None:
+            self._ni[v, radix._VISITED] = 0
+
+    def _forget(self) -> None:
+        held = np.flatnonzero(self._ni[:self._n, radix._CACHED])
+        excess = len(held) - (self.capacity + self._longest)
+        if excess > 0:
+            keys = np.zeros(len(held))
+            radix._priorities(self.kind, held, self._depth, self._ni, self._cells,
+                              self.params, self._sc, keys)
+            self._ni[held[np.argsort(keys, kind="stable")[:excess]], radix._CACHED] = 0
+            self._sc[radix._SIZE] -= excess
+        super()._forget()
 
 
 def replay_stream(requests: Iterable[Sequence[Hashable]], policy: EvictionPolicy | str,
