@@ -50,7 +50,7 @@ def _make_order(name: str, capacity_blocks: int) -> Any:
     """The online policy ordering a pool of ``capacity_blocks`` (``None``: release order)."""
     if name == "lru":
         return None
-    from canopy.apps.cache.online import OnlinePolicy
+    from canopy.apps.cache.stream import OnlinePolicy
 
     return OnlinePolicy(name, capacity_blocks)
 
@@ -102,7 +102,7 @@ def _queue_class() -> type:
             head = self.fake_free_list_head.next_free_block
             if head is None or head is self.fake_free_list_tail or head.block_hash is None:
                 block = super().popleft()  # raises when empty, as vLLM's does
-                self.evictable.acquire(block.block_id)  # a key dropped while free
+                self.evictable.drop(block.block_id)  # a key dropped while free
                 return block
             victim = self.evictable.pop_victim()
             if victim is None:

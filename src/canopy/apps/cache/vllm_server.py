@@ -201,7 +201,7 @@ class VLLMServer:
                    "--block-size", str(self.block_tokens),
                    "--num-gpu-blocks-override", str(self.blocks),
                    "--max-model-len", str(self.max_model_len), "--max-num-seqs", "8",
-                   "--gpu-memory-utilization", "0.05",
+                   "--gpu-memory-utilization", "0.15",
                    "--enable-prompt-tokens-details", "--disable-uvicorn-access-log",
                    "--enable-prefix-caching" if self.policy != "off"
                    else "--no-enable-prefix-caching",
