@@ -183,3 +183,63 @@ def test_live_plot_is_written(tmp_path):
     file = tmp_path / "ttft.png"
     _plot_live(out, file)
     assert file.stat().st_size > 1000
+
+
+def _engine_pids(parent: int) -> list[int]:
+    from canopy.apps.cache.vllm_server import descendants
+
+    out = []
+    for pid in descendants(parent):
+        try:
+            command = open(f"/proc/{pid}/cmdline", "rb").read()
+        except OSError:
+            continue
+        if b"canopy.apps.cache.engine" in command:
+            out.append(pid)
+    return out
+
+
+@pytest.mark.parametrize(("signum", "group"), [("SIGTERM", True), ("SIGTERM", False),
+                                               ("SIGINT", True)])
+def test_no_engine_outlives_a_stopped_command(engine, signum, group):
+    """``timeout`` (SIGTERM to the process group), ``kill`` (SIGTERM to the command) and
+    Ctrl-C (SIGINT to the group) end the command and its engine: the engine runs in the
+    command's process group and the command stops it on the way out."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from canopy.apps.cache.vllm_server import _alive
+
+    command = subprocess.Popen(
+        [sys.executable, "-m", "canopy", "cache", "live", "--requests", "400", "--policies",
+         "off", "--threads", "1", "--json"], stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not (pids := _engine_pids(command.pid)):
+            assert command.poll() is None and time.monotonic() < deadline, "no engine started"
+            time.sleep(0.2)
+        assert os.getpgid(pids[0]) == command.pid  # in the command's process group
+        time.sleep(2.0)  # let it serve
+        sent = getattr(signal, signum)
+        if group:
+            os.killpg(command.pid, sent)
+        else:
+            command.send_signal(sent)
+        command.wait(timeout=120)
+        deadline = time.monotonic() + 60
+        while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not any(_alive(p) for p in pids), f"engine {pids} outlived the command"
+    finally:
+        if command.poll() is None:
+            os.killpg(command.pid, signal.SIGKILL)
+            command.wait()
+
+
+def test_threads_are_bounded_by_the_cores():
+    result = CliRunner().invoke(app, ["cache", "live", "--threads", "100000"])
+    assert result.exit_code == 2 and "--threads must be at most" in result.output

@@ -52,7 +52,7 @@ class PagedHost:
                 self.block_of = {k: b for k, b in self.block_of.items() if b != block}
             self.block_of[key] = block
             held.append(block)
-        for key, block in reversed(list(zip(chain, held))):
+        for key, block in reversed(list(zip(chain, held, strict=True))):
             self.free.release(block, key)
         return hits
 

@@ -124,7 +124,7 @@ def _queue_class() -> type:
     return _PolicyFreeQueue
 
 
-def PolicyFreeQueue(blocks: list[Any], policy: Any = None) -> Any:  # noqa: N802
+def PolicyFreeQueue(blocks: list[Any], policy: Any = None) -> Any:
     """A :class:`vllm.v1.core.kv_cache_utils.FreeKVCacheBlockQueue` over ``blocks`` whose
     cached blocks leave in ``policy``'s order (``None``: release order). Needs vLLM."""
     return _queue_class()(blocks, policy)
@@ -171,6 +171,10 @@ def install(name: str) -> None:
     BlockPool.__init__ = __init__
     KVCacheManager.get_computed_blocks = get_computed_blocks
     _INSTALLED["name"] = name
+    import logging
+
+    logging.getLogger("vllm.plugins.canopy").info("Canopy eviction policy %s in pid %d",
+                                                  name, os.getpid())
 
 
 def register() -> None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
+import itertools
 import math
 from collections.abc import Hashable, Iterable
 from typing import Any, Protocol
@@ -118,7 +119,7 @@ class EvictableBlocks:
             keys = list(keys)
             if len(self._parent) > 4 * len(self._key) + 4096:  # bounded: known blocks' only
                 self._parent = {k: p for k, p in self._parent.items() if k in self._blocks_of}
-            for parent, key in zip(keys, keys[1:]):
+            for parent, key in itertools.pairwise(keys):
                 self._parent.setdefault(key, parent)
         if self.policy.epoch != self._epoch:
             self._rebuild()

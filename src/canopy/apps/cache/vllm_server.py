@@ -203,6 +203,7 @@ class VLLMServer:
                    "--max-model-len", str(self.max_model_len), "--max-num-seqs", "8",
                    "--gpu-memory-utilization", "0.15",
                    "--enable-prompt-tokens-details", "--disable-uvicorn-access-log",
+                   "--enforce-eager", "-O0",  # no torch.compile: starts in a minute
                    "--enable-prefix-caching" if self.policy != "off"
                    else "--no-enable-prefix-caching",
                    *(("--load-format", "dummy") if self.dummy else ())]
