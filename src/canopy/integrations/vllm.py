@@ -171,10 +171,6 @@ def install(name: str) -> None:
     BlockPool.__init__ = __init__
     KVCacheManager.get_computed_blocks = get_computed_blocks
     _INSTALLED["name"] = name
-    import logging
-
-    logging.getLogger("vllm.plugins.canopy").info("Canopy eviction policy %s in pid %d",
-                                                  name, os.getpid())
 
 
 def register() -> None:
