@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated
 
@@ -158,20 +159,54 @@ def _plot(out: dict, capacities: list[int], window: int, file: Path) -> None:
     plt.close(fig)
 
 
+def _cores() -> int:
+    """CPU cores this process may run on."""
+    import os
+
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+@contextmanager
+def _ended_by_signals():
+    """SIGTERM ends the command as Ctrl-C does (an exception, so every engine it started is
+    stopped on the way out: ``timeout`` and ``kill`` leave no engine behind)."""
+    import signal
+
+    def stop(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 @cache_app.command("live")
 def live_command(
     policies: str = typer.Option("off,lru,canopy", help="off (no caching), lru, lfu, sieve, "
-                                 "canopy, optimal (knows the workload's future)"),
-    capacity_mb: float = typer.Option(6.0, help="KV memory of the cache (MiB)"),
+                                 "canopy, optimal (knows the workload's future; llama only), "
+                                 "vllm (vLLM's own eviction; vllm only)"),
+    engine: str = typer.Option("llama", help="llama (llama.cpp, SmolLM2-135M GGUF) or vllm "
+                               "(vllm serve with Canopy's eviction plugin)"),
+    capacity_mb: float = typer.Option(6.0, help="llama: KV memory of the cache (MiB)"),
+    blocks: int = typer.Option(48, help="vllm: KV pool in blocks (vLLM keeps one as its null "
+                               "block and one for the running request's last block)"),
     scenario: str = typer.Option("shift", help="stationary or shift (count after the shift)"),
     workload: str = typer.Option("zipf", help="zipf (system prompts and few-shot contexts), "
                                  "conversation or synthetic (a Mooncake trace's prefixes)"),
     requests: int = typer.Option(80, help="requests a run"),
     repeats: int = typer.Option(1, help="runs per policy, on workloads of seeds seed, seed+1..."),
     seed: int = typer.Option(0, help="workload seed"),
-    block_tokens: int = typer.Option(16, help="tokens a cache block"),
+    block_tokens: int = typer.Option(0, help="tokens a cache block (default 16 for llama, 32 "
+                                     "for vllm, whose CPU attention needs a multiple of 32)"),
+    prefix_tokens: int = typer.Option(0, help="zipf: tokens of each system prompt and of each "
+                                      "context (default 32 for llama, 4 blocks for vllm)"),
     max_tokens: int = typer.Option(4, help="tokens generated a request"),
-    threads: int = typer.Option(2, help="engine threads"),
+    threads: int = typer.Option(2, help="engine threads (at most the cores)"),
     calibration: Annotated[Path | None, typer.Option(
         help="predict TTFT saved with this calibration file instead of fitting one")] = None,
     calibration_out: Annotated[Path | None, typer.Option(
@@ -183,8 +218,8 @@ def live_command(
     plot: Annotated[Path | None, typer.Option(help="TTFT distribution per policy (needs "
                                               "matplotlib)", callback=output_path)] = None,
 ) -> None:
-    """Run the policies inside llama.cpp (SmolLM2-135M, loopback) and measure time to first
-    token, hit rate and throughput; the replay's prediction beside each."""
+    """Run the policies inside llama.cpp or vLLM (SmolLM2-135M, loopback) and measure time to
+    first token, hit rate and throughput; the replay's prediction beside each."""
     from canopy.apps.cache.live import (
         WORKLOADS,
         load_calibration,
@@ -197,51 +232,89 @@ def live_command(
     from canopy.llm.local import find_smollm2_gguf
     from canopy.reporting import progress_bar
 
+    if engine not in ("llama", "vllm"):
+        raise typer.BadParameter(f"--engine must be llama or vllm, got {engine!r}")
+    vllm = engine == "vllm"
     names = [p.strip() for p in policies.split(",") if p.strip()]
-    unknown = [p for p in names if p != "off" and p not in POLICIES]
+    valid = ["off", *(p for p in POLICIES if not (vllm and p == "optimal")),
+             *(("vllm",) if vllm else ())]
+    unknown = [p for p in names if p not in valid]
     if not names or unknown:
-        raise typer.BadParameter(f"--policies takes off, {', '.join(POLICIES)}; got "
-                                 f"{policies!r}")
+        raise typer.BadParameter(f"--policies takes {', '.join(valid)} with --engine {engine}; "
+                                 f"got {policies!r}")
     if scenario not in ("stationary", "shift"):
         raise typer.BadParameter(f"--scenario must be stationary or shift, got {scenario!r}")
     if workload not in WORKLOADS:
         raise typer.BadParameter(f"--workload must be one of {', '.join(WORKLOADS)}, "
                                  f"got {workload!r}")
+    block_tokens = block_tokens or (32 if vllm else 16)
+    prefix_tokens = prefix_tokens or (4 * block_tokens if vllm else 32)
     for name, value, low in (("--requests", requests, 2), ("--repeats", repeats, 1),
                              ("--block-tokens", block_tokens, 1),
+                             ("--prefix-tokens", prefix_tokens, 1),
                              ("--max-tokens", max_tokens, 1), ("--threads", threads, 1)):
         if value < low:
             raise typer.BadParameter(f"{name} must be >= {low}, got {value}")
+    if threads > _cores():
+        raise typer.BadParameter(f"--threads must be at most the {_cores()} cores this "
+                                 f"process may use, got {threads}")
     memory_mb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**20
     if not 0 < capacity_mb <= memory_mb:
         raise typer.BadParameter(f"--capacity-mb must be > 0 and at most this machine's "
                                  f"memory ({memory_mb:,.0f} MiB), got {capacity_mb:g}")
+    if vllm and block_tokens % 32:
+        raise typer.BadParameter(f"--block-tokens must be a multiple of 32 for vLLM's CPU "
+                                 f"attention, got {block_tokens}")
+    if vllm and not 3 <= blocks <= 1_000_000:
+        raise typer.BadParameter(f"--blocks must be in [3, 1000000] (vLLM keeps 2 for itself), "
+                                 f"got {blocks}")
     given = None if calibration is None else load_calibration(calibration)
-    model_path = find_smollm2_gguf()
+    try:
+        model_path = find_smollm2_gguf()
+    except RuntimeError as error:
+        raise typer.BadParameter(str(error)) from None
     words, vocab = word_vocabulary(model_path)
 
     def workload_of(s: int):
         if workload == "zipf":
-            return zipf_workload(words, requests=requests, scenario=scenario, seed=s)
+            return zipf_workload(words, requests=requests, scenario=scenario, seed=s,
+                                 system_tokens=prefix_tokens, context_tokens=prefix_tokens)
         return mooncake_workload(words, workload, requests=requests, scenario=scenario,
                                  block_tokens=block_tokens, seed=s)
 
     workload_of(seed)  # bad data fails before any server starts
     if replay_only:
         _replay_only(names, workload_of, seed, repeats, capacity_mb, block_tokens, vocab,
-                     as_json)
+                     as_json, blocks if vllm else None)
         return
+    if vllm:
+        from canopy.apps.cache.live import token_prompts
+
+        longest = max(len(p) for p in token_prompts(workload_of(seed), vocab))
+        need = -(-(longest + max_tokens) // block_tokens)
+        if blocks < need + 2:
+            raise typer.BadParameter(f"--blocks {blocks} cannot hold one request of "
+                                     f"{longest} tokens ({need} blocks of {block_tokens}, "
+                                     f"plus 2)")
     total = len(names) * repeats * requests
-    with progress_bar("cache live", total, enabled=not as_json) as update:
+    with progress_bar("cache live", total, enabled=not as_json) as update, \
+            _ended_by_signals():
         done = [0]
 
         def advance(n: int) -> None:
             done[0] += n
             update(done[0], total)
 
-        out = run_live(names, workload_of, repeats=repeats, seed=seed, capacity_mb=capacity_mb,
-                       block_tokens=block_tokens, n_threads=threads, max_tokens=max_tokens,
-                       model_path=model_path, vocab=vocab, calibration=given, progress=advance)
+        if vllm:
+            out = _run_vllm(names, workload_of, repeats=repeats, seed=seed, blocks=blocks,
+                            block_tokens=block_tokens, threads=threads, max_tokens=max_tokens,
+                            model_path=model_path, vocab=vocab, calibration=given,
+                            progress=advance)
+        else:
+            out = run_live(names, workload_of, repeats=repeats, seed=seed,
+                           capacity_mb=capacity_mb, block_tokens=block_tokens,
+                           n_threads=threads, max_tokens=max_tokens, model_path=model_path,
+                           vocab=vocab, calibration=given, progress=advance)
     if calibration_out is not None:
         calibration_out.write_text(json.dumps({"calibration": out["calibration"],
                                                "workload": out["workload"]}, indent=2))
@@ -256,19 +329,47 @@ def live_command(
         announce_plot(plot)
 
 
-def _replay_only(names: list[str], workload_of, seed: int, repeats: int, capacity_mb: float,
-                 block_tokens: int, vocab, as_json: bool) -> None:
-    from canopy.apps.cache.engine import kv_bytes_per_token
-    from canopy.apps.cache.live import block_chains, predicted_reuse
+def _run_vllm(names: list[str], workload_of, *, model_path: Path, **options) -> dict:
+    from canopy.apps.cache.live import run_live_vllm
+    from canopy.apps.cache.vllm_server import VLLMServerError, model_folder, vllm_python
 
-    blocks = int(capacity_mb * 2**20) // (block_tokens * kv_bytes_per_token(vocab))
+    try:
+        python = vllm_python()
+    except VLLMServerError as error:
+        raise typer.BadParameter(str(error)) from None
+    folder, weights = model_folder(model_path, python)
+    return run_live_vllm(names, workload_of, folder=folder, weights=weights,
+                         n_threads=options.pop("threads"), **options)
+
+
+def _replay_only(names: list[str], workload_of, seed: int, repeats: int, capacity_mb: float,
+                 block_tokens: int, vocab, as_json: bool, pool_blocks: int | None) -> None:
+    from canopy.apps.cache.engine import kv_bytes_per_token
+    from canopy.apps.cache.live import (
+        block_chains,
+        predicted_reuse,
+        replay_capacity,
+        token_prompts,
+    )
+    from canopy.apps.cache.traces import full_blocks
+
+    if pool_blocks is None:
+        blocks = int(capacity_mb * 2**20) // (block_tokens * kv_bytes_per_token(vocab))
+    else:
+        blocks = replay_capacity(pool_blocks)
+
+    def chains_of(workload):
+        if pool_blocks is None:
+            return block_chains(workload, vocab, block_tokens)
+        return [full_blocks(p, block_tokens) for p in token_prompts(workload, vocab)]
+
     out: dict = {"capacity_blocks": blocks, "repeats": repeats, "results": {}}
     for r in range(repeats):
         workload = workload_of(seed + r)
         out["workload"] = workload.name
-        chains = block_chains(workload, vocab, block_tokens)
+        chains = chains_of(workload)
         for name in names:
-            reused = predicted_reuse(chains, name, blocks)
+            reused = predicted_reuse(chains, "lru" if name == "vllm" else name, blocks)
             out["results"].setdefault(name, []).append(float(reused[workload.start:].mean()))
     if as_json:
         typer.echo(json.dumps(out))
@@ -284,9 +385,11 @@ def _live_table(out: dict) -> None:
     from rich.table import Table
 
     fit = out["calibration"]
-    table = Table(title=f"{out['workload']}, {out['capacity_mb']:g} MiB "
-                        f"({out['capacity_blocks']} blocks of {out['block_tokens']} tokens), "
-                        f"{out['repeats']} repeat(s)")
+    where = (f"vLLM, {out['pool_blocks']} blocks" if out.get("engine") == "vllm"
+             else f"{out['capacity_mb']:g} MiB")
+    table = Table(title=f"{out['workload']}, {where} "
+                        f"({out['capacity_blocks']} cached blocks of {out['block_tokens']} "
+                        f"tokens), {out['repeats']} repeat(s)")
     for column in ("policy", "TTFT p50 s", "TTFT mean s", "hit rate", "req/s", "saved s",
                    "replay saved s"):
         table.add_column(column, justify="right")

