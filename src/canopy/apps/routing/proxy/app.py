@@ -41,6 +41,7 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -65,13 +66,15 @@ from canopy.apps.routing.proxy.regions import RegionSource
 from canopy.apps.routing.proxy.state import AlreadyRated, ProxyState, RequestRecord
 from canopy.llm.client import LLMError, LLMServerError, LLMTimeoutError
 from canopy.llm.passthrough import AsyncPassthrough
+from canopy.regional.outcomes import Outcomes
 
-__all__ = ["AUTO_MODELS", "app_from_env", "create_app", "serve_in_thread"]
+__all__ = ["AUTO_MODELS", "app_from_env", "create_app", "read_prior", "serve_in_thread"]
 
 AUTO_MODELS = frozenset({"", "auto", "canopy-router"})
 EPISODE_HEADER = "X-Canopy-Episode"  # groups an agent's calls for episode feedback
 CONFIG_ENV = "CANOPY_PROXY_CONFIG"  # what ``serve router --workers N`` hands its workers
 INSECURE_ENV = "CANOPY_PROXY_INSECURE_NO_AUTH"
+PRIOR_ENV = "CANOPY_PROXY_PRIOR"  # ``--prior LOG`` for the workers
 log = logging.getLogger("canopy.proxy")
 
 
@@ -93,7 +96,8 @@ def _reason(error: LLMError) -> str:
 class _Proxy:
     """The proxy's state and logic, apart from the web framework."""
 
-    def __init__(self, config: ProxyConfig, keys: Keys) -> None:
+    def __init__(self, config: ProxyConfig, keys: Keys, prior: Outcomes | None = None
+                 ) -> None:
         self.config = config
         self.keys = keys
         self.state = ProxyState(config.state_path)
@@ -106,6 +110,8 @@ class _Proxy:
                 raise ValueError(f"{config.state_path} holds another router's state: {error}; "
                                  "use a new state_path") from None
         self.state.save_meta(self.router.models, self.router.lam)
+        if prior is not None:
+            self._warm_start(prior)
         self.upstreams = {u.model: u for u in config.upstreams}
         self.clients = {u.model: AsyncPassthrough(u.base_url, model=u.upstream_model,
                                                   api_key_env=u.api_key_env)
@@ -117,6 +123,21 @@ class _Proxy:
         self.mean_cost = self.state.mean_costs()  # model -> (count, mean): what lam priced
         self.breaker = Breaker(config.limits.breaker_failures, config.limits.breaker_cooldown_s)
         self.lock = threading.Lock()
+
+    def _warm_start(self, prior: Outcomes) -> None:
+        """Fit the router on a log (:meth:`RegionalRouter.fit`) and store the result, once: a
+        store that already holds statistics keeps them (a restart never counts the log
+        twice)."""
+        if any(row["count"] for row in self.router.estimates()):
+            log.info("the store holds statistics already: the prior log is not applied")
+            return
+        self.router.fit(prior)
+        state = self.router.state()
+        with self.state.feedback([], 0.0) as write:
+            for m, model in enumerate(self.router.models):
+                write.write(model, [(node, path, *state["stats"][node][m])
+                                    for node, path in enumerate(state["regions"])],
+                            float(state["cost_max"]))
 
     def region(self, headers: Any, body: dict[str, Any]) -> str:
         """The request's region (:class:`RegionSource`), from its header or its text."""
@@ -403,12 +424,14 @@ class _Proxy:
         self.state.close()
 
 
-def create_app(config: ProxyConfig, *, insecure_no_auth: bool = False) -> FastAPI:
+def create_app(config: ProxyConfig, *, insecure_no_auth: bool = False,
+               prior: Outcomes | None = None) -> FastAPI:
     """The FastAPI application of the proxy. Refuses (``ValueError``) to build without API
-    keys unless ``insecure_no_auth``."""
+    keys unless ``insecure_no_auth``. ``prior``: a log the router is warm-started from when
+    its store holds no statistics yet (``canopy serve router --prior LOG``)."""
     keys = Keys.from_env(config.auth.client_key_env, config.auth.admin_key_env,
                          insecure_no_auth=insecure_no_auth)
-    proxy = _Proxy(config, keys)
+    proxy = _Proxy(config, keys, prior)
     limit = config.limits.max_body_bytes
 
     @contextlib.asynccontextmanager
@@ -492,10 +515,20 @@ def create_app(config: ProxyConfig, *, insecure_no_auth: bool = False) -> FastAP
     return app
 
 
+def read_prior(path: str | os.PathLike[str]) -> Outcomes:
+    """A warm-start log: the long format ``query_id,region,model,quality,cost`` (.csv or
+    .jsonl, :func:`canopy.apps.routing.logs.read_long`)."""
+    from canopy.apps.routing.logs import read_long
+
+    return read_long(Path(path))
+
+
 def app_from_env() -> FastAPI:
     """The app of a worker process of ``canopy serve router --workers N``."""
+    prior = os.environ.get(PRIOR_ENV)
     return create_app(ProxyConfig.from_file(os.environ[CONFIG_ENV]),
-                      insecure_no_auth=bool(os.environ.get(INSECURE_ENV)))
+                      insecure_no_auth=bool(os.environ.get(INSECURE_ENV)),
+                      prior=read_prior(prior) if prior else None)
 
 
 @contextlib.contextmanager
