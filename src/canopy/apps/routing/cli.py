@@ -145,8 +145,6 @@ def serve_router(config: Annotated[Path, typer.Option("--config", exists=True,
     the keys the configuration's ``auth`` names (``Authorization: Bearer ...``)."""
     import os
 
-    import uvicorn
-
     from canopy.apps.routing.proxy.app import (
         CONFIG_ENV,
         INSECURE_ENV,
@@ -155,17 +153,18 @@ def serve_router(config: Annotated[Path, typer.Option("--config", exists=True,
         read_prior,
     )
     from canopy.apps.routing.proxy.config import ProxyConfig
+    from canopy.apps.routing.proxy.connections import serve, uvicorn_config
 
-    app = create_app(ProxyConfig.from_file(config), insecure_no_auth=insecure_no_auth,
+    settings = ProxyConfig.from_file(config)
+    app = create_app(settings, insecure_no_auth=insecure_no_auth,
                      prior=None if prior is None else read_prior(prior))
-    if workers == 1:
-        uvicorn.run(app, host=host, port=port, log_level="warning")
-        return
-    os.environ[CONFIG_ENV] = str(config.resolve())  # each worker builds its own app
-    os.environ[INSECURE_ENV] = "1" if insecure_no_auth else ""
-    os.environ[PRIOR_ENV] = "" if prior is None else str(prior.resolve())
-    uvicorn.run("canopy.apps.routing.proxy.app:app_from_env", factory=True, host=host,
-                port=port, workers=workers, log_level="warning")
+    if workers > 1:  # each worker builds its own app
+        os.environ[CONFIG_ENV] = str(config.resolve())
+        os.environ[INSECURE_ENV] = "1" if insecure_no_auth else ""
+        os.environ[PRIOR_ENV] = "" if prior is None else str(prior.resolve())
+        app = "canopy.apps.routing.proxy.app:app_from_env"
+    serve(uvicorn_config(app, settings.limits, upstreams=len(settings.upstreams), host=host,
+                         port=port, workers=workers))
 
 
 def register(app: typer.Typer) -> None:
