@@ -580,3 +580,46 @@ def test_health_says_healthy_only_once_warm(tmp_path, upstreams):
         process.wait(timeout=30)
     first, rest = overheads[0], sorted(overheads[1:])
     assert first < 100 * rest[len(rest) // 2] + 20.0, overheads
+
+
+class _Undeclared(BaseHTTPRequestHandler):
+    """Answers 200 with no Content-Length (read until close): 20 MB of a JSON string."""
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        try:
+            self.wfile.write(b'{"choices": [{"index": 0, "message": {"content": "')
+            for _ in range(20):
+                self.wfile.write(b"x" * 1_000_000)
+        except OSError:
+            pass
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_an_answer_of_undeclared_length_is_cut_at_the_cap():
+    import asyncio
+
+    from canopy.llm.passthrough import AnswerTooLarge, AsyncPassthrough
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Undeclared)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+
+    async def ask() -> None:
+        client = AsyncPassthrough(f"http://127.0.0.1:{server.server_address[1]}/v1",
+                                  model="m", max_answer_bytes=1_000_000)
+        try:
+            await client.chat({"messages": [{"role": "user", "content": "hi"}]}, timeout=30)
+        finally:
+            await client.aclose()
+
+    try:
+        with pytest.raises(AnswerTooLarge, match="exceeds the 1000000-byte cap"):
+            asyncio.run(ask())
+    finally:
+        server.shutdown()
