@@ -623,3 +623,33 @@ def test_an_answer_of_undeclared_length_is_cut_at_the_cap():
             asyncio.run(ask())
     finally:
         server.shutdown()
+
+
+def test_two_worker_processes_serve_under_the_same_limits(tmp_path, upstreams):
+    """``serve router --workers 2``: each worker process serves with the guarded protocol
+    (a slow client is closed after ``client_timeout_s``) and answers chat."""
+    import socket
+
+    config = {"upstreams": [{"model": name, "base_url": s.url("/v1")}
+                            for name, s in zip(("small", "large"), upstreams, strict=True)],
+              "state_path": str(tmp_path / "router.sqlite"), "prices": PRICES,
+              "auth": {"client_key_env": "ATTACK_CLIENT_KEY"},
+              "limits": {"client_timeout_s": 2.0}}
+    process, url, log = _start_cli_proxy(tmp_path, config, args=["--workers", "2"])
+    try:
+        with httpx.Client(base_url=url, headers=CLIENT, timeout=30) as c:
+            assert all(c.post("/v1/chat/completions", json=ASK).status_code == 200
+                       for _ in range(6))
+            assert c.get("/v1/models").json()["data"][0]["id"] == "auto"
+        slow = socket.create_connection(("127.0.0.1", int(url.rsplit(":", 1)[1])))
+        slow.sendall(b"GET /health HTTP/1.1\r\n")
+        slow.settimeout(2.0 + 8.0)
+        started = time.monotonic()
+        with contextlib.suppress(ConnectionResetError):
+            assert slow.recv(1024) == b""
+        assert time.monotonic() - started < 2.0 + 8.0
+        slow.close()
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+    assert "Traceback" not in log.read_text()

@@ -188,7 +188,6 @@ def serve(config: Any) -> None:
     from uvicorn.supervisors import Multiprocess
 
     if config.workers > 1:
-        Multiprocess(config, target=uvicorn.Server(config).run,
-                     sockets=[config.bind_socket()]).run()
+        Multiprocess(config, sockets=[config.bind_socket()]).run()
     else:
         uvicorn.Server(config).run()
