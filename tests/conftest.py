@@ -10,7 +10,8 @@ import pytest
 
 from canopy import data
 
-pytest_plugins = ["llm_server"]  # live-server and scripted-server fixtures (tests/llm_server.py)
+pytest_plugins = ["llm_server", "redis_server"]  # servers on loopback (tests/llm_server.py,
+# tests/redis_server.py)
 
 IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
 

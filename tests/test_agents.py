@@ -7,7 +7,12 @@ import httpx
 import numpy as np
 import pytest
 
-from canopy.apps.routing.agents import oracle_policy, run_agents, summarize_agents
+from canopy.apps.routing.agents import (
+    AgentResult,
+    oracle_policy,
+    run_agents,
+    summarize_agents,
+)
 
 pytest.importorskip("fastapi", reason="the proxy needs the serve extra")
 
@@ -20,6 +25,16 @@ def test_the_oracle_knows_each_phases_best_model():
     assert policy["easy"]["code"] == policy["hard"]["code"] == "coder"
     assert policy["hard"]["plan"] == "large" and policy["easy"]["tool"] == "small"
     assert 0 < value["hard"] < value["easy"] < 1
+
+
+def test_fraction_intervals_stay_in_zero_one():
+    results = [AgentResult("flat", i, u, u, s, 0.01, s) for i, (u, s) in
+               enumerate([(0.1, 0.0), (0.5, 0.9), (0.2, 0.0), (0.3, 0.05)])]
+    row = summarize_agents(results, lam=1.0)["rows"][0]
+    for measure in ("success", "oracle_match"):
+        low, high = row[f"{measure}_ci"]
+        assert low == 0.0 < row[measure] < high <= 1.0  # a t-interval alone goes below 0
+    assert row["utility_ci"][0] < 0.1  # utility is not a fraction: not clipped
 
 
 def test_phase_regions_beat_one_pool_and_per_call_credit_beats_terminal_credit():
@@ -49,12 +64,15 @@ def test_bad_options_are_named(options, message):
 ADMIN, CLIENT = "admin-agents-key-123", "client-agents-key-456"
 
 
-def test_episode_feedback_credits_every_call_of_the_episode(tmp_path, monkeypatch, llm_server):
+def test_episode_feedback_credits_every_call_of_the_episode(tmp_path, monkeypatch, upstreams):
+    """Over real HTTP against scripted upstreams: what is tested is the crediting, so the
+    answers come at once however loaded the machine (a model server queued its calls past
+    the proxy's deadline)."""
     monkeypatch.setenv("TEST_AGENTS_CLIENT", CLIENT)
     monkeypatch.setenv("TEST_AGENTS_ADMIN", ADMIN)
     cfg = ProxyConfig.from_mapping({
-        "upstreams": [{"model": m, "base_url": llm_server.base_url,
-                       "upstream_model": llm_server.model} for m in ("small", "large")],
+        "upstreams": [{"model": m, "base_url": server.url("/v1")}
+                      for m, server in zip(("small", "large"), upstreams, strict=True)],
         "state_path": "router.sqlite", "lam": 0.0,
         "prices": {"version": "t", "models": {"small": {"input": 1.0, "output": 1.0},
                                               "large": {"input": 5.0, "output": 5.0}}},

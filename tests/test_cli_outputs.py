@@ -8,7 +8,7 @@ import pytest
 
 from canopy.cli import main
 from canopy.experiments.outputs import _markdown
-from canopy.experiments.study import Measurement
+from canopy.experiments.study import PROPORTION, UNBOUNDED, Measurement
 from canopy.experiments.summary import summarize
 from canopy.stats import t_interval, wilson_interval
 
@@ -37,8 +37,9 @@ def test_wilson_interval_textbook_value():
 
 def test_recall_rows_are_bounded_and_regret_rows_are_not():
     values = [0.0, 0.0, 0.0, 0.2, 0.0, 0.0, 0.0, 0.4, 0.0, 0.0]
-    ms = [Measurement("m", "budget", 1.0, metric, v * scale)
-          for metric, scale in (("recall@5", 1.0), ("final regret", -1.0))
+    ms = [Measurement("m", "budget", 1.0, metric, v * scale, kind)
+          for metric, scale, kind in (("recall@5", 1.0, PROPORTION),
+                                      ("final regret", -1.0, UNBOUNDED))
           for v in values]
     rows = {row.metric: row for row in summarize(ms)}
     assert rows["recall@5"].ci_low == 0.0 < rows["recall@5"].ci_high < 1.0

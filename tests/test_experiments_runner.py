@@ -305,3 +305,116 @@ def test_pool_workers_die_with_a_killed_driver(tmp_path):
     for w in alive:
         os.kill(w, signal.SIGKILL)
     assert not alive, f"workers {alive} outlived their driver"
+
+
+# ---------------------------------------------------------------------------- integrity
+def test_a_tampered_cell_is_detected_recomputed_and_reported(tmp_path):
+    run = run_study(STUDY, store=tmp_path, seeds=2, workers=1)
+    victim = sorted(tmp_path.glob("*.json"))[0]
+    record = json.loads(victim.read_text())
+    assert len(record["checksum"]) == 64
+    record["measurements"][0][4] = 12345.0  # valid JSON, valid shape, a changed value
+    victim.write_text(json.dumps(record))
+    stripped = sorted(tmp_path.glob("*.json"))[1]
+    record = json.loads(stripped.read_text())
+    del record["checksum"]  # a file without its checksum is not trusted either
+    stripped.write_text(json.dumps(record))
+    again = run_study(STUDY, store=tmp_path, seeds=2, workers=1)
+    assert (again.computed, again.reused) == (2, 6)
+    assert values(again) == values(run) and again.rows == run.rows
+    assert sorted(again.rejected) == sorted(
+        [f"{victim.name}: its content does not match its checksum",
+         f"{stripped.name}: its content does not match its checksum"])
+    assert run_study(STUDY, store=tmp_path, seeds=2, workers=1).rejected == []
+
+
+def test_cli_reports_a_recomputed_cell(tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib")
+    from typer.testing import CliRunner
+
+    from canopy.cli import app
+
+    monkeypatch.setitem(studies.STUDIES, "toy", __name__)
+    args = ["run", "toy", "--quick", "--workers", "1", "--out", str(tmp_path)]
+    assert CliRunner().invoke(app, args).exit_code == 0
+    victim = sorted(StudyOutputs(tmp_path, "toy").cells.glob("*.json"))[0]
+    victim.write_text(victim.read_text().replace('"abs error", 0.', '"abs error", 1.'))
+    done = CliRunner().invoke(app, args)
+    assert done.exit_code == 0 and "recomputed 1 stored cells that failed their check" in \
+        " ".join(done.output.split()), done.output
+
+
+# ---------------------------------------------------------------------------- users' studies
+def test_a_study_by_module_reference_runs_in_workers_and_on_the_cli(tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib")
+    from typer.testing import CliRunner
+
+    from canopy.cli import app
+    from canopy.experiments.runner import load_study
+
+    tmp_path.joinpath("my_studies.py").write_text(
+        "import dataclasses\nfrom test_experiments_runner import STUDY\n"
+        "MINE = dataclasses.replace(STUDY, name='mine', module=__name__)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
+        [str(tmp_path), os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")]))
+    study = load_study("my_studies:MINE")
+    assert study.name == "mine" and study.module == "my_studies:MINE"
+    pooled = run_study("my_studies:MINE", store=tmp_path / "a", seeds=2, workers=2)
+    inline = run_study(STUDY, store=tmp_path / "b", seeds=2, workers=1)
+    assert values(pooled) == values(inline)
+    done = CliRunner().invoke(app, ["run", "my_studies:MINE", "--quick", "--workers", "2",
+                                    "--out", str(tmp_path / "out")])
+    assert done.exit_code == 0, done.output
+    assert StudyOutputs(tmp_path / "out", "mine").results.exists()
+    for reference, message in (("my_studies:NOPE", "is NoneType, not a Study"),
+                               ("no_such_module:X", "cannot import 'no_such_module'"),
+                               ("my_studies:", "expected package.module:NAME")):
+        failed = CliRunner().invoke(app, ["run", reference, "--out", str(tmp_path / "bad")])
+        assert failed.exit_code == 2 and message in " ".join(failed.output.split())
+
+
+_SCRIPT = """
+import sys
+sys.path[:0] = {paths!r}
+from test_experiments_runner import STUDY
+from canopy.experiments.runner import run_study
+{guard}run_study(STUDY, store={store!r}, seeds=2, workers=2)
+"""
+
+
+@pytest.mark.parametrize("guarded", [False, True])
+def test_an_unguarded_script_gets_one_clear_error(tmp_path, guarded):
+    script = tmp_path / "my_run.py"
+    script.write_text(_SCRIPT.format(paths=sys.path, store=str(tmp_path / "cells"),
+                                     guard="if __name__ == '__main__':\n    " if guarded
+                                     else ""))
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=300)
+    if guarded:
+        assert done.returncode == 0, done.stderr
+    else:
+        assert done.returncode != 0
+        last = done.stderr.strip().splitlines()[-1]
+        assert last.startswith("RuntimeError: ") and "if __name__ ==" in last, done.stderr
+        assert "in use by another run" not in done.stderr
+
+
+# ---------------------------------------------------------------------------- metric kinds
+def test_the_declared_kind_chooses_the_interval_never_the_name():
+    from canopy.experiments.study import PROPORTION, bounded
+    from canopy.experiments.summary import summarize
+
+    data = [0.0, 0.0, 1.0, 0.0, 1.0, 0.0]
+    rows = {r.metric: r for r in summarize(
+        [Measurement("m", "x", 1.0, "top1", v, PROPORTION) for v in data]
+        + [Measurement("m", "x", 1.0, "recall", v - 0.5) for v in data]  # undeclared
+        + [Measurement("m", "x", 1.0, "score", 5.0 * v, bounded(0.0, 5.0)) for v in data])}
+    assert 0.0 < rows["top1"].ci_low < rows["top1"].ci_high < 1.0  # Wilson on successes
+    assert rows["recall"].ci_low < -0.5  # the name "recall" no longer clips anything
+    assert rows["score"].ci_low >= 0.0 and rows["score"].ci_high <= 5.0
+    with pytest.raises(ValueError, match="declared both"):
+        summarize([Measurement("m", "x", 1.0, "a", 0.5, PROPORTION),
+                   Measurement("m", "x", 2.0, "a", 0.5)])
+    with pytest.raises(ValueError, match="metric kind must be"):
+        summarize([Measurement("m", "x", 1.0, "a", 0.5, "fraction")] * 2)

@@ -13,6 +13,7 @@ from canopy.experiments.outputs import write_study
 from canopy.experiments.runner import plan, run_study
 from canopy.experiments.studies import available, get_study
 from canopy.experiments.studies.theorylink import near_optimality_dimension
+from canopy.experiments.study import PROPORTION
 from canopy.problem import LeafMeans
 from canopy.tree import Tree
 
@@ -68,6 +69,7 @@ def test_identification_scores_are_proportions(tiny_runs):
     metrics = set()
     for m in runs["fidelity"].measurements:
         assert m.metric in ("recall@5", "pruned fraction") and 0 <= m.value <= 1
+        assert m.kind == PROPORTION  # declared, so its interval stays in [0, 1]
         metrics.add(m.metric)
     assert metrics == {"recall@5", "pruned fraction"}
     accuracy = [m.value for m in runs["violations"].measurements if m.metric == "top-1 accuracy"]

@@ -128,7 +128,7 @@ def test_random_regions_never_grow_the_table_past_its_bound():
     for i in range(2_000):
         canopy.get_available_deployment("chat", MESSAGES,
                                         request_kwargs={"metadata": {"canopy_region": f"r{i}/x"}})
-    assert canopy.routers["chat"].regions.n_nodes <= 16
+    assert canopy.services["chat"].router.regions.n_nodes <= 16
 
 
 @pytest.mark.parametrize("settings, message", [
@@ -185,3 +185,66 @@ def test_the_documented_example_runs_as_written(capsys):
     exec(compile(block, "docs/routing.md", "exec"), {"__name__": "__docs__"})
     printed = capsys.readouterr().out
     assert "'routed': 20" in printed and "'rated': 20" in printed
+
+
+# -- the routing service underneath: cooldowns, breaker, stores ---------------------------
+def _scripted_deployment(name: str, server) -> dict:
+    return _deployment(name, api_base=server.url("/v1"), mock=None)
+
+
+def test_a_failing_best_deployment_is_left_within_a_few_calls(scripted_server):
+    """The deployment rated best (0.9 against 0.2) starts answering 500: with no retries,
+    LiteLLM's cooldown and the service's breaker take it out of the picks within a few
+    failed calls (at most 5 of the next 80)."""
+    from llm_server import ScriptedServer
+
+    failing = {"now": False}
+    def answer(number: int) -> tuple[int, bytes, float]:
+        if failing["now"]:
+            return 500, b'{"error": {"message": "down"}}', 0.0
+        body = ScriptedServer.chat_body("hi").replace(b'"id": "x"', f'"id": "r{number}"'.encode())
+        return 200, body, 0.0
+
+    scripted_server.routes["/v1/chat/completions"] = answer
+    router = _router(_scripted_deployment("best", scripted_server), _deployment("backup"))
+    canopy = CanopyRouting(router).install()
+    before = asyncio.run(_rounds(router, canopy, 40, {"best": 0.9, "backup": 0.2}.get))
+    assert Counter(before[-20:])["best"] >= 16
+    failing["now"] = True
+    after = asyncio.run(_rounds(router, canopy, 80, {"best": 0.9, "backup": 0.2}.get))
+    print(f"\nafter the best deployment started failing: {Counter(after)} of 80 calls")
+    assert after.count("failed") <= 5, Counter(after)
+    assert after.count("backup") >= 75
+
+
+def test_a_cooled_down_deployment_is_never_picked():
+    router = _router(_deployment("a"), _deployment("b"))
+    canopy = CanopyRouting(router).install()
+    asyncio.run(_rounds(router, canopy, 10, {"a": 0.9, "b": 0.1}.get))
+    router.health().cooldowns.add_deployment_to_cooldown("a", RuntimeError("x"), 500, 60)
+    picks = asyncio.run(_rounds(router, canopy, 10, {"a": 0.9, "b": 0.1}.get))
+    assert set(picks) == {"b"}
+    sync = {canopy.get_available_deployment("chat", MESSAGES, request_kwargs={})["model_info"]
+            ["id"] for _ in range(5)}
+    assert sync == {"b"}
+
+
+def test_metadata_none_is_a_request_without_metadata():
+    canopy = CanopyRouting(_router(_deployment("a")))
+    picked = canopy.get_available_deployment("chat", MESSAGES,
+                                             request_kwargs={"metadata": None})
+    assert picked["model_info"]["id"] == "a"
+
+
+def test_what_was_learned_survives_a_restart(tmp_path):
+    store = f"sqlite:///{tmp_path / 'litellm.sqlite'}"
+    router = _router(_deployment("weak"), _deployment("strong"))
+    canopy = CanopyRouting(router, store=store).install()
+    asyncio.run(_rounds(router, canopy, 30, {"weak": 0.3, "strong": 0.8}.get))
+    before = canopy.stats()["groups"]["chat"]
+    canopy.close()
+    restarted = CanopyRouting(_router(_deployment("weak"), _deployment("strong")),
+                              store=store)
+    restarted.get_available_deployment("chat", MESSAGES, request_kwargs={})
+    assert restarted.stats()["groups"]["chat"] == before
+    assert sum(r["count"] for r in before if r["region"] == "/") == 30

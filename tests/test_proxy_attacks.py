@@ -193,9 +193,8 @@ def test_the_breaker_ejects_a_frozen_upstream(tmp_path, upstreams):
 def test_feedback_is_atomic_when_the_store_is_locked(tmp_path, upstreams):
     """Issue 16.5: with the database locked the feedback fails cleanly (503) and changes
     nothing; the retry counts once."""
-    cfg = config(tmp_path, _urls(upstreams))
+    cfg = config(tmp_path, _urls(upstreams), limits={"store_wait_s": 0.2})
     app = create_app(cfg)
-    app.state.proxy.state._db.execute("PRAGMA busy_timeout = 200")
     with serve_in_thread(app) as url, httpx.Client(base_url=url, headers=ADMIN,
                                                    timeout=30) as c:
         rid = c.post("/v1/chat/completions", json=ASK).json()["canopy"]["request_id"]

@@ -253,7 +253,7 @@ def test_the_proxy_starts_warm_from_a_log(tmp_path, upstreams):
         root = {r["model"]: r["count"] for r in stats if r["region"] == "/"}
         assert root == {"small": 200, "large": 200}
     with pytest.raises(KeyError, match="no outcomes for models"):
-        create_app(cfg.__class__(cfg.upstreams[:1], tmp_path / "other.sqlite",
+        create_app(cfg.__class__(cfg.upstreams[:1], "memory",
                                  prices=cfg.prices), insecure_no_auth=True,
                    prior=read_prior(write_csv(tmp_path / "bad.csv", [
                        ("q", "r", "large", 1.0, 0.1, 1, 1)])))

@@ -11,8 +11,9 @@
 from canopy._lazy import lazy_exports
 
 _EXPORTS = {
-    "StudyRun": "runner", "run_study": "runner",
+    "StudyRun": "runner", "load_study": "runner", "run_study": "runner",
     "STUDIES": "studies", "available": "studies", "get_study": "studies",
+    "PROPORTION": "study", "UNBOUNDED": "study", "bounded": "study",
     "Headline": "study", "Measurement": "study", "Panel": "study", "PaperValue": "study",
     "Row": "study", "Study": "study",
     "summarize": "summary", "t_interval": "summary",
@@ -24,7 +25,9 @@ lazy_exports(__name__, {name: f"canopy.experiments.{module}"
 
 
 __all__ = [
+    "PROPORTION",
     "STUDIES",
+    "UNBOUNDED",
     "Headline",
     "Measurement",
     "Panel",
@@ -33,7 +36,9 @@ __all__ = [
     "Study",
     "StudyRun",
     "available",
+    "bounded",
     "get_study",
+    "load_study",
     "run_study",
     "summarize",
     "t_interval",

@@ -73,6 +73,9 @@ def _run_one(study: Study, *, quick: bool, seeds: int | None, overrides: dict[st
         result = run_study(study, store=StudyOutputs(out, study.name).cells, quick=quick,
                            seeds=seeds, overrides=overrides, backend=backend,  # type: ignore[arg-type]
                            workers=workers, address=address, progress=progress)
+    if result.rejected:
+        console.print(f"[yellow]recomputed {len(result.rejected)} stored cells that failed "
+                      f"their check:[/yellow] {'; '.join(result.rejected)}")
     paths = write_study(study, result, out)
     headlines = study.headlines(result.rows)
     _print_headlines(study, result, headlines)
@@ -109,7 +112,8 @@ def _fail(error: Exception) -> typer.Exit:
 
 
 def run_command(
-    study: Annotated[str, typer.Argument(help="Study name (see `canopy list`).")],
+    study: Annotated[str, typer.Argument(
+        help="Study name (see `canopy list`), or your own as package.module:NAME.")],
     quick: Quick = False,
     seeds: Annotated[int | None, typer.Option(help="Seeds (default: the paper's).")] = None,
     backend: Backend = "local",
@@ -120,11 +124,10 @@ def run_command(
         "--set", help="Override a study parameter, KEY=VALUE (repeatable).")] = None,
 ) -> None:
     """Run one study (resuming any cells already under OUT) and write its outputs."""
-    from canopy.experiments.runner import plan
-    from canopy.experiments.studies import get_study
+    from canopy.experiments.runner import load_study, plan
 
     try:
-        chosen = get_study(study)
+        chosen = load_study(study)
         overrides = _parse_sets(set_)
         plan(chosen, quick=quick, seeds=seeds, overrides=overrides)  # validate before work
         _check_backend(backend, workers)
@@ -156,15 +159,16 @@ def reproduce_command(
     address: Address = None,
     out: Out = Path("results"),
     only: Annotated[list[str] | None, typer.Option(
-        "--study", help="Run only these studies (repeatable; default: all).")] = None,
+        "--study", help="Run only these studies, by name or package.module:NAME "
+                        "(repeatable; default: all).")] = None,
 ) -> None:
     """Run every study and write OUT/report.md: each headline beside the paper's number."""
     from canopy.experiments.outputs import write_report
-    from canopy.experiments.runner import plan
-    from canopy.experiments.studies import available, get_study
+    from canopy.experiments.runner import load_study, plan
+    from canopy.experiments.studies import available
 
     try:
-        studies = [get_study(name) for name in (only or available())]
+        studies = [load_study(name) for name in (only or available())]
         for study in studies:
             plan(study, quick=quick)
         _check_backend(backend, workers)

@@ -7,13 +7,17 @@ the cell's configuration and the seed, written atomically (temporary file, ``fsy
 any point (Ctrl-C, SIGKILL, a lost Ray worker) leaves only whole files; the next run with the
 same store loads them and computes only the missing cells, so no cell is lost and none is
 counted twice (the key is unique per cell and seed, and the summary reads one file per key).
-One store directory serves one run at a time.
+Each file carries the SHA-256 of its own content (``checksum``); a file whose content no longer
+matches it (edited, truncated, corrupted, or written without one) is computed again and listed
+in :attr:`StudyRun.rejected`. The checksum catches accidental change, not a forger who
+recomputes it. One store directory serves one run at a time.
 """
 
 from __future__ import annotations
 
 import concurrent.futures as cf
 import contextlib
+import dataclasses
 import hashlib
 import importlib
 import json
@@ -25,18 +29,43 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from canopy.experiments.study import Measurement, Row, Study
+from canopy.experiments.study import Measurement, Row, Study, kind_bounds
 from canopy.experiments.summary import summarize
 from canopy.validation import check_count
 
-__all__ = ["CellStore", "StudyRun", "Task", "cell_key", "execute", "plan", "run_study"]
+__all__ = ["CellStore", "StudyRun", "Task", "cell_key", "execute", "load_study", "plan",
+           "run_study"]
 
 Backend = Literal["local", "ray"]
 Progress = Callable[[int, int], None]
+_UNGUARDED = 3  # exit status of a worker that met run_study while importing the main module
+
+
+def load_study(reference: str) -> Study:
+    """A registered study by name (``canopy list``), or a user's own as ``package.module:NAME``
+    (a module importable from ``sys.path`` with a :class:`Study` named ``NAME``); worker
+    processes import it by the same reference."""
+    if ":" not in reference:
+        from canopy.experiments.studies import get_study
+
+        return get_study(reference)
+    module, _, name = reference.partition(":")
+    if not module or not name.isidentifier():
+        raise ValueError(f"study reference {reference!r}: expected package.module:NAME")
+    try:
+        namespace = importlib.import_module(module)
+    except ImportError as error:
+        raise ValueError(f"study reference {reference!r}: cannot import {module!r} ({error})"
+                         ) from None
+    study = getattr(namespace, name, None)
+    if not isinstance(study, Study):
+        raise TypeError(f"study reference {reference!r}: {module}.{name} is "
+                        f"{type(study).__name__}, not a Study")
+    return dataclasses.replace(study, module=reference)
 
 
 def cell_key(study: str, cell: Mapping[str, Any], seed: int) -> str:
@@ -48,8 +77,8 @@ def cell_key(study: str, cell: Mapping[str, Any], seed: int) -> str:
 
 @dataclass(frozen=True)
 class Task:
-    """One unit of work: the study's module (workers import ``STUDY`` from it), a cell, a seed.
-    """
+    """One unit of work: the study's module (workers import ``STUDY`` from it, or ``NAME``
+    from ``module:NAME``), a cell, a seed."""
 
     module: str
     study: str
@@ -64,15 +93,21 @@ class Task:
 def execute(module: str, cell: dict[str, Any], seed: int) -> list[tuple]:
     """Run one cell for one seed in whatever process this is (a pool or Ray worker, or the
     driver); returns plain tuples so the result pickles cheaply."""
-    study: Study = importlib.import_module(module).STUDY
+    path, _, name = module.partition(":")
+    study: Study = getattr(importlib.import_module(path), name or "STUDY")
     out = []
     for m in study.run_cell(cell, seed):
         m = Measurement(*m)
         if not (isinstance(m.value, (int, float)) and math.isfinite(m.value)):
             raise ValueError(f"study {study.name!r} cell {cell} seed {seed} measured "
                              f"{m.metric}={m.value!r} for {m.method}: not a finite number")
+        bounds = kind_bounds(m.kind)
+        if bounds is not None and not bounds[0] <= m.value <= bounds[1]:
+            raise ValueError(f"study {study.name!r} cell {cell} seed {seed} measured "
+                             f"{m.metric}={m.value!r} for {m.method}, outside its declared "
+                             f"range [{bounds[0]:g}, {bounds[1]:g}]")
         out.append((m.method, m.x_name, None if m.x is None else float(m.x), m.metric,
-                    float(m.value)))
+                    float(m.value), m.kind))
     return out
 
 
@@ -81,30 +116,44 @@ class CellStore:
 
     def __init__(self, directory: str | os.PathLike) -> None:
         self.directory = Path(directory)
+        self.rejected: list[str] = []  # "file: why" of each stored cell that failed a check
 
     def path(self, key: str) -> Path:
         return self.directory / f"{key}.json"
 
     def load(self, task: Task) -> list[Measurement] | None:
-        """The stored measurements of ``task``, or ``None`` if absent (or unreadable, in which
-        case the cell is computed again and the file replaced)."""
+        """The stored measurements of ``task``, or ``None`` if absent; a file that is
+        unreadable, of the wrong shape or whose checksum does not match its content gives
+        ``None`` too (the cell is computed again and the file replaced) and is recorded in
+        :attr:`rejected`."""
+        path = self.path(task.key)
         try:
-            record = json.loads(self.path(task.key).read_text())
-        except (FileNotFoundError, json.JSONDecodeError, UnicodeDecodeError):
+            record = json.loads(path.read_text())
+        except FileNotFoundError:
             return None
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return self._reject(path, "not valid JSON")
         if not isinstance(record, dict) or (
                 record.get("study"), record.get("cell"), record.get("seed")) != (
                 task.study, task.cell, task.seed):
-            return None  # ``null``, a list, or another cell's record: compute it again
+            # ``null``, a list, or another cell's record: compute it again
+            return self._reject(path, "not the record of this cell")
+        if record.get("checksum") != _checksum(record):
+            return self._reject(path, "its content does not match its checksum")
         try:
             return [Measurement(*m) for m in record["measurements"]]
         except (KeyError, TypeError):
-            return None
+            return self._reject(path, "measurements of the wrong shape")
+
+    def _reject(self, path: Path, why: str) -> None:
+        self.rejected.append(f"{path.name}: {why}")
+        return None
 
     def save(self, task: Task, measurements: Sequence[tuple], seconds: float) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
         record = {"study": task.study, "cell": task.cell, "seed": task.seed,
                   "seconds": round(seconds, 4), "measurements": [list(m) for m in measurements]}
+        record["checksum"] = _checksum(record)
         fd, tmp = tempfile.mkstemp(prefix=f".{task.key}.", suffix=".tmp", dir=self.directory)
         try:
             with os.fdopen(fd, "w") as handle:
@@ -150,7 +199,8 @@ class CellStore:
 @dataclass
 class StudyRun:
     """Outcome of :func:`run_study`: the parameters used, every measurement (in task order),
-    their summary rows, and how many tasks were computed now versus loaded from the store."""
+    their summary rows, how many tasks were computed now versus loaded from the store, and
+    the stored cells that failed a check and were computed again (``"file: why"``)."""
 
     study: str
     params: dict[str, Any]
@@ -162,6 +212,7 @@ class StudyRun:
     computed: int
     reused: int
     seconds: float
+    rejected: list[str] = field(default_factory=list)
 
     def config(self) -> dict[str, Any]:
         """The ``config`` block of ``results.json``."""
@@ -190,18 +241,24 @@ def plan(study: Study, *, quick: bool = False, seeds: int | None = None,
     return params, n_seeds, tasks
 
 
-def run_study(study: Study, *, store: str | os.PathLike, quick: bool = False,
+def run_study(study: Study | str, *, store: str | os.PathLike, quick: bool = False,
               seeds: int | None = None, overrides: Mapping[str, str] | None = None,
               backend: Backend = "local", workers: int | None = None,
               address: str | None = None, progress: Progress | None = None) -> StudyRun:
-    """Run (or resume) ``study`` with its cells stored under ``store``.
+    """Run (or resume) ``study`` (a :class:`Study`, or a reference for :func:`load_study`)
+    with its cells stored under ``store``.
 
     ``backend="local"`` uses ``workers`` spawned processes (default: all cores; 1 runs in this
     process); ``backend="ray"`` submits one Ray task per cell to the cluster at ``address``, or
     to a local Ray started with ``workers`` CPUs and shut down afterwards.
     ``progress(done, total)`` is called as cells finish. Every configuration error is raised
-    before any cell runs.
+    before any cell runs. Worker processes import the main module, so a script that calls
+    this must do so under ``if __name__ == "__main__":`` (else a clear ``RuntimeError``).
     """
+    if getattr(multiprocessing.process.current_process(), "_inheriting", False):
+        raise SystemExit(_UNGUARDED)  # a spawned worker importing an unguarded main module
+    if isinstance(study, str):
+        study = load_study(study)
     if backend not in ("local", "ray"):
         raise ValueError(f"backend must be 'local' or 'ray', got {backend!r}")
     if workers is not None:
@@ -249,7 +306,7 @@ def _run(study: Study, cells: CellStore, params: Any, n_seeds: int, tasks: list[
                     seeds=n_seeds, backend=backend,
                     measurements=measurements, rows=summarize(measurements),
                     n_tasks=len(tasks), computed=len(todo), reused=reused,
-                    seconds=time.perf_counter() - started)
+                    seconds=time.perf_counter() - started, rejected=list(cells.rejected))
 
 
 def _timed(module: str, cell: dict[str, Any], seed: int) -> tuple[list[tuple], float]:
@@ -269,9 +326,38 @@ def _run_local(todo: list[Task], finished: Callable[[Task, list[tuple], float], 
     try:
         futures = {pool.submit(_timed, t.module, t.cell, t.seed): t for t in todo}
         for future in cf.as_completed(futures):
-            finished(futures[future], *future.result())
+            try:
+                result = future.result()
+            except cf.process.BrokenProcessPool:
+                _check_main_guarded(context)
+                raise
+            finished(futures[future], *result)
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _nothing() -> None:
+    """A spawned process's whole work when probing the main module."""
+
+
+def _check_main_guarded(context: Any) -> None:
+    """After the pool broke: start one process the way the pool does; if importing the main
+    module ran :func:`run_study` there, say so (the cause the pool cannot report)."""
+    probe = context.Process(target=_nothing)
+    probe.start()
+    probe.join(120)
+    if probe.exitcode == _UNGUARDED:
+        main = getattr(sys.modules.get("__main__"), "__file__", "the main module")
+        raise RuntimeError(f"{main} calls run_study when it is imported, and every worker "
+                           "process imports it: put the call under "
+                           "`if __name__ == \"__main__\":`") from None
+
+
+def _checksum(record: dict[str, Any]) -> str:
+    """SHA-256 of a cell record's canonical JSON, its ``checksum`` field left out."""
+    content = {key: value for key, value in record.items() if key != "checksum"}
+    text = json.dumps(content, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def _lock_holder(path: Path) -> int | None:

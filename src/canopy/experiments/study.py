@@ -8,7 +8,9 @@ cell for one seed returns :class:`Measurement` s; the summary averages them over
 ours; :class:`Headline` s are the few numbers ``canopy reproduce`` puts in ``report.md``.
 
 A study module defines one module-level ``STUDY = Study(...)`` and is listed by name in
-:data:`canopy.experiments.studies.STUDIES` (see ``docs/experiments.md``).
+:data:`canopy.experiments.studies.STUDIES` (see ``docs/experiments.md``); a user's own study
+runs unlisted, by reference ``package.module:NAME``
+(:func:`~canopy.experiments.runner.load_study`).
 """
 
 from __future__ import annotations
@@ -22,27 +24,64 @@ from typing import Any, Literal, NamedTuple
 from canopy.validation import check_count, check_nonnegative, check_positive
 
 __all__ = [
+    "PROPORTION",
+    "UNBOUNDED",
     "Headline",
     "Measurement",
     "Panel",
     "PaperValue",
     "Row",
     "Study",
+    "bounded",
     "check_all_nonnegative",
     "check_all_positive",
     "check_budget",
+    "kind_bounds",
 ]
+
+#: Metric kinds: a proportion lives in [0, 1] (recall, accuracy, coverage); ``bounded(low,
+#: high)`` in a declared range; an unbounded metric (regret, error, counts) gets the plain
+#: t-interval. The kind decides the interval, never the metric's name.
+PROPORTION = "proportion"
+UNBOUNDED = "unbounded"
+
+
+def bounded(low: float, high: float) -> str:
+    """The kind of a metric whose values lie in ``[low, high]``."""
+    check_nonnegative(high - low, "high - low")
+    return f"bounded {float(low)!r} {float(high)!r}"
+
+
+def kind_bounds(kind: str) -> tuple[float, float] | None:
+    """The range a metric kind keeps its intervals in (``None``: unbounded)."""
+    if kind == PROPORTION:
+        return 0.0, 1.0
+    if kind == UNBOUNDED:
+        return None
+    name, *ends = str(kind).split()
+    try:
+        if name == "bounded" and len(ends) == 2:
+            low, high = float(ends[0]), float(ends[1])
+            if math.isfinite(low) and math.isfinite(high) and low <= high:
+                return low, high
+    except ValueError:
+        pass
+    raise ValueError(f"metric kind must be {PROPORTION!r}, {UNBOUNDED!r} or "
+                     f"bounded(low, high), got {kind!r}")
 
 
 class Measurement(NamedTuple):
     """One number measured by one cell for one seed. ``x`` is the position on the study's
-    x axis (``x_name``); ``None`` marks a value constant across that axis (drawn as a band)."""
+    x axis (``x_name``); ``None`` marks a value constant across that axis (drawn as a band).
+    ``kind`` declares the metric's range (:data:`PROPORTION`, :func:`bounded`,
+    :data:`UNBOUNDED`), which decides its interval."""
 
     method: str
     x_name: str
     x: float | None
     metric: str
     value: float
+    kind: str = UNBOUNDED
 
 
 @dataclass(frozen=True)
@@ -119,7 +158,8 @@ class Study:
     Attributes:
         name: registry name (``canopy run NAME``).
         title: one line for ``canopy list`` and ``report.md``.
-        module: the module defining ``STUDY`` (workers import it by this name).
+        module: the module defining ``STUDY`` (workers import it by this name), or
+            ``module:NAME`` for a study under another name.
         params: full-run parameters, a frozen dataclass that validates itself.
         quick_params: parameters of ``--quick``.
         seeds, quick_seeds: default seed counts (the paper's, and the quick run's).

@@ -1,24 +1,17 @@
-"""Means over seeds with 95% confidence intervals (the paper's CI bands): Student-t, kept on a
-bounded metric's range (clipped; Wilson score when every value is at an end of the range, i.e.
-a proportion of successes such as top-1 accuracy)."""
+"""Means over seeds with 95% confidence intervals (the paper's CI bands): Student-t, kept in
+the range of a metric whose measurements declare one (a proportion's [0, 1] or a bounded
+range: clipped, and Wilson score when every value is at an end of the range, i.e. a
+proportion of successes such as top-1 accuracy). The declared kind decides, never the name."""
 
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Iterable, Sequence
 
-from canopy.experiments.study import Measurement, Row
+from canopy.experiments.study import Measurement, Row, kind_bounds
 from canopy.stats import t_interval
 
-__all__ = ["lookup", "metric_bounds", "summarize"]
-
-_PROPORTION = re.compile(r"^(recall|accuracy|precision|top-\d+ accuracy)\b")
-
-
-def metric_bounds(metric: str) -> tuple[float, float] | None:
-    """The range of a metric whose values are proportions (recall@k, accuracy), else ``None``."""
-    return (0.0, 1.0) if _PROPORTION.match(metric) else None
+__all__ = ["lookup", "summarize"]
 
 
 def summarize(measurements: Iterable[Measurement]) -> list[Row]:
@@ -26,8 +19,12 @@ def summarize(measurements: Iterable[Measurement]) -> list[Row]:
     its mean and 95% t-interval. Rows are ordered by x axis, metric and method (each in order
     of first appearance), then by x (``None`` first)."""
     groups: dict[tuple, list[float]] = {}
+    kinds: dict[str, str] = {}
     for m in measurements:
         groups.setdefault((m.method, m.x_name, m.x, m.metric), []).append(m.value)
+        if kinds.setdefault(m.metric, m.kind) != m.kind:
+            raise ValueError(f"metric {m.metric!r} is declared both {kinds[m.metric]!r} and "
+                             f"{m.kind!r}")
     rank = [{key[i]: None for key in groups} for i in range(4)]
     order = [{value: n for n, value in enumerate(r)} for r in rank]
 
@@ -37,7 +34,7 @@ def summarize(measurements: Iterable[Measurement]) -> list[Row]:
 
     rows = []
     for key in sorted(groups, key=position):
-        mean, low, high = t_interval(groups[key], bounds=metric_bounds(key[3]))
+        mean, low, high = t_interval(groups[key], bounds=kind_bounds(kinds[key[3]]))
         rows.append(Row(*key, mean, low, high, len(groups[key])))
     return rows
 

@@ -1,4 +1,4 @@
-"""Canopy's regional router as a LiteLLM routing strategy (the ``litellm`` extra).
+"""Canopy's routing service as a LiteLLM routing strategy (the ``litellm`` extra).
 
 A LiteLLM ``Router`` user adds three lines::
 
@@ -10,13 +10,23 @@ A LiteLLM ``Router`` user adds three lines::
     await canopy.afeedback(reply.id, quality=0.9)         # when the quality is known
 
 Within a model group the arms are the group's deployments (``model_info.id``) and the reward
-is ``quality - lam * cost`` (paper Section 5, "Routing"). LiteLLM's success and failure
-callbacks feed the cost (``response_cost``, from the deployment's prices) and latency back;
-quality arrives through :meth:`CanopyRouting.feedback`, with the proxy's rules (one rating per
-reply, in [0, 1], within ``feedback_window_s``), or at once as ``success_quality`` when the
-caller has no quality signal. A failed call is credited ``failure_quality``. The region comes
-from the request's ``metadata["canopy_region"]``, else the proxy's region rules, classifier
-or centroids (:class:`~canopy.apps.routing.proxy.config.RegionConfig`), bounded the same way.
+is ``quality - lam * cost`` (paper Section 5, "Routing"). Each group is one
+:class:`~canopy.regional.service.RoutingService`, the proxy's: the same feedback ledger (one
+rating per reply, in [0, 1], within ``feedback_window_s``), the same circuit breaker, and the
+same stores (``store="sqlite:///path"`` keeps what was learned across restarts,
+``"redis://host:port/db"`` shares it between LiteLLM instances). Only deployments LiteLLM
+itself holds healthy are picked (cooldowns, blocked and failed health checks removed first),
+the breaker's ejected ones last. LiteLLM's success and failure callbacks feed the cost
+(``response_cost``, from the deployment's prices) and latency back; quality arrives through
+:meth:`CanopyRouting.feedback`, or at once as ``success_quality`` when the caller has no
+quality signal. A failed call counts against the breaker and is rated ``failure_quality``.
+The region comes from the request's ``metadata["canopy_region"]``, else the proxy's region
+rules, classifier or centroids
+(:class:`~canopy.apps.routing.proxy.config.RegionConfig`), bounded the same way.
+
+LiteLLM proxy users (``config.yaml``) load :class:`CanopyRouting` as a callback: its
+``async_filter_deployments`` hook narrows the healthy deployments LiteLLM hands it to the one
+the service picks (see ``docs/routing.md``).
 """
 
 from __future__ import annotations
@@ -28,9 +38,7 @@ import threading
 import time
 import uuid
 import weakref
-from collections import OrderedDict
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from litellm.integrations.custom_logger import CustomLogger
@@ -38,7 +46,10 @@ from litellm.types.router import CustomRoutingStrategyBase
 
 from canopy.apps.routing.proxy.config import RegionConfig
 from canopy.apps.routing.proxy.regions import RegionSource
+from canopy.regional.ledger import AlreadyRated, FeedbackError, FeedbackExpired, UnknownCall
 from canopy.regional.router import RegionalRouter
+from canopy.regional.service import RoutingService
+from canopy.regional.store import Call, StoreBusy, open_store
 from canopy.validation import check_count, check_nonnegative, check_number
 
 __all__ = ["CanopyRouting", "UnknownReply"]
@@ -51,16 +62,6 @@ log = logging.getLogger("canopy.litellm")
 
 class UnknownReply(KeyError):
     """Feedback for a reply this strategy did not route, already rated, or expired."""
-
-
-@dataclass
-class _Pending:
-    group: str
-    region: str
-    deployment: str
-    cost: float
-    at: float
-    rated: bool = False
 
 
 def _deployments(router: Any, group: str) -> list[Mapping[str, Any]]:
@@ -76,7 +77,18 @@ def _deployment_id(deployment: Mapping[str, Any]) -> str:
 
 def _metadata(kwargs: Mapping[str, Any]) -> dict[str, Any]:
     params = kwargs.get("litellm_params") or {}
-    return params.get("metadata") or kwargs.get("metadata") or {}
+    found = params.get("metadata") or kwargs.get("metadata")
+    return found if isinstance(found, dict) else {}
+
+
+def _writable_metadata(request_kwargs: dict[str, Any] | None) -> dict[str, Any]:
+    """The request's metadata dict, created when absent or ``None``."""
+    if request_kwargs is None:
+        return {}
+    metadata = request_kwargs.get("metadata")
+    if not isinstance(metadata, dict):
+        metadata = request_kwargs["metadata"] = {}
+    return metadata
 
 
 def _priced(kwargs: Mapping[str, Any], cost: Any) -> bool:
@@ -89,22 +101,28 @@ def _priced(kwargs: Mapping[str, Any], cost: Any) -> bool:
     return cost > 0 or "input_cost_per_token" in info or "output_cost_per_token" in info
 
 
-class CanopyRouting(CustomRoutingStrategyBase):
-    """Pick each call's deployment with a :class:`~canopy.regional.RegionalRouter` per model
-    group; learn from LiteLLM's callbacks and :meth:`feedback`.
+class CanopyRouting(CustomRoutingStrategyBase, CustomLogger):
+    """Pick each call's deployment with a :class:`~canopy.regional.service.RoutingService`
+    per model group; learn from LiteLLM's callbacks and :meth:`feedback`.
 
     ``lam`` prices cost in quality units per dollar, ``latency_price`` (dollars per second,
     default 0) adds latency to the cost; ``learner``, ``sharing``, ``delta``, ``kappa``,
-    ``explore`` are the router's. ``region`` is a :class:`RegionConfig` or its JSON mapping;
-    at most ``max_regions`` regions are grown, and at most ``max_pending`` replies await a
-    rating (the oldest go first)."""
+    ``explore`` are the router's. ``store`` is where the statistics and pending replies live
+    (``"memory"``, ``"sqlite:///path"``, ``"redis://host:port/db"``); ``breaker_failures``
+    failures in a row set a deployment aside for ``breaker_cooldown_s``. ``region`` is a
+    :class:`RegionConfig` or its JSON mapping; at most ``max_regions`` regions are grown, and
+    at most ``max_pending`` replies wait for the store. ``router`` may be ``None`` when the
+    strategy runs only as a LiteLLM proxy callback."""
 
-    def __init__(self, router: Any, *, lam: float = 0.0, learner: str = "ucb",
+    def __init__(self, router: Any = None, *, lam: float = 0.0, learner: str = "ucb",
                  sharing: str = "test", delta: float = 0.01, kappa: float = 5.0,
                  explore: float = 1.0, region: RegionConfig | Mapping[str, Any] | None = None,
                  max_regions: int = 1024, success_quality: float | None = None,
                  failure_quality: float = 0.0, latency_price: float = 0.0,
-                 feedback_window_s: float = 3600.0, max_pending: int = 100_000) -> None:
+                 feedback_window_s: float = 3600.0, max_pending: int = 100_000,
+                 store: str = "memory", breaker_failures: int = 3,
+                 breaker_cooldown_s: float = 30.0) -> None:
+        CustomLogger.__init__(self)
         self.router = router
         self._settings = {"lam": lam, "learner": learner, "sharing": sharing, "delta": delta,
                           "kappa": kappa, "explore": explore}
@@ -117,11 +135,15 @@ class CanopyRouting(CustomRoutingStrategyBase):
         self.failure_quality = check_number(failure_quality, "failure_quality", low=0.0,
                                             high=1.0)
         self.latency_price = check_nonnegative(latency_price, "latency_price")
-        self.window_s = check_nonnegative(feedback_window_s, "feedback_window_s")
-        self.max_pending = check_count(max_pending, "max_pending")
-        self.routers: dict[str, RegionalRouter] = {}
+        self._service_options = {
+            "window_s": check_nonnegative(feedback_window_s, "feedback_window_s"),
+            "max_queued": check_count(max_pending, "max_pending"),
+            "breaker_failures": check_count(breaker_failures, "breaker_failures"),
+            "breaker_cooldown_s": check_nonnegative(breaker_cooldown_s, "breaker_cooldown_s")}
+        open_store(store, namespace="litellm/check").close()  # a bad store is refused now
+        self.store = store
+        self.services: dict[str, RoutingService] = {}
         self.counts = {"routed": 0, "succeeded": 0, "failed": 0, "rated": 0, "unpriced": 0}
-        self._pending: OrderedDict[str, _Pending] = OrderedDict()
         self._lock = threading.Lock()
         self._token = uuid.uuid4().hex
 
@@ -132,134 +154,212 @@ class CanopyRouting(CustomRoutingStrategyBase):
         register = getattr(self.router, "register_plugin", None) or \
             self.router.set_custom_routing_strategy
         register(self)
+        self._listen(litellm)
+        return self
+
+    def _listen(self, litellm: Any) -> None:
         _CALLBACK.strategies[self._token] = self
         if _CALLBACK not in litellm.callbacks:
             litellm.callbacks.append(_CALLBACK)
-        return self
 
     # -- routing ---------------------------------------------------------------------------
-    def _router_for(self, group: str, ids: list[str]) -> RegionalRouter:
-        router = self.routers.get(group)
-        if router is None or set(router.models) != set(ids):
-            if router is not None:
-                log.warning("model group %r changed deployments; its statistics restart", group)
-            router = self.routers[group] = RegionalRouter(ids, seed=0, **self._settings)
-        return router
-
-    def _pick(self, model: str, messages: list[dict[str, Any]] | None,
-              request_kwargs: dict[str, Any] | None) -> Mapping[str, Any]:
-        deployments = {_deployment_id(d): d for d in _deployments(self.router, model)}
-        if not deployments:
-            raise ValueError(f"no deployment serves model group {model!r}")
-        metadata = (request_kwargs or {}).setdefault("metadata", {}) \
-            if request_kwargs is not None else {}
-        given = metadata.get(REGION_KEY)
+    def _service(self, group: str, ids: list[str]) -> RoutingService:
+        """The group's service (over the shared store, its own namespace), rebuilt when the
+        group's deployments change."""
         with self._lock:
-            router = self._router_for(model, sorted(deployments))
+            service = self.services.get(group)
+            if service is not None and set(service.models) == set(ids):
+                return service
+            if service is not None:
+                log.warning("model group %r changed deployments; its statistics restart", group)
+                service.close()
+            service = self.services[group] = RoutingService(
+                RegionalRouter(sorted(ids), seed=0, **self._settings),
+                open_store(self.store, namespace=f"litellm/{group}"),
+                **self._service_options)
+            return service
+
+    def _choose(self, group: str, every: list[Mapping[str, Any]],
+                healthy: list[Mapping[str, Any]], messages: list[dict[str, Any]] | None,
+                request_kwargs: dict[str, Any] | None) -> Mapping[str, Any]:
+        """The best-ranked of ``healthy`` (the breaker's ejected ones last), learning over
+        every deployment of the group."""
+        by_id = {_deployment_id(d): d for d in healthy}
+        if not by_id:
+            raise ValueError(f"no deployment serves model group {group!r}")
+        service = self._service(group, sorted({_deployment_id(d) for d in every} | set(by_id)))
+        metadata = _writable_metadata(request_kwargs)
+        given = metadata.get(REGION_KEY)
+        with service.lock:
             region = self.regions.region(given if isinstance(given, str) else None,
-                                         {"messages": messages or []}, router.regions)
-            choice = router.route(region)
+                                         {"messages": messages or []}, service.router.regions)
+        choice = service.ranking(region, allowed=list(by_id))[0]
+        with self._lock:
             self.counts["routed"] += 1
         metadata[_RESOLVED_KEY], metadata[_STRATEGY_KEY] = region, self._token
-        return deployments[choice]
+        return by_id[choice]
+
+    def _usable(self, group: str, deployments: list[Mapping[str, Any]]
+                ) -> list[Mapping[str, Any]]:
+        """``deployments`` less those LiteLLM has cooling down or blocked (synchronous)."""
+        health = getattr(self.router, "health", None)
+        if health is None:
+            return deployments
+        state = health()
+        cooling = {one for one, _ in state.cooldowns.get_active_cooldowns(
+            [_deployment_id(d) for d in deployments], None)}
+        return [d for d in deployments
+                if _deployment_id(d) not in cooling and not state.is_blocked(d)]
 
     async def async_get_available_deployment(
             self, model: str, messages: list[dict[str, Any]] | None = None,
             input: str | list[object] | None = None, specific_deployment: bool | None = False,
             request_kwargs: dict[str, Any] | None = None) -> Mapping[str, Any]:
-        """The deployment of group ``model`` the regional router picks for this request."""
-        return self._pick(model, messages, request_kwargs)
+        """The deployment of group ``model`` the service picks among those LiteLLM holds
+        healthy (its cooldowns, blocks, health checks and pre-call checks applied)."""
+        every = _deployments(self.router, model)
+        select = getattr(self.router, "select", None)
+        if select is None or not every:
+            healthy = self._usable(model, every)
+        else:
+            healthy = list(await select(model, dict(request_kwargs or {}), kind="healthy",
+                                        messages=messages, input=input))
+        return self._choose(model, every, healthy, messages, request_kwargs)
 
     def get_available_deployment(
             self, model: str, messages: list[dict[str, Any]] | None = None,
             input: str | list[object] | None = None, specific_deployment: bool | None = False,
             request_kwargs: dict[str, Any] | None = None) -> Mapping[str, Any]:
-        """The synchronous pick (``router.completion``)."""
-        return self._pick(model, messages, request_kwargs)
+        """The synchronous pick (``router.completion``): cooldowns and blocks applied."""
+        every = _deployments(self.router, model)
+        return self._choose(model, every, self._usable(model, every), messages,
+                            request_kwargs)
+
+    async def async_filter_deployments(self, model: str, healthy_deployments: list,
+                                       messages: list | None,
+                                       request_kwargs: dict | None = None,
+                                       parent_otel_span: Any = None) -> list[dict]:
+        """LiteLLM's routing-callback hook (how a LiteLLM *proxy* loads this strategy from
+        its ``config.yaml``): keep only the service's pick among the healthy deployments."""
+        if not healthy_deployments:
+            return healthy_deployments
+        if request_kwargs is not None and not isinstance(request_kwargs.get("metadata"), dict):
+            found = request_kwargs.get("litellm_metadata")
+            if isinstance(found, dict):
+                request_kwargs["metadata"] = found
+        return [self._choose(model, healthy_deployments, healthy_deployments, messages,
+                             request_kwargs)]
 
     # -- learning --------------------------------------------------------------------------
-    def _expire(self, now: float) -> None:
-        while self._pending:
-            oldest = next(iter(self._pending.values()))
-            if now - oldest.at <= self.window_s and len(self._pending) <= self.max_pending:
-                return
-            self._pending.popitem(last=False)
-
     def _learn(self, metadata: Mapping[str, Any], kwargs: Mapping[str, Any], reply: Any,
                seconds: float, ok: bool) -> None:
         region, group = metadata.get(_RESOLVED_KEY), metadata.get("model_group")
         deployment = str(((kwargs.get("litellm_params") or {}).get("model_info") or {})
                          .get("id", ""))
-        with self._lock:
-            router = self.routers.get(group) if isinstance(group, str) else None
-            if router is None or region is None or deployment not in router.models:
-                return  # not a call this strategy routed
-            extra = self.latency_price * max(seconds, 0.0)
-            if not ok:
+        service = self.services.get(group) if isinstance(group, str) else None
+        if service is None or not isinstance(region, str) or deployment not in service.models:
+            return  # not a call this strategy routed
+        extra = self.latency_price * max(seconds, 0.0)
+        if not ok:
+            with self._lock:
                 self.counts["failed"] += 1
-                router.update(region, deployment, self.failure_quality, extra)
-                return
+            service.breaker.failure(deployment)
+            self._rate_now(service, region, deployment, extra, self.failure_quality)
+            return
+        service.breaker.success(deployment)
+        with self._lock:
             self.counts["succeeded"] += 1
-            cost = kwargs.get("response_cost")
-            if not _priced(kwargs, cost):
+        cost = kwargs.get("response_cost")
+        if not _priced(kwargs, cost):
+            with self._lock:
                 self.counts["unpriced"] += 1  # never learn from an unknown cost as if free
-                log.warning("deployment %r returned no cost: set input_cost_per_token and "
-                            "output_cost_per_token in its litellm_params", deployment)
-                return
-            if self.success_quality is not None:
-                router.update(region, deployment, self.success_quality, float(cost) + extra)
-                return
-            reply_id = getattr(reply, "id", None)
-            if isinstance(reply_id, str):
-                now = time.monotonic()
-                self._pending[reply_id] = _Pending(group, region, deployment,
-                                                   float(cost) + extra, now)
-                self._expire(now)
+            log.warning("deployment %r returned no cost: set input_cost_per_token and "
+                        "output_cost_per_token in its litellm_params", deployment)
+            return
+        if self.success_quality is not None:
+            self._rate_now(service, region, deployment, float(cost) + extra,
+                           self.success_quality)
+            return
+        reply_id = getattr(reply, "id", None)
+        if isinstance(reply_id, str):
+            service.record(Call(reply_id, region, deployment, float(cost) + extra, time.time()))
+
+    def _rate_now(self, service: RoutingService, region: str, deployment: str, cost: float,
+                  quality: float) -> None:
+        """A call rated as it ends (a failure, or ``success_quality``): stored in the
+        background, never waited on in LiteLLM's callback."""
+        call = Call(f"auto-{uuid.uuid4().hex}", region, deployment, cost, time.time())
+
+        def rate(_: Any) -> None:
+            try:
+                service.rate(call.id, quality)
+            except (FeedbackError, StoreBusy) as error:
+                log.warning("a %s call's rating was not stored: %s", deployment, error)
+
+        service.record(call).add_done_callback(rate)
+
+    def _find(self, reply_id: str) -> RoutingService:
+        for service in list(self.services.values()):
+            if service.store.calls([reply_id])[0] is not None:
+                return service
+        raise UnknownReply(f"unknown or expired reply id {reply_id!r}")
 
     def feedback(self, reply_id: str, quality: float) -> None:
         """Credit ``quality`` in [0, 1] to the call that produced reply ``reply_id``: once
-        (:class:`UnknownReply` for a second rating, an unknown or an expired id)."""
+        (:class:`UnknownReply` for a second rating, an unknown or an expired id). Waits at
+        most the store's wait; raises ``StoreBusy`` when the store is busy (retry later)."""
         quality = check_number(quality, "quality", low=0.0, high=1.0)
-        with self._lock:
-            self._expire(time.monotonic())
-            pending = self._pending.get(reply_id)
-            if pending is None:
-                raise UnknownReply(f"unknown or expired reply id {reply_id!r}")
-            if pending.rated:
-                raise UnknownReply(f"reply {reply_id!r} is already rated")
-            self.routers[pending.group].update(pending.region, pending.deployment,
-                                               float(quality), pending.cost)
-            pending.rated = True
-            self.counts["rated"] += 1
+        for service in list(self.services.values()):
+            try:
+                service.rate(reply_id, quality)
+            except UnknownCall:
+                continue
+            except AlreadyRated:
+                raise UnknownReply(f"reply {reply_id!r} is already rated") from None
+            except FeedbackExpired:
+                raise UnknownReply(f"reply {reply_id!r} expired") from None
+            with self._lock:
+                self.counts["rated"] += 1
+            return
+        raise UnknownReply(f"unknown or expired reply id {reply_id!r}")
 
     async def afeedback(self, reply_id: str, quality: float, *, wait_s: float = 2.0) -> None:
-        """:meth:`feedback` from async code right after the call: LiteLLM runs its success
-        callback after returning the reply, so this waits up to ``wait_s`` for it."""
+        """:meth:`feedback` from async code right after the call (in a thread: the store is
+        never waited on in the event loop). LiteLLM runs its success callback after returning
+        the reply, so this waits up to ``wait_s`` for it to be recorded."""
         deadline = time.monotonic() + wait_s
         while True:
             try:
-                return self.feedback(reply_id, quality)
-            except UnknownReply:
-                with self._lock:
-                    known = reply_id in self._pending
-                if known or time.monotonic() >= deadline:
+                return await asyncio.to_thread(self.feedback, reply_id, quality)
+            except (UnknownReply, StoreBusy) as error:
+                if time.monotonic() >= deadline or "already" in str(error):
                     raise
             await asyncio.sleep(0.005)
 
     def deployment_of(self, reply_id: str) -> str:
         """The deployment that produced a reply awaiting (or given) its rating."""
-        with self._lock:
-            pending = self._pending.get(reply_id)
-        if pending is None:
+        call = self._find(reply_id).store.calls([reply_id])[0]
+        if call is None:
             raise UnknownReply(f"unknown or expired reply id {reply_id!r}")
-        return pending.deployment
+        return call.model
 
     def stats(self) -> dict[str, Any]:
-        """Counters and, per model group, the router's estimates per region and deployment."""
+        """Counters and, per model group, the service's estimates per region and
+        deployment."""
         with self._lock:
-            return {"counts": dict(self.counts), "pending": len(self._pending),
-                    "groups": {group: router.estimates()
-                               for group, router in self.routers.items()}}
+            counts = dict(self.counts)
+            services = dict(self.services)
+        return {"counts": counts,
+                "pending": sum(s.counts()["requests"] - s.counts()["with_feedback"]
+                               for s in services.values()),
+                "groups": {group: service.estimates() for group, service in services.items()}}
+
+    def close(self) -> None:
+        """Stop every group's service (storing what is queued)."""
+        with self._lock:
+            services, self.services = list(self.services.values()), {}
+        for service in services:
+            service.close()
 
 
 class _Callback(CustomLogger):

@@ -13,12 +13,18 @@
   answers ``None`` at a phase boundary until the outstanding queries are told (the barrier);
   in the sequential :func:`canopy.run.run` loop this never happens. Phases are planned from
   :attr:`Policy.remaining`, and the base class refuses any query the budget cannot pay for.
+  A generator cannot be pickled, so the plan's inputs are kept as data instead: every batch
+  of observations folded into the statistics and the ledger at every resumption of the plan
+  (the plan reads nothing else that changes). Unpickling starts the policy again from its
+  recorded seed and replays the plan against that log, which brings the plan to the same
+  point with bit-identical statistics; the log is dropped once the plan is done.
 - :func:`sr_schedule`: the phase lengths of successive rejects (Audibert, Bubeck and Munos,
   2010), generalised to stop when ``keep`` arms remain, and the race built on it.
 """
 
 from __future__ import annotations
 
+import copy
 import itertools
 import math
 from abc import abstractmethod
@@ -36,7 +42,7 @@ from canopy.policies._bookkeeping import (
     round_robin,
 )
 from canopy.policies.base import Policy, check_k, top_k
-from canopy.problem import Query, QueryBatch
+from canopy.problem import ProblemSpec, Query, QueryBatch
 from canopy.tree import Tree
 from canopy.validation import check_count
 
@@ -215,9 +221,45 @@ class PhasedPolicy(TreeStatsPolicy):
 
     CHUNK = 4096
     _within = staticmethod(all_within)
+    # the ask/tell plumbing a checkpoint carries as it is; the rest is rebuilt by replay
+    _PLUMBING = ("ledger_", "rng_", "_outstanding", "_held", "_batches", "_tokens",
+                 "_batch_kind", "_batch_nodes", "_batch_pos", "_chunk", "_chunk_pos", "_buffer",
+                 "_arrays", "_log", "_plan_done")
+
+    def start(self, spec: ProblemSpec, *, budget: float,
+              seed: int | np.random.Generator | None = None) -> PhasedPolicy:
+        """As :meth:`Policy.start`, keeping the seed's state for a replay of the plan."""
+        rng = np.random.default_rng(seed)
+        self._rng_at_start = copy.deepcopy(rng)  # where a replay of the plan starts from
+        return super().start(spec, budget=budget, seed=rng)
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        state.pop("_plan_iter", None)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        if "_log" not in state:
+            return  # pickled before start: configuration only
+        if state["_plan_done"]:
+            self._plan_iter = iter(())
+            return
+        self.start(self.spec_, budget=self.ledger_.budget,
+                   seed=copy.deepcopy(state["_rng_at_start"]))
+        for entry in state["_log"]:
+            if isinstance(entry, tuple):
+                self._fold(*entry)
+            else:  # the ledger as the plan saw it when it resumed
+                self.ledger_ = copy.copy(entry)
+                next(self._plan_iter, None)
+        for name in self._PLUMBING:
+            setattr(self, name, state[name])
 
     def _start(self) -> None:
         super()._start()
+        self._log: list = []  # folded batches and ledgers at resumptions, for a replay
+        self._plan_done = False
         self._batch_kind = "leaf"
         self._batch_nodes = np.zeros(0, dtype=np.int64)
         self._batch_pos = 0
@@ -237,16 +279,23 @@ class PhasedPolicy(TreeStatsPolicy):
         """Fold the buffered observations into the statistics."""
         for kind, (nodes, values) in self._buffer.items():
             if nodes:
-                self._fold(kind, np.array(nodes, dtype=np.int64), np.array(values, dtype=float))
+                self._record(kind, np.array(nodes, dtype=np.int64), np.array(values, dtype=float))
                 nodes.clear()
                 values.clear()
         for kind, parts in self._arrays.items():
             if len(parts) == 1:
-                self._fold(kind, *parts[0])
+                self._record(kind, *parts[0])
             elif parts:
-                self._fold(kind, np.concatenate([n for n, _ in parts]),
-                           np.concatenate([v for _, v in parts]))
+                self._record(kind, np.concatenate([n for n, _ in parts]),
+                             np.concatenate([v for _, v in parts]))
             parts.clear()
+
+    def _record(self, kind: str, nodes: np.ndarray, values: np.ndarray) -> None:
+        """Fold a batch into the statistics and keep it in the replay log while the plan
+        runs."""
+        self._fold(kind, nodes, values)
+        if not self._plan_done:
+            self._log.append((kind, nodes, values))
 
     def recommend(self, k: int = 1) -> np.ndarray:
         self._check_started()
@@ -279,8 +328,13 @@ class PhasedPolicy(TreeStatsPolicy):
             if self._waiting():
                 return False  # phase barrier: the next phase needs these observations
             self._flush()
+            if self._plan_done:
+                return False
+            self._log.append(copy.copy(self.ledger_))
             batch = next(self._plan_iter, None)
             if batch is None:
+                self._plan_done = True
+                self._log.clear()  # nothing left to replay
                 return False
             self._batch_kind, nodes = batch
             self._batch_nodes = np.asarray(nodes, dtype=np.int64).ravel()

@@ -22,8 +22,10 @@ carries a trailing underscore (``spec_``, ``ledger_``, ``rng_``).
 
 from __future__ import annotations
 
+import inspect
 import math
 from abc import ABC, abstractmethod
+from typing import Any
 
 import numpy as np
 
@@ -89,6 +91,31 @@ class Policy(ABC):
     spec_: ProblemSpec
     ledger_: Ledger
     rng_: np.random.Generator
+
+    # ------------------------------------------------------------------ configuration
+    @classmethod
+    def _param_names(cls) -> list[str]:
+        """The constructor's parameters (scikit-learn's convention: each is stored, as given,
+        under its own name)."""
+        return [p.name for p in inspect.signature(cls.__init__).parameters.values()
+                if p.name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+
+    def get_params(self, deep: bool = True) -> dict[str, Any]:
+        """The constructor's parameters as given (``deep`` is accepted for scikit-learn's
+        ``clone``; no parameter is itself an estimator)."""
+        return {name: getattr(self, name) for name in self._param_names()}
+
+    def set_params(self, **params: Any) -> Policy:
+        """Change parameters, validated as the constructor validates them; a started policy
+        keeps its state until the next :meth:`start`. Returns ``self``."""
+        names = self._param_names()
+        unknown = sorted(set(params) - set(names))
+        if unknown:
+            raise ValueError(f"{type(self).__name__} has no parameter {unknown[0]!r}; "
+                             f"valid: {', '.join(names)}")
+        configured = type(self)(**{**self.get_params(), **params})
+        vars(self).update(vars(configured))
+        return self
 
     # ------------------------------------------------------------------ public surface
     def start(self, spec: ProblemSpec, *, budget: float,

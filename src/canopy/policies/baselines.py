@@ -30,9 +30,10 @@ __all__ = ["FlatUCB", "SequentialHalving", "SuccessiveElimination", "SuccessiveR
 
 
 def _check_focus(k: int) -> int:
+    """``k`` itself (stored as given) once it is a positive int."""
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
         raise ValueError(f"k must be a positive int, got {k!r}")
-    return int(k)
+    return k
 
 
 class _LeafPhased(PhasedPolicy):
@@ -170,7 +171,7 @@ class FlatUCB(TreeStatsPolicy):
         if isinstance(c, bool) or not isinstance(c, (int, float)) or not (
                 math.isfinite(c) and c >= 0):
             raise ValueError(f"c must be a finite number >= 0, got {c!r}")
-        self.c = float(c)
+        self.c = c
 
     def _start(self) -> None:
         super()._start()

@@ -59,13 +59,14 @@ def _check_choice(value: str, choices: dict[str, int], name: str) -> str:
 
 
 def _check_level(value: int | None, name: str) -> int | None:
+    """``value`` itself (stored as given) once it is ``None`` or an int >= 0."""
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise TypeError(f"{name} must be an int or None, got {type(value).__name__}")
     if value < 0:
         raise ValueError(f"{name} must be >= 0, got {value}")
-    return int(value)
+    return value
 
 
 def max_branching(tree: Tree | LazyTree) -> int:
@@ -156,12 +157,27 @@ class ExploredTreePolicy(Policy):
         self._forest = n_inst > 1
         self._plain = not (self._forest or lazy)
         self._kernel_args = (self._fs, self._ist, ctl, self._lambdas)
-        self._observe_kernel = ex.entry_point(ex.observe, 0, 0.0, *self._kernel_args)
+        self._bind_kernel()
         self._asked: dict[object, list[int]] = {}  # forest: rows asked per node, by schedule
         self._row_of: dict[object, int] = {}  # one tree: a node's row is unique
         self._queries: dict[int, Query] = {}
         self._next = 0
         self._sync_counts()
+
+    def _bind_kernel(self) -> None:
+        """The compiled observe kernel for this run's arrays (a numba closure, so it is not
+        pickled but bound again on unpickling: the state itself is the arrays)."""
+        self._observe_kernel = ex.entry_point(ex.observe, 0, 0.0, *self._kernel_args)
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        state.pop("_observe_kernel", None)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        if "_kernel_args" in state:
+            self._bind_kernel()
 
     def _sync_counts(self) -> None:
         self.n_stored_ = int(self._ctl[ex.M_STORED])
@@ -304,6 +320,12 @@ def spec_value_range(spec: ProblemSpec) -> tuple[float, float]:
     return 0.0, 1.0
 
 
+def _check_schedule(lipschitz: float, rho: float | None, c: float) -> None:
+    check_positive(lipschitz, "lipschitz")
+    check_open_unit(rho, "rho", allow_none=True)
+    check_positive(c, "c")
+
+
 def _check_certificate(value: str) -> str:
     if value not in METHODS:
         raise ValueError(f"certificate must be one of {METHODS}, got {value!r}")
@@ -387,15 +409,15 @@ class OptimisticDescent(ExploredTreePolicy):
                  certificate: str = DEFAULT_METHOD) -> None:
         self.spread = _check_choice(spread, _SPREADS, "spread")
         self.certificate = _check_certificate(certificate)
-        self.lipschitz = check_positive(lipschitz, "lipschitz")
-        self.rho = check_open_unit(rho, "rho", allow_none=True)
-        self.c = check_positive(c, "c")
+        _check_schedule(lipschitz, rho, c)
+        self.lipschitz, self.rho, self.c = lipschitz, rho, c
         self.expand = _check_choice(expand, _EXPANDS, "expand")
         self.max_depth = _check_level(max_depth, "max_depth")
         if expand == "fixed" and max_depth is None:
             raise ValueError('expand="fixed" needs max_depth (the resolution to play at)')
-        self.delta = check_open_unit(delta, "delta")
-        self.z = check_positive(z, "z")
+        check_open_unit(delta, "delta")
+        check_positive(z, "z")
+        self.delta, self.z = delta, z
 
     @property
     def name(self) -> str:  # type: ignore[override]
@@ -427,8 +449,8 @@ class KnownBiasDescent(OptimisticDescent):
 
     def __init__(self, bias: np.ndarray, *, c: float = 1.0) -> None:
         super().__init__(spread="assumed", c=c)
-        bias = np.asarray(bias, dtype=float)
-        if bias.ndim != 1 or not np.all(np.isfinite(bias) & (bias >= 0)):
+        values = np.asarray(bias, dtype=float)
+        if values.ndim != 1 or not np.all(np.isfinite(values) & (values >= 0)):
             raise ValueError("bias must be a 1-d array of finite values >= 0, one per node")
         self.bias = bias
 
@@ -438,14 +460,16 @@ class KnownBiasDescent(OptimisticDescent):
 
     def _start(self) -> None:
         tree = self.spec_.tree
-        if isinstance(tree, Tree) and self.bias.size != tree.n_nodes:
-            raise ValueError(f"bias has {self.bias.size} entries, the tree {tree.n_nodes} nodes")
+        self._bias = np.asarray(self.bias, dtype=float)
+        if isinstance(tree, Tree) and self._bias.size != tree.n_nodes:
+            raise ValueError(f"bias has {self._bias.size} entries, the tree {tree.n_nodes} "
+                             "nodes")
         super()._start()
         self._set_spread(0)
 
     def _set_spread(self, row: int) -> None:
         node = int(self._ist[row, ex.NODE])
-        self._fs[row, ex.FLOOR] = self._fs[row, ex.SPREAD] = self.bias[node]
+        self._fs[row, ex.FLOOR] = self._fs[row, ex.SPREAD] = self._bias[node]
 
     def _split(self, row: int) -> int:
         step = super()._split(row)  # the new children are not played before this returns
@@ -487,16 +511,16 @@ class MemoryBoundedDescent(ExploredTreePolicy):
                  spread: str = "assumed", max_nodes: int | None = None, delta: float = 0.05,
                  z: float = 3.0, certificate: str = DEFAULT_METHOD) -> None:
         self.certificate = _check_certificate(certificate)
-        self.lipschitz = check_positive(lipschitz, "lipschitz")
-        self.rho = check_open_unit(rho, "rho", allow_none=True)
-        self.c = check_positive(c, "c")
+        _check_schedule(lipschitz, rho, c)
+        self.lipschitz, self.rho, self.c = lipschitz, rho, c
         if spread not in ("assumed", "estimated", "certified"):
             raise ValueError("spread must be 'assumed', 'estimated' or 'certified', "
                              f"got {spread!r}")
         self.spread = spread
         self.max_nodes = _check_level(max_nodes, "max_nodes")
-        self.delta = check_open_unit(delta, "delta")
-        self.z = check_positive(z, "z")
+        check_open_unit(delta, "delta")
+        check_positive(z, "z")
+        self.delta, self.z = delta, z
 
     def _start(self) -> None:
         tree = self.spec_.tree

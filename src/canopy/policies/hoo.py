@@ -40,9 +40,10 @@ class HOO(ExploredTreePolicy):
 
     def __init__(self, *, lipschitz: float = 1.0, rho: float | None = None,
                  c: float = 1.0) -> None:
-        self.lipschitz = check_positive(lipschitz, "lipschitz")
-        self.rho = check_open_unit(rho, "rho", allow_none=True)
-        self.c = check_positive(c, "c")
+        check_positive(lipschitz, "lipschitz")
+        check_open_unit(rho, "rho", allow_none=True)
+        check_positive(c, "c")
+        self.lipschitz, self.rho, self.c = lipschitz, rho, c
 
     def _start(self) -> None:
         self._begin(schedules=[(self.lipschitz, self.rho)], spread="assumed", expand="always",
@@ -72,19 +73,20 @@ class POO(ExploredTreePolicy):
     def __init__(self, *, schedules: Sequence[tuple[float, float | None]] | None = None,
                  c: float = 1.0) -> None:
         if schedules is not None:
-            schedules = [(check_positive(lip, f"schedules[{i}] lipschitz"),
-                          check_open_unit(rho, f"schedules[{i}] rho", allow_none=True))
-                         for i, (lip, rho) in enumerate(schedules)]
-            if not schedules:
+            for i, (lip, rho) in enumerate(schedules):
+                check_positive(lip, f"schedules[{i}] lipschitz")
+                check_open_unit(rho, f"schedules[{i}] rho", allow_none=True)
+            if not len(schedules):
                 raise ValueError("schedules is empty: POO needs at least one (lipschitz, rho)")
-        self.schedules = schedules
-        self.c = check_positive(c, "c")
+        check_positive(c, "c")
+        self.schedules, self.c = schedules, c
 
     def _start(self) -> None:
         grid = self.schedules
         if grid is None:
             grid = default_schedules(spec_rounds(self.spec_, self.ledger_.budget))
-        self.schedules_ = list(grid)
+        self.schedules_ = [(float(lip), None if rho is None else float(rho))
+                           for lip, rho in grid]
         self._begin(schedules=self.schedules_, spread="assumed", expand="always",
                     max_depth=None, path_stats=True, c=self.c)
 

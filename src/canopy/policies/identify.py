@@ -80,16 +80,15 @@ class _TreeIdentifier(PhasedPolicy):
             raise ValueError(f"spread must be one of {SPREADS}, got {spread!r}")
         if certificate not in METHODS:
             raise ValueError(f"certificate must be one of {METHODS}, got {certificate!r}")
-        self.certificate = certificate
-        self.lipschitz = check_positive(lipschitz, "lipschitz", allow_none=True)
-        self.rho = check_open_unit(rho, "rho", allow_none=True)
-        self.delta = check_open_unit(delta, "delta")
-        self.z = check_positive(z, "z")
+        check_positive(lipschitz, "lipschitz", allow_none=True)
+        check_open_unit(rho, "rho", allow_none=True)
+        check_open_unit(delta, "delta")
+        check_positive(z, "z")
         if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
             raise ValueError(f"k must be a positive int, got {k!r}")
-        self.k = int(k)
-        self.spread = spread
-        self.prepass = bool(prepass)
+        # stored as given (scikit-learn's convention: clone rebuilds from these)
+        self.certificate, self.lipschitz, self.rho = certificate, lipschitz, rho
+        self.delta, self.z, self.k, self.spread, self.prepass = delta, z, k, spread, prepass
         if lipschitz is None and not prepass and spread != "certified":
             raise ValueError(f"spread={spread!r} with lipschitz=None needs prepass=True to "
                              "estimate the Lipschitz constant")
@@ -366,7 +365,7 @@ class TopKBeam(_TreeIdentifier):
                  certificate: str = DEFAULT_METHOD) -> None:
         if isinstance(width, bool) or not isinstance(width, (int, np.integer)) or width < 1:
             raise ValueError(f"width must be a positive int, got {width!r}")
-        self.width = int(width)
+        self.width = width
         self._configure(lipschitz=lipschitz, rho=rho, delta=delta, z=z, k=k, spread=spread,
                         prepass=prepass, certificate=certificate)
 
@@ -539,8 +538,8 @@ class EdgeTargeted(_TreeIdentifier):
                  k: int = 1, certificate: str = DEFAULT_METHOD) -> None:
         self._configure(lipschitz=lipschitz, rho=rho, delta=delta, z=z, k=k, spread="hybrid",
                         prepass=True, certificate=certificate)
-        self.detect_fraction = (detect_fraction if detect_fraction is None
-                                else check_open_unit(detect_fraction, "detect_fraction"))
+        check_open_unit(detect_fraction, "detect_fraction", allow_none=True)
+        self.detect_fraction = detect_fraction
 
     def _plan(self) -> Generator[Batch, None, None]:
         tree = self.tree_

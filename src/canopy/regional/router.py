@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import numpy as np
@@ -29,7 +28,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "FlatRouter",
-    "PlannedUpdate",
     "RegionalRouter",
     "Router",
     "ThompsonRouter",
@@ -133,17 +131,6 @@ def merge_moments(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return out
 
 
-@dataclass(frozen=True)
-class PlannedUpdate:
-    """One outcome's effect: per node of its chain, ``(node, path, count, mean, m2)`` of the
-    model after the update."""
-
-    model: str
-    index: int
-    cost: float
-    rows: tuple[tuple[int, str, float, float, float], ...]
-
-
 class _Learner:
     """Shared state of the learning routers: a region tree and per-node moments."""
 
@@ -220,35 +207,23 @@ class _Learner:
         return self.ranking(region)[0]
 
     def update(self, region: str, model: str, quality: float, cost: float) -> None:
-        self.apply(self.plan_update(region, model, quality, cost))
+        index, quality, cost = check_feedback(self.models, model, quality, cost)
+        chain = self.chain(region)  # may grow the statistics: take it first
+        kernels.push(self._stats, chain, index, quality - self.lam * cost)
+        self._observe_cost(cost)
 
     def chain_paths(self, region: str) -> list[str]:
         """Region paths an outcome in ``region`` updates, from the root down."""
         return [self.regions.path(int(v)) for v in self.chain(region) if v >= 0]
 
-    def plan_update(self, region: str, model: str, quality: float, cost: float, *,
-                    current: np.ndarray | None = None) -> PlannedUpdate:
-        """What :meth:`update` would write, without writing it: the new moments of ``model``
-        at every node from the root down to ``region``, from this router's moments or from
-        ``current`` (``(count, mean, m2)`` per node of :meth:`chain_paths`, as a store shared
-        by several processes holds them), so a service can persist them first and
-        :meth:`apply` them after."""
-        index, quality, cost = check_feedback(self.models, model, quality, cost)
-        chain = self.chain(region)  # may grow the statistics: take it first
-        nodes = [int(v) for v in chain if v >= 0]
-        moments = (self._stats[nodes, index] if current is None
-                   else np.asarray(current, dtype=float).reshape(len(nodes), 3))
-        moments = moments[:, None, :].copy()
-        kernels.push(moments, np.arange(len(nodes)), 0, quality - self.lam * cost)
-        rows = tuple((node, self.regions.path(node), *map(float, moments[i, 0]))
-                     for i, node in enumerate(nodes))
-        return PlannedUpdate(model, index, cost, rows)
-
-    def apply(self, planned: PlannedUpdate) -> None:
-        """Write a :meth:`plan_update` result into the statistics."""
-        for node, _, count, mean, m2 in planned.rows:
-            self._stats[node, planned.index] = (count, mean, m2)
-        self._observe_cost(planned.cost)
+    def set_moments(self, region: str, model: str, count: float, mean: float, m2: float,
+                    *, cost_max: float = 0.0) -> None:
+        """Overwrite ``model``'s moments at ``region`` (as a store shared by several
+        processes holds them) and raise the largest cost seen to ``cost_max``."""
+        index = self.models.index(model)
+        node = self._node(region)  # may grow the statistics: take it first
+        self._stats[node, index] = (count, mean, m2)
+        self._observe_cost(check_observation(cost_max, 0.0))
 
     def fit(self, outcomes: Outcomes, *, max_count: float | None = 100.0) -> None:
         """Warm start from a log (:class:`~canopy.regional.outcomes.Outcomes`, e.g. the long

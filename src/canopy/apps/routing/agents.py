@@ -146,6 +146,9 @@ def run_agents(*, episodes: int = 2000, replicates: int = 10, lam: float = 5.0,
     return results
 
 
+_FRACTIONS = frozenset({"success", "oracle_match"})
+
+
 def summarize_agents(results: Sequence[AgentResult], lam: float) -> dict[str, object]:
     """Per learner: mean and 95% t-interval over replicates of each measure; the oracle's
     and the best single model's expected utility for reference."""
@@ -154,7 +157,9 @@ def summarize_agents(results: Sequence[AgentResult], lam: float) -> dict[str, ob
         mine = [r for r in results if r.learner == learner]
         row: dict[str, object] = {"learner": learner, "replicates": len(mine)}
         for measure in ("utility", "utility_last", "success", "cost", "oracle_match"):
-            mean, low, high = t_interval([getattr(r, measure) for r in mine])
+            # success and oracle_match are fractions: their intervals stay in [0, 1]
+            bounds = (0.0, 1.0) if measure in _FRACTIONS else None
+            mean, low, high = t_interval([getattr(r, measure) for r in mine], bounds=bounds)
             row |= {measure: mean, f"{measure}_ci": [low, high]}
         rows.append(row)
     policy, value = oracle_policy(lam)

@@ -139,7 +139,7 @@ def serve_router(config: Annotated[Path, typer.Option("--config", exists=True,
                  prior: Annotated[Path | None, typer.Option(
                      "--prior", exists=True, dir_okay=False, help="Warm start: a log in the "
                      "long format (query_id,region,model,quality,cost; .csv or .jsonl) the "
-                     "router is fitted on when its store holds no statistics yet.")] = None
+                     "router is fitted on at start, kept under the stored ratings.")] = None
                  ) -> None:
     """Run the OpenAI-compatible routing proxy (needs the ``serve`` extra). Clients present
     the keys the configuration's ``auth`` names (``Authorization: Bearer ...``)."""

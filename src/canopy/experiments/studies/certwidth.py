@@ -33,6 +33,7 @@ import numpy as np
 
 from canopy.certificate import METHODS, certify, sharp_batch, sharp_setup, sharp_width
 from canopy.experiments.study import (
+    PROPORTION,
     Headline,
     Measurement,
     Panel,
@@ -137,7 +138,8 @@ def run_cell(cell: dict[str, Any], seed: int) -> list[Measurement]:
     label = f"{cell['method']} / {shape} / m={m}"
     excess = bounds - bias
     width = float(np.median(excess)) if np.isfinite(np.median(excess)) else math.inf
-    return [Measurement(label, "n", float(n), "coverage", float(np.mean(bounds >= bias))),
+    return [Measurement(label, "n", float(n), "coverage", float(np.mean(bounds >= bias)),
+                        PROPORTION),
             Measurement(label, "n", float(n), "median width", width)]
 
 

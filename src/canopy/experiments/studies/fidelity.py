@@ -35,6 +35,7 @@ from canopy.experiments.studies._common import (
     recall,
 )
 from canopy.experiments.study import (
+    PROPORTION,
     Headline,
     Measurement,
     Panel,
@@ -126,11 +127,12 @@ def run_cell(cell: dict[str, Any], seed: int) -> list[Measurement]:
     policy = make_policy(cell)
     result = run(policy, problem, budget=cell["budget"], seed=seed, k=k)
     value = recall(result, problem, k)
-    out = [Measurement(cell["method"], x_name, x, f"recall@{k}", value)
+    out = [Measurement(cell["method"], x_name, x, f"recall@{k}", value, PROPORTION)
            for x_name, x in cell["points"]]
     if cell["policy"] == "TopKSound":
         pruned = policy.n_pruned_ / max(policy.n_judged_, 1)
-        out += [Measurement(cell["method"], x_name, x, "pruned fraction", pruned)
+        out += [Measurement(cell["method"], x_name, x, "pruned fraction", pruned,
+                            PROPORTION)
                 for x_name, x in cell["points"]]
     return out
 

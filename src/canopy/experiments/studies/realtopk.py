@@ -47,6 +47,7 @@ from canopy.apps.topk.trees import PoolTree, tree_from_families, tree_from_featu
 from canopy.apps.topk.variance import variance_explained
 from canopy.experiments.studies._common import headline
 from canopy.experiments.study import (
+    PROPORTION,
     Headline,
     Measurement,
     Panel,
@@ -145,7 +146,7 @@ def _run_cell(cell: Mapping[str, Any], seed: int) -> list[Measurement]:
                              method=cell["method"], seed=seed)
     budget = float(cell["budget"])
     return [Measurement(cell["method"], "budget", budget, _metric(pool, int(cell["k"])),
-                        selection.recall),
+                        selection.recall, PROPORTION),
             Measurement(cell["method"], "budget", budget, f"share of budget spent ({pool})",
                         selection.spent / budget)]
 

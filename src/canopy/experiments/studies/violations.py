@@ -32,6 +32,7 @@ from typing import Any
 
 from canopy.experiments.studies._common import instance_seed, make_policy, policy_cell
 from canopy.experiments.study import (
+    PROPORTION,
     Headline,
     Measurement,
     Panel,
@@ -99,7 +100,8 @@ def run_cell(cell: dict[str, Any], seed: int) -> list[Measurement]:
     result = run(policy, problem, budget=cell["budget"], seed=seed, k=1)
     k = float(cell["K"])
     chosen = int(result.recommendation[0])
-    out = [Measurement(cell["method"], K_AXIS, k, ACCURACY, float(chosen == problem.best_leaf)),
+    out = [Measurement(cell["method"], K_AXIS, k, ACCURACY, float(chosen == problem.best_leaf),
+                       PROPORTION),
            Measurement(cell["method"], K_AXIS, k, REGRET,
                        problem.mu_star - float(problem.means[chosen]))]
     if cell["method"] in (EDGE, HYBRID):

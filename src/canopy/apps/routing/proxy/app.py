@@ -12,11 +12,15 @@ cool-down (circuit breaker). When none answers, the caller gets a 503 (504 past 
 deadline, 502 when the upstreams refused the proxy's credentials) with a generic reason and
 the request id; upstream error bodies go only to the log, secrets redacted.
 ``POST /v1/feedback`` takes ``{"request_id", "quality"}`` and updates the router with
-``quality - lam * cost``: the database first (one transaction), then memory, so a retry
-after a failure counts once. Calls sent with an ``X-Canopy-Episode`` header form an episode:
-``POST /v1/feedback/episode`` with ``{"episode_id", "reward"}`` credits the terminal reward to
-every call of the episode not yet rated, in one transaction (per-call routing inside agents,
-paper Appendix E). ``GET /v1/router/stats``, ``GET /metrics`` (Prometheus), ``GET /health``.
+``quality - lam * cost`` through the routing service (:mod:`canopy.regional.service`): the
+store first (one atomic step), then memory, so a retry after a failure counts once, and every
+worker sharing the store ranks with it within a second. A store that stays busy past
+``limits.store_wait_s`` gets the rating a 503 with ``Retry-After``; it never delays a chat
+(the call is stored in the background). Calls sent with an ``X-Canopy-Episode`` header
+form an episode: ``POST /v1/feedback/episode`` with ``{"episode_id", "reward"}`` credits the
+terminal reward to every call of the episode not yet rated, in one transaction (per-call
+routing inside agents, paper Appendix E). ``GET /v1/router/stats``, ``GET /metrics``
+(Prometheus), ``GET /health``.
 A request may carry its own trade-off in a ``"canopy"`` object (``extra_body``): ``lam`` and
 ``max_cost`` (:class:`~canopy.apps.routing.proxy.guard.Preferences`).
 
@@ -36,7 +40,6 @@ import json
 import logging
 import math
 import os
-import sqlite3
 import threading
 import time
 import uuid
@@ -54,7 +57,6 @@ from starlette.requests import ClientDisconnect
 
 from canopy.apps.routing.proxy.config import ProxyConfig
 from canopy.apps.routing.proxy.guard import (
-    Breaker,
     Keys,
     Preferences,
     SseUsage,
@@ -68,10 +70,12 @@ from canopy.apps.routing.proxy.guard import (
 )
 from canopy.apps.routing.proxy.metrics import CONTENT_TYPE_LATEST, ProxyMetrics
 from canopy.apps.routing.proxy.regions import RegionSource
-from canopy.apps.routing.proxy.state import AlreadyRated, ProxyState, RequestRecord
 from canopy.llm.client import LLMError, LLMServerError, LLMTimeoutError
 from canopy.llm.passthrough import AnswerTooLarge, AsyncPassthrough
+from canopy.regional.ledger import FeedbackError
 from canopy.regional.outcomes import Outcomes
+from canopy.regional.service import RoutingService
+from canopy.regional.store import Call, StoreBusy
 
 __all__ = ["AUTO_MODELS", "app_from_env", "create_app", "read_prior", "serve_in_thread"]
 
@@ -121,18 +125,20 @@ class _Proxy:
                  ) -> None:
         self.config = config
         self.keys = keys
-        self.state = ProxyState(config.state_path)
-        self.router = config.router()
-        saved = self.state.load_router_state()
-        if saved is not None:
-            try:
-                self.router.load_state(saved)
-            except ValueError as error:
-                raise ValueError(f"{config.state_path} holds another router's state: {error}; "
-                                 "use a new state_path") from None
-        self.state.save_meta(self.router.models, self.router.lam)
-        if prior is not None:
-            self._warm_start(prior)
+        limits = config.limits
+        router = config.router()
+        if prior is not None:  # kept by the service as a prior under the stored sums
+            router.fit(prior)
+        try:
+            self.service = RoutingService(
+                router, config.store, window_s=limits.feedback_window_s,
+                breaker_failures=limits.breaker_failures,
+                breaker_cooldown_s=limits.breaker_cooldown_s, wait_s=limits.store_wait_s)
+        except ValueError as error:
+            raise ValueError(f"{config.store} holds another router's state: {error}; "
+                             "use a new store") from None
+        self.router = self.service.router
+        self.breaker = self.service.breaker
         self.upstreams = {u.model: u for u in config.upstreams}
         cap = config.limits.max_answer_bytes
         self.clients = {u.model: AsyncPassthrough(u.base_url, model=u.upstream_model,
@@ -148,35 +154,27 @@ class _Proxy:
                                             if u.api_key_env)
         self.regions = RegionSource(config.region, max_regions=config.limits.max_regions)
         self.metrics = ProxyMetrics()
-        self.mean_cost = self.state.mean_costs()  # model -> (count, mean): what lam priced
-        self.breaker = Breaker(config.limits.breaker_failures, config.limits.breaker_cooldown_s)
-        self.lock = threading.Lock()
-
-    def _warm_start(self, prior: Outcomes) -> None:
-        """Fit the router on a log (:meth:`RegionalRouter.fit`) and store the result, once: a
-        store that already holds statistics keeps them (a restart never counts the log
-        twice)."""
-        if any(row["count"] for row in self.router.estimates()):
-            log.info("the store holds statistics already: the prior log is not applied")
-            return
-        self.router.fit(prior)
-        state = self.router.state()
-        with self.state.feedback([], 0.0) as write:
-            for m, model in enumerate(self.router.models):
-                write.write(model, [(node, path, *state["stats"][node][m])
-                                    for node, path in enumerate(state["regions"])],
-                            float(state["cost_max"]))
+        self.mean_cost: dict[str, tuple[int, float]] = {}  # model -> (count, mean cost)
 
     def region(self, headers: Any, body: dict[str, Any]) -> str:
         """The request's region (:class:`RegionSource`), from its header or its text."""
-        return self.regions.region(headers.get(self.config.region.header), body,
-                                   self.router.regions)
+        with self.service.lock:
+            return self.regions.region(headers.get(self.config.region.header), body,
+                                       self.router.regions)
 
     async def _record(self, request_id: str, region: str, model: str, cost: float,
                       episode: str | None) -> None:
-        """Keep an answered request (for its feedback) and the model's mean cost."""
-        await run_in_threadpool(self.state.add_request, request_id, region, model, cost,
-                                episode)
+        """Keep an answered request for its feedback (waiting at most ``store_wait_s`` for
+        the store: past that the call is stored in the background), and the model's mean
+        cost."""
+        stored = self.service.record(Call(request_id, region, model, cost, time.time(),
+                                          episode))
+        try:
+            await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(stored)),
+                                   timeout=self.config.limits.store_wait_s)
+        except (asyncio.TimeoutError, StoreBusy) as error:
+            log.warning("request %s: its call is not stored yet (%s)", request_id,
+                        type(error).__name__)
         n, mean = self.mean_cost.get(model, (0, 0.0))
         self.mean_cost[model] = (n + 1, mean + (cost - mean) / (n + 1))
 
@@ -187,8 +185,7 @@ class _Proxy:
         difference in cost weight times the model's mean cost so far (this request's estimate
         before its first answer). ``max_cost`` drops the models whose estimated cost for this
         request (prompt and ``max_tokens``) exceeds it."""
-        with self.lock:
-            scores = self.router.scores(region)
+        scores = self.service.scores(region)
         if preferences.lam is None and preferences.max_cost is None:
             return [self.router.models[int(m)] for m in np.argsort(-scores, kind="stable")]
         prompt, completion = expected_tokens(body)
@@ -431,7 +428,7 @@ class _Proxy:
         build a region and price a call."""
         scratch = self.config.router()  # never the live router: its state stays untouched
         scratch.scores("warm-up")
-        scratch.plan_update("warm-up", scratch.models[0], 0.5, 0.0)
+        scratch.update("warm-up", scratch.models[0], 0.5, 0.0)
         body = {"messages": [{"role": "user", "content": "warm up"}]}
         try:
             self.regions.region(None, body, scratch.regions)
@@ -441,29 +438,16 @@ class _Proxy:
         self.config.prices.cost(scratch.models[0], *expected_tokens(body))
 
     # -- feedback ------------------------------------------------------------------------
-    def _credit(self, records: list[RequestRecord], quality: float) -> JSONResponse | None:
-        """Write every record's update in one transaction, then apply them in memory (in
-        order: each plan reads the rows the previous one wrote)."""
-        ids = [r.id for r in records]
-        try:
-            with self.state.feedback(ids, quality) as write:
-                plans = []
-                for record in records:
-                    planned = self.router.plan_update(
-                        record.region, record.model, quality, record.cost,
-                        current=write.read(self.router.chain_paths(record.region),
-                                           record.model))
-                    write.write(record.model, planned.rows, record.cost)
-                    plans.append(planned)
-        except AlreadyRated:  # another worker rated it between the read and the write
-            return _error(409, "already has feedback", code="duplicate_feedback")
-        except sqlite3.OperationalError as error:  # locked or failing store: nothing kept
-            log.error("feedback for %s not stored: %s", ids[:3], error)
-            return _error(503, "the statistics store is busy; nothing was recorded, "
-                               "retry the feedback", "server_error")
-        for planned in plans:  # memory only after the commit
-            self.router.apply(planned)
-        return None
+    @staticmethod
+    def _refused(error: FeedbackError | StoreBusy) -> JSONResponse:
+        """The answer to a rating the ledger refused, or that a busy store could not take."""
+        if isinstance(error, StoreBusy):
+            log.error("feedback not stored: %s", error)
+            answer = _error(503, "the statistics store is busy; nothing was recorded, retry "
+                                 "the feedback", "server_error")
+            answer.headers["Retry-After"] = "1"
+            return answer
+        return _error(error.status, str(error), code=error.code)
 
     @staticmethod
     def _rating(body: Any, key: str, value_key: str) -> tuple[str, float] | JSONResponse:
@@ -480,26 +464,17 @@ class _Proxy:
         return ident, float(value)
 
     def feedback(self, body: Any) -> JSONResponse | dict[str, Any]:
-        """Runs in a worker thread (SQLite is off the event loop)."""
+        """Runs in a worker thread (the store is never waited on in the event loop)."""
         rating = self._rating(body, "request_id", "quality")
         if isinstance(rating, JSONResponse):
             return rating
         request_id, quality = rating
-        window = self.config.limits.feedback_window_s
-        with self.lock:
-            record = self.state.request(request_id)
-            if record is None:
-                return _error(404, f"unknown request id {request_id!r}", code="unknown_request")
-            if record.quality is not None:
-                return _error(409, f"request {request_id!r} already has feedback "
-                                   f"({record.quality})", code="duplicate_feedback")
-            if time.time() - record.created > window:
-                return _error(410, f"request {request_id!r} is older than the feedback window "
-                                   f"({window:g} s)", code="feedback_expired")
-            problem = self._credit([record], quality)
-        return problem or {"ok": True, "request_id": request_id, "region": record.region,
-                           "model": record.model,
-                           "reward": quality - self.config.lam * record.cost}
+        try:
+            call = self.service.rate(request_id, quality)
+        except (FeedbackError, StoreBusy) as error:
+            return self._refused(error)
+        return {"ok": True, "request_id": request_id, "region": call.region,
+                "model": call.model, "reward": quality - self.config.lam * call.cost}
 
     def episode_feedback(self, body: Any) -> JSONResponse | dict[str, Any]:
         """An episode's terminal reward, credited as the quality of every call of the
@@ -509,39 +484,38 @@ class _Proxy:
         if isinstance(rating, JSONResponse):
             return rating
         episode, reward = rating
-        oldest = time.time() - self.config.limits.feedback_window_s
-        with self.lock:
-            calls = self.state.episode(episode)
-            if not calls:
-                return _error(404, f"unknown episode {episode!r}", code="unknown_episode")
-            open_calls = [c for c in calls if c.quality is None and c.created >= oldest]
-            if not open_calls:
-                return _error(409, f"every call of episode {episode!r} already has feedback "
-                                   "or has expired", code="duplicate_feedback")
-            problem = self._credit(open_calls, reward)
-        return problem or {"ok": True, "episode_id": episode, "credited": len(open_calls),
-                           "calls": [{"request_id": c.id, "region": c.region,
-                                      "model": c.model} for c in open_calls]}
+        try:
+            calls = self.service.rate_episode(episode, reward)
+        except (FeedbackError, StoreBusy) as error:
+            return self._refused(error)
+        return {"ok": True, "episode_id": episode, "credited": len(calls),
+                "calls": [{"request_id": c.id, "region": c.region, "model": c.model}
+                          for c in calls]}
 
-    def stats(self) -> dict[str, Any]:
-        with self.lock:
-            rows = self.router.estimates()
+    def stats(self) -> JSONResponse | dict[str, Any]:
+        """The router's statistics (runs in a worker thread: it reads the store's counts)."""
+        try:
+            counts = self.service.counts()
+        except StoreBusy as error:
+            return self._refused(error)
         return {"models": list(self.config.models), "lam": self.config.lam,
                 "learner": self.config.learner, "sharing": self.config.sharing,
                 "price_table": self.config.prices.version, "ejected": self.breaker.ejected(),
-                **self.state.counts(), "statistics": rows}
+                **counts, "statistics": self.service.estimates()}
 
     async def close(self) -> None:
         for client in (*self.clients.values(), *(e[1] for e in self.embedders.values())):
             await client.aclose()
-        self.state.close()
+        await asyncio.to_thread(self.service.close)
 
 
 def create_app(config: ProxyConfig, *, insecure_no_auth: bool = False,
                prior: Outcomes | None = None) -> FastAPI:
     """The FastAPI application of the proxy. Refuses (``ValueError``) to build without API
-    keys unless ``insecure_no_auth``. ``prior``: a log the router is warm-started from when
-    its store holds no statistics yet (``canopy serve router --prior LOG``)."""
+    keys unless ``insecure_no_auth``. ``prior``: a log the router is warm-started from
+    (``canopy serve router --prior LOG``, :meth:`RegionalRouter.fit`), kept in memory under
+    the stored ratings, so a restart never counts it twice; every process sharing a store
+    takes the same log."""
     keys = Keys.from_env(config.auth.client_key_env, config.auth.admin_key_env,
                          insecure_no_auth=insecure_no_auth)
     proxy = _Proxy(config, keys, prior)

@@ -7,13 +7,16 @@
       ],
       "lam": 100.0,                      # reward = quality - lam * cost (dollars)
       "learner": "ucb", "sharing": "test", "delta": 0.01, "kappa": 5.0, "explore": 1.0,
-      "state_path": "router.sqlite",     # learned statistics (relative to the file)
+      "store": "sqlite:///router.sqlite",  # or "redis://host:6379/0" or "memory";
+                                         # "state_path": "router.sqlite" is the SQLite
+                                         # shorthand (relative paths: from the file)
       "deadline_s": 30.0,                # per request, over every upstream tried
       "prices": null,                    # a price-table JSON; null: the shipped table
       "auth": {"client_key_env": "CANOPY_CLIENT_KEY",      # chat
                "admin_key_env": "CANOPY_ADMIN_KEY"},       # feedback, stats
       "limits": {"max_body_bytes": 1048576, "max_regions": 1024,
-                 "feedback_window_s": 604800, "breaker_failures": 3, "breaker_cooldown_s": 30},
+                 "feedback_window_s": 604800, "breaker_failures": 3, "breaker_cooldown_s": 30,
+                 "store_wait_s": 0.5},
       "region": {"header": "X-Canopy-Region", "default": "",
                  "allowed": ["code", "code/python", "chat"],   # optional allowlist
                  "rules": [{"pattern": "(?i)\\bdef |python", "region": "code"}],  # optional
@@ -130,14 +133,16 @@ class AuthConfig:
 class Limits:
     """What a client can make the proxy hold: body size, distinct regions, how long a request
     id accepts feedback, open connections, how long a client may take to send a request,
-    header size, idle keep-alive, an upstream answer's size; and the circuit breaker
-    (failures in a row, cool-down)."""
+    header size, idle keep-alive, an upstream answer's size; the circuit breaker (failures in
+    a row, cool-down); and how long a chat or a rating waits for a busy store (then the chat
+    is answered anyway and its call stored later; the rating gets 503)."""
 
     max_body_bytes: int = 1 << 20
     max_regions: int = 1024
     feedback_window_s: float = 7 * 24 * 3600.0
     breaker_failures: int = 3
     breaker_cooldown_s: float = 30.0
+    store_wait_s: float = 0.5
     max_connections: int = 1024
     client_timeout_s: float = 10.0
     max_header_bytes: int = 16384
@@ -150,8 +155,8 @@ class Limits:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"limits.{name} must be an integer >= 1, got {value!r}")
-        for name in ("feedback_window_s", "breaker_cooldown_s", "client_timeout_s",
-                     "keep_alive_s"):
+        for name in ("feedback_window_s", "breaker_cooldown_s", "store_wait_s",
+                     "client_timeout_s", "keep_alive_s"):
             object.__setattr__(self, name, check_positive(getattr(self, name), f"limits.{name}"))
 
 
@@ -160,7 +165,7 @@ class ProxyConfig:
     """Everything the proxy needs; validated on construction."""
 
     upstreams: tuple[Upstream, ...]
-    state_path: Path
+    store: str
     lam: float = 0.0
     learner: str = "ucb"
     sharing: str = "test"
@@ -189,6 +194,13 @@ class ProxyConfig:
         object.__setattr__(self, "deadline_s", check_positive(self.deadline_s, "deadline_s"))
         self.router()  # lam, learner, sharing, delta, kappa, explore: refused now, not later
 
+    @property
+    def state_path(self) -> Path | None:
+        """The SQLite file of the store, if it is one."""
+        if self.store == "memory" or self.store.startswith(("redis://", "rediss://", "unix:")):
+            return None
+        return Path(self.store.removeprefix("sqlite:///"))
+
     def router(self) -> RegionalRouter:
         """A fresh router with this configuration's settings."""
         return RegionalRouter(self.models, lam=self.lam, learner=self.learner,
@@ -204,7 +216,7 @@ class ProxyConfig:
         """From parsed JSON; relative paths are taken from ``base``."""
         if not isinstance(data, dict):
             raise TypeError("the proxy configuration must be a JSON object")
-        known = {"upstreams", "state_path", "lam", "learner", "sharing", "delta", "kappa",
+        known = {"upstreams", "store", "state_path", "lam", "learner", "sharing", "delta", "kappa",
                  "explore", "deadline_s", "prices", "region", "auth", "limits", "embeddings"}
         unknown = set(data) - known
         if unknown:
@@ -212,11 +224,11 @@ class ProxyConfig:
         try:
             upstreams = tuple(Upstream(**u) for u in data["upstreams"])
             embeddings = tuple(Upstream(**u) for u in data.get("embeddings", []))
-            state = Path(data["state_path"])
         except KeyError as missing:
             raise ValueError(f"configuration lacks {missing}") from None
         except TypeError as error:
             raise ValueError(f"bad upstream entry: {error}") from None
+        store = _store_url(data, base)
         try:
             limits = Limits(**data.get("limits", {}))
         except TypeError as error:
@@ -227,7 +239,7 @@ class ProxyConfig:
             else PriceTable.from_file(base / prices))
         options = {k: data[k] for k in ("lam", "learner", "sharing", "delta", "kappa",
                                         "explore", "deadline_s") if k in data}
-        return cls(upstreams, state if state.is_absolute() else base / state, prices=table,
+        return cls(upstreams, store, prices=table,
                    region=RegionConfig.from_mapping(data.get("region", {})),
                    auth=AuthConfig.from_mapping(data.get("auth", {})), limits=limits,
                    embeddings=embeddings, **options)
@@ -241,3 +253,24 @@ class ProxyConfig:
             except json.JSONDecodeError as error:
                 raise ValueError(f"{path}: not JSON ({error})") from None
         return cls.from_mapping(data, base=path.parent)
+
+
+def _store_url(data: dict[str, Any], base: Path) -> str:
+    """The store a configuration names (``store``, or ``state_path`` as SQLite shorthand),
+    with a relative SQLite path taken from ``base``."""
+    if ("store" in data) == ("state_path" in data):
+        raise ValueError("the configuration needs one of 'store' ('sqlite:///path', "
+                         "'redis://host:port/db' or 'memory') and 'state_path'")
+    store = data.get("store")
+    if store is None:
+        store = data["state_path"]
+        if not isinstance(store, str) or not store:
+            raise ValueError(f"state_path must be a file path, got {store!r}")
+    elif not isinstance(store, str) or not (store == "memory" or store.startswith(
+            ("sqlite:///", "redis://", "rediss://", "unix:"))):
+        raise ValueError(f"store must be 'sqlite:///path', 'redis://host:port/db' or "
+                         f"'memory', got {store!r}")
+    if store == "memory" or not (store.startswith("sqlite:///") or "://" not in store):
+        return store
+    path = Path(store.removeprefix("sqlite:///"))
+    return f"sqlite:///{path if path.is_absolute() else base / path}"

@@ -8,12 +8,12 @@ import json
 import math
 import os
 import re
-import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from canopy.apps.routing.prices import estimate_tokens
+from canopy.regional.breaker import Breaker  # re-exported: the proxy's name for it
 
 __all__ = ["Breaker", "Keys", "Preferences", "SseUsage", "check_chat_body",
            "check_completion_body", "client_fault", "completion_view", "expected_tokens",
@@ -231,38 +231,6 @@ def sane_usage(body: dict[str, Any], answer_chars: int, raw: dict[str, Any],
             completion > MAX_TOKENS_PER_CALL:
         return prompt_guess, completion_guess, "clamped"
     return prompt, completion, "reported"
-
-
-@dataclass
-class Breaker:
-    """Per upstream: after ``failures`` failures in a row it is ejected for ``cooldown_s``,
-    then given one trial call (half-open): a success closes it, a failure ejects it again."""
-
-    failures: int = 3
-    cooldown_s: float = 30.0
-    _streak: dict[str, int] = field(default_factory=dict)
-    _open_until: dict[str, float] = field(default_factory=dict)
-
-    def order(self, models: list[str]) -> list[str]:
-        """``models`` with the ejected ones moved to the end (tried only when the rest
-        failed and time remains)."""
-        now = time.monotonic()
-        closed = [m for m in models if self._open_until.get(m, 0.0) <= now]
-        return closed + [m for m in models if m not in closed]
-
-    def success(self, model: str) -> None:
-        self._streak[model] = 0
-        self._open_until.pop(model, None)
-
-    def failure(self, model: str) -> None:
-        streak = self._streak.get(model, 0) + 1
-        self._streak[model] = streak
-        if streak >= self.failures:
-            self._open_until[model] = time.monotonic() + self.cooldown_s
-
-    def ejected(self) -> list[str]:
-        now = time.monotonic()
-        return sorted(m for m, until in self._open_until.items() if until > now)
 
 
 class SseUsage:

@@ -1,0 +1,182 @@
+"""The feedback ledger of a routing service: the one set of rules by which ratings reach the
+router, whoever serves the calls (the proxy, LiteLLM).
+
+A routed call is kept (:meth:`FeedbackLedger.record`) until it is rated or its window
+passes. A rating is a quality in [0, 1]; the call's reward is ``quality - lam * cost``
+(paper Section 5, "Routing"), added at every region of its chain. Each call is rated once;
+an episode's terminal reward is credited to every open call of the episode (paper Appendix
+E). Calls are written by one background thread, in batches, so a caller never waits on the
+store longer than it chooses; a busy store raises :class:`~canopy.regional.store.StoreBusy`
+on a rating (retry later) and never loses a call it holds in its queue.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+
+from canopy.regional.store import Call, Increment, Store, StoreBusy
+from canopy.stats import check_observation
+
+__all__ = ["AlreadyRated", "FeedbackError", "FeedbackExpired", "FeedbackLedger",
+           "UnknownCall"]
+
+log = logging.getLogger("canopy.regional")
+
+
+class FeedbackError(Exception):
+    """A rating the rules refuse; ``status`` and ``code`` are what an HTTP service answers."""
+
+    status = 400
+    code = "bad_feedback"
+
+
+class UnknownCall(FeedbackError):
+    status, code = 404, "unknown_request"
+
+
+class AlreadyRated(FeedbackError):
+    status, code = 409, "duplicate_feedback"
+
+
+class FeedbackExpired(FeedbackError):
+    status, code = 410, "feedback_expired"
+
+
+class FeedbackLedger:
+    """Pending calls and their ratings over a :class:`~canopy.regional.store.Store`.
+
+    ``chain(region)`` gives the region paths a reward in ``region`` updates (the router's
+    :meth:`~canopy.regional.router.RegionalRouter.chain_paths`); ``lam`` prices cost;
+    ``window_s`` is how long a call accepts its rating; at most ``max_queued`` calls wait
+    for the store (past that a call is dropped, with a warning: it is served, not rated)."""
+
+    def __init__(self, store: Store, *, lam: float, chain: Callable[[str], list[str]],
+                 window_s: float = 7 * 24 * 3600.0, max_queued: int = 100_000) -> None:
+        self.store = store
+        self.lam = float(lam)
+        self.window_s = float(window_s)
+        self._chain = chain
+        self._queue: queue.Queue[tuple[Call, concurrent.futures.Future[None]] | None] = \
+            queue.Queue(maxsize=max_queued)
+        self._queued: dict[str, Call] = {}
+        self._queued_lock = threading.Lock()
+        self._closing = threading.Event()
+        self.dropped = 0
+        self._writer = threading.Thread(target=self._write_loop, daemon=True,
+                                        name="canopy-ledger-writer")
+        self._writer.start()
+
+    # -- calls -----------------------------------------------------------------------------
+    def record(self, call: Call) -> concurrent.futures.Future[None]:
+        """Queue ``call`` for the store; the future completes when it is stored."""
+        done: concurrent.futures.Future[None] = concurrent.futures.Future()
+        with self._queued_lock:
+            self._queued[call.id] = call
+        try:
+            self._queue.put_nowait((call, done))
+        except queue.Full:
+            with self._queued_lock:
+                self._queued.pop(call.id, None)
+            self.dropped += 1
+            log.warning("the store is behind by %d calls: call %s is served but cannot be "
+                        "rated", self._queue.maxsize, call.id)
+            done.set_exception(StoreBusy("the ledger's queue is full"))
+        return done
+
+    def _write_loop(self) -> None:
+        wait = 0.05
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            batch = [item]
+            while len(batch) < 512:
+                try:
+                    more = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if more is None:
+                    self._queue.put(None)  # stop after this batch
+                    break
+                batch.append(more)
+            while True:
+                try:
+                    self.store.add_calls([c for c, _ in batch], self.window_s)
+                    break
+                except StoreBusy as error:
+                    if self._closing.is_set():
+                        log.error("%d calls not stored at shutdown: %s", len(batch), error)
+                        break
+                    log.warning("storing %d calls: %s; retrying", len(batch), error)
+                    time.sleep(wait)
+                    wait = min(2 * wait, 1.0)
+            wait = 0.05
+            with self._queued_lock:
+                for call, _ in batch:
+                    self._queued.pop(call.id, None)
+            for _, done in batch:
+                done.set_result(None)
+
+    def _stored(self, ids: Sequence[str]) -> list[Call | None]:
+        with self._queued_lock:
+            waiting = [one for one in ids if one in self._queued]
+        if waiting:
+            raise StoreBusy(f"call {waiting[0]} is not stored yet")
+        return self.store.calls(ids)
+
+    # -- ratings ---------------------------------------------------------------------------
+    def _credit(self, calls: Sequence[Call], quality: float) -> None:
+        increments = [Increment(path, c.model, 1.0, quality - self.lam * c.cost)
+                      for c in calls for path in self._chain(c.region)]
+        if not self.store.rate([c.id for c in calls], quality, increments,
+                               max(c.cost for c in calls)):
+            raise AlreadyRated("already has feedback (another rating came first)")
+
+    def rate(self, call_id: str, quality: float) -> Call:
+        """Credit ``quality`` to one call; the call. Raises :class:`UnknownCall`,
+        :class:`AlreadyRated`, :class:`FeedbackExpired` or ``StoreBusy``."""
+        quality = check_observation(quality, 0.0, 1.0)
+        call = self._stored([call_id])[0]
+        if call is None:
+            raise UnknownCall(f"unknown request id {call_id!r}")
+        if call.quality is not None:
+            raise AlreadyRated(f"request {call_id!r} already has feedback ({call.quality})")
+        if time.time() - call.created > self.window_s:
+            raise FeedbackExpired(f"request {call_id!r} is older than the feedback window "
+                                  f"({self.window_s:g} s)")
+        self._credit([call], quality)
+        return call
+
+    def rate_episode(self, episode: str, reward: float) -> list[Call]:
+        """Credit an episode's terminal ``reward`` as the quality of each of its calls not
+        yet rated and within the window (paper Appendix E); those calls."""
+        reward = check_observation(reward, 0.0, 1.0)
+        with self._queued_lock:
+            if any(c.episode == episode for c in self._queued.values()):
+                raise StoreBusy(f"a call of episode {episode!r} is not stored yet")
+        calls = self.store.episode(episode)
+        if not calls:
+            raise UnknownCall(f"unknown episode {episode!r}")
+        oldest = time.time() - self.window_s
+        open_calls = [c for c in calls if c.quality is None and c.created >= oldest]
+        if not open_calls:
+            raise AlreadyRated(f"every call of episode {episode!r} already has feedback or "
+                               "has expired")
+        self._credit(open_calls, reward)
+        return open_calls
+
+    def expire(self) -> int:
+        """Forget the calls past the window; how many."""
+        return self.store.expire(time.time() - self.window_s)
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Store what is queued (waiting at most ``timeout`` for a busy store), then stop."""
+        self._queue.put(None)
+        self._writer.join(timeout)
+        self._closing.set()
+        self._writer.join(timeout)

@@ -1,0 +1,148 @@
+"""Where a routing service keeps what it learns: the calls awaiting a rating and, per
+(region, model), the sums the router's moments come from. Three stores share this protocol:
+:class:`~canopy.regional.store_memory.MemoryStore` (one process),
+:class:`~canopy.regional.store_sqlite.SqliteStore` (one machine, the default) and
+:class:`~canopy.regional.store_redis.RedisStore` (many workers and machines).
+
+A cell holds ``(n, s, q)``: the weight, the weighted sum and the weighted sum of squares of
+the rewards ``quality - lam * cost`` (paper Section 5, "Routing") taken at that node of the
+region tree. Sums add, so any number of processes may add to one cell in any order; each
+reads back the moments ``(count, mean, m2)`` the kernels work with (:func:`moments`).
+
+Every write is one atomic step: :meth:`Store.rate` marks a set of calls rated and adds their
+rewards together, or (a call already rated) changes nothing. A store that cannot answer
+within its wait raises :class:`StoreBusy`; callers degrade (retry later), never block.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+from urllib.parse import urlsplit
+
+__all__ = ["Call", "Cell", "Changes", "Increment", "Store", "StoreBusy", "moments",
+           "open_store"]
+
+
+class StoreBusy(Exception):
+    """The store did not answer within its wait (locked, unreachable); nothing was written."""
+
+
+@dataclass(frozen=True)
+class Call:
+    """A routed call awaiting its rating: where it was routed, to which model, at what cost,
+    when (epoch seconds), its episode (or ``None``) and its rating once given."""
+
+    id: str
+    region: str
+    model: str
+    cost: float
+    created: float
+    episode: str | None = None
+    quality: float | None = None
+
+
+@dataclass(frozen=True)
+class Increment:
+    """``weight`` observations of ``reward`` added to ``model`` at region ``region``."""
+
+    region: str
+    model: str
+    weight: float
+    reward: float
+
+
+@dataclass(frozen=True)
+class Cell:
+    """The sums of one (region, model): weight ``n``, ``s = sum w r``, ``q = sum w r^2``."""
+
+    region: str
+    model: str
+    n: float
+    s: float
+    q: float
+
+
+@dataclass(frozen=True)
+class Changes:
+    """What changed since a version: the store's version now, the cells written after the
+    given version (their full sums), and the largest cost rated so far."""
+
+    version: int
+    cells: tuple[Cell, ...]
+    cost_max: float
+
+
+def moments(n: float, s: float, q: float) -> tuple[float, float, float]:
+    """``(count, mean, m2)`` of a cell's sums (``m2`` is clipped at 0 against rounding)."""
+    if n <= 0:
+        return 0.0, 0.0, 0.0
+    mean = s / n
+    return n, mean, max(q - s * mean, 0.0)
+
+
+@runtime_checkable
+class Store(Protocol):
+    """What a routing service needs of its store. Methods may raise :class:`StoreBusy`."""
+
+    url: str
+
+    def check_meta(self, models: Sequence[str], lam: float) -> None:
+        """Record which router the statistics belong to, or refuse (``ValueError``) when the
+        store holds statistics taken at another ``lam``."""
+
+    def add_calls(self, calls: Sequence[Call], ttl_s: float) -> None:
+        """Keep ``calls`` (new ids) for at least ``ttl_s`` seconds."""
+
+    def calls(self, ids: Sequence[str]) -> list[Call | None]:
+        """The calls of ``ids`` (``None`` for an unknown or expired id)."""
+
+    def episode(self, episode: str) -> list[Call]:
+        """The calls of an episode, oldest first."""
+
+    def rate(self, ids: Sequence[str], quality: float, increments: Sequence[Increment],
+             cost_max: float) -> bool:
+        """In one atomic step: mark every call of ``ids`` rated ``quality`` and add
+        ``increments``; ``False`` (nothing written) when one of them is rated or gone."""
+
+    def changes(self, since: int) -> Changes:
+        """The cells written after version ``since`` (0: all)."""
+
+    def expire(self, older_than: float) -> int:
+        """Forget calls created before ``older_than`` (epoch seconds); how many."""
+
+    def counts(self) -> dict[str, int]:
+        """``{"requests": calls kept, "with_feedback": those rated}``."""
+
+    def close(self) -> None: ...
+
+
+def open_store(url: str, *, namespace: str = "", wait_s: float = 1.0) -> Store:
+    """The store a URL names: ``"memory"``, ``"sqlite:///path"`` (four slashes for an
+    absolute path; or a plain path) or ``"redis://host:port/db"``. ``namespace`` separates
+    the statistics of several services in one store; ``wait_s`` bounds how long one
+    operation waits for a busy store."""
+    if not isinstance(url, str) or not url:
+        raise ValueError(f"store must be 'memory', 'sqlite:///path' or 'redis://host:port/db', "
+                         f"got {url!r}")
+    scheme = urlsplit(url).scheme
+    if url == "memory":
+        from canopy.regional.store_memory import MemoryStore
+
+        return MemoryStore(namespace=namespace)
+    if scheme in ("redis", "rediss", "unix"):
+        from canopy.regional.store_redis import RedisStore
+
+        return RedisStore(url, namespace=namespace, wait_s=wait_s)
+    if scheme == "sqlite":
+        url = url[len("sqlite:///"):] if url.startswith("sqlite:///") else ""
+        if not url:
+            raise ValueError("a SQLite store is 'sqlite:///relative/path' or "
+                             "'sqlite:////absolute/path'")
+    elif scheme:
+        raise ValueError(f"unknown store scheme {scheme!r} in {url!r}: use 'memory', "
+                         "'sqlite:///path' or 'redis://host:port/db'")
+    from canopy.regional.store_sqlite import SqliteStore
+
+    return SqliteStore(url, namespace=namespace, wait_s=wait_s)

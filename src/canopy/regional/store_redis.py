@@ -1,0 +1,167 @@
+"""The routing service's store in Redis (:mod:`canopy.regional.store`): one store for many
+worker processes on many machines (``redis-py``, part of the ``serve`` extra).
+
+Keys under ``canopy:<namespace>:``: ``call:<id>`` (a hash per call, expiring with the
+feedback window), ``calls`` and ``rated`` (ids by creation time), ``episode:<id>``,
+``cells`` (the sums, three fields per region and model), ``changed`` (cells by the version
+that last wrote them), ``version`` and ``meta``. A rating is one Lua script, so Redis runs it
+atomically: every call is checked and marked and every cell added, or nothing. Every
+operation waits at most ``wait_s`` (then :class:`~canopy.regional.store.StoreBusy`); how
+durable an acknowledged rating is follows the server's persistence settings (``appendonly
+yes`` with ``appendfsync always`` or ``everysec``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+
+from canopy.regional.store import Call, Cell, Changes, Increment, StoreBusy
+
+__all__ = ["RedisStore"]
+
+_SEP = "\x1f"
+_RATE = """
+local p, k = ARGV[1], tonumber(ARGV[2])
+for i = 1, k do
+  local key = p .. 'call:' .. ARGV[2 + i]
+  if redis.call('EXISTS', key) == 0 or redis.call('HEXISTS', key, 'quality') == 1 then
+    return 0
+  end
+end
+local at = 3 + k
+for i = 1, k do
+  local key = p .. 'call:' .. ARGV[2 + i]
+  redis.call('HSET', key, 'quality', ARGV[at])
+  redis.call('ZADD', p .. 'rated', redis.call('HGET', key, 'created'), ARGV[2 + i])
+end
+local version = redis.call('INCR', p .. 'version')
+local old = tonumber(redis.call('HGET', p .. 'meta', 'cost_max') or '0')
+if tonumber(ARGV[at + 1]) > old then redis.call('HSET', p .. 'meta', 'cost_max', ARGV[at + 1]) end
+for j = 0, tonumber(ARGV[at + 2]) - 1 do
+  local b = at + 3 + 4 * j
+  local cell = ARGV[b]
+  redis.call('HINCRBYFLOAT', p .. 'cells', cell .. '\\31n', ARGV[b + 1])
+  redis.call('HINCRBYFLOAT', p .. 'cells', cell .. '\\31s', ARGV[b + 2])
+  redis.call('HINCRBYFLOAT', p .. 'cells', cell .. '\\31q', ARGV[b + 3])
+  redis.call('ZADD', p .. 'changed', version, cell)
+end
+return version
+"""
+
+
+class RedisStore:
+    """A Redis server as the store; safe across threads, processes and machines."""
+
+    def __init__(self, url: str, *, namespace: str = "", wait_s: float = 1.0) -> None:
+        try:
+            import redis
+        except ImportError:  # pragma: no cover - the serve extra installs it
+            raise ImportError("a Redis store needs redis-py: pip install "
+                              "'canopy-bandits[serve]'") from None
+        self._errors = (redis.RedisError, OSError)
+        self.url = url
+        self.namespace = namespace
+        self._p = f"canopy:{namespace}:"
+        self._redis = redis.Redis.from_url(url, socket_timeout=wait_s,
+                                           socket_connect_timeout=wait_s,
+                                           decode_responses=True)
+        with self._busy():
+            self._rate = self._redis.register_script(_RATE)
+            self._redis.ping()
+
+    @contextlib.contextmanager
+    def _busy(self) -> Iterator[None]:
+        try:
+            yield
+        except self._errors as error:
+            raise StoreBusy(f"Redis store: {type(error).__name__}: {error}") from error
+
+    def check_meta(self, models: Sequence[str], lam: float) -> None:
+        with self._busy():
+            self._redis.hsetnx(self._p + "meta", "lam", repr(float(lam)))
+            saved = float(self._redis.hget(self._p + "meta", "lam"))
+            if saved != float(lam):
+                raise ValueError(f"the Redis store holds statistics for lam={saved}, not {lam}")
+            self._redis.hset(self._p + "meta", "models", "\n".join(models))
+
+    def add_calls(self, calls: Sequence[Call], ttl_s: float) -> None:
+        ttl = max(int(ttl_s) + 1, 1)
+        with self._busy(), self._redis.pipeline(transaction=False) as pipe:
+            for c in calls:
+                key = self._p + "call:" + c.id
+                fields = {"region": c.region, "model": c.model, "cost": repr(c.cost),
+                          "created": repr(c.created)}
+                if c.episode is not None:
+                    fields["episode"] = c.episode
+                    pipe.zadd(self._p + "episode:" + c.episode, {c.id: c.created})
+                    pipe.expire(self._p + "episode:" + c.episode, ttl)
+                pipe.hset(key, mapping=fields)
+                pipe.expire(key, ttl)
+                pipe.zadd(self._p + "calls", {c.id: c.created})
+            pipe.execute()
+
+    def calls(self, ids: Sequence[str]) -> list[Call | None]:
+        with self._busy(), self._redis.pipeline(transaction=False) as pipe:
+            for one in ids:
+                pipe.hgetall(self._p + "call:" + one)
+            rows = pipe.execute()
+        return [_call(one, row) for one, row in zip(ids, rows, strict=True)]
+
+    def episode(self, episode: str) -> list[Call]:
+        with self._busy():
+            ids = self._redis.zrange(self._p + "episode:" + episode, 0, -1)
+        return [c for c in self.calls(ids) if c is not None]
+
+    def rate(self, ids: Sequence[str], quality: float, increments: Sequence[Increment],
+             cost_max: float) -> bool:
+        args: list[str] = [self._p, str(len(ids)), *ids, repr(float(quality)),
+                           repr(float(cost_max)), str(len(increments))]
+        for i in increments:
+            args += [i.region + _SEP + i.model, repr(i.weight), repr(i.weight * i.reward),
+                     repr(i.weight * i.reward * i.reward)]
+        with self._busy():
+            return int(self._rate(args=args)) > 0
+
+    def changes(self, since: int) -> Changes:
+        with self._busy():
+            version = int(self._redis.get(self._p + "version") or 0)
+            names = self._redis.zrangebyscore(self._p + "changed", f"({since}", "+inf")
+            fields = [f"{name}{_SEP}{part}" for name in names for part in "nsq"]
+            values = self._redis.hmget(self._p + "cells", fields) if fields else []
+            cost_max = float(self._redis.hget(self._p + "meta", "cost_max") or 0.0)
+        cells = []
+        for i, name in enumerate(names):
+            region, _, model = name.partition(_SEP)
+            n, s, q = (float(v or 0.0) for v in values[3 * i:3 * i + 3])
+            cells.append(Cell(region, model, n, s, q))
+        return Changes(version, tuple(cells), cost_max)
+
+    def expire(self, older_than: float) -> int:
+        with self._busy():
+            old = self._redis.zrangebyscore(self._p + "calls", "-inf", f"({older_than}")
+            if not old:
+                return 0
+            with self._redis.pipeline(transaction=False) as pipe:
+                pipe.delete(*(self._p + "call:" + one for one in old))
+                pipe.zrem(self._p + "calls", *old)
+                pipe.zrem(self._p + "rated", *old)
+                pipe.execute()
+        return len(old)
+
+    def counts(self) -> dict[str, int]:
+        with self._busy():
+            return {"requests": int(self._redis.zcard(self._p + "calls")),
+                    "with_feedback": int(self._redis.zcard(self._p + "rated"))}
+
+    def close(self) -> None:
+        with contextlib.suppress(*self._errors):
+            self._redis.close()
+
+
+def _call(ident: str, row: dict[str, str]) -> Call | None:
+    if not row or "model" not in row:
+        return None
+    quality = row.get("quality")
+    return Call(ident, row["region"], row["model"], float(row["cost"]), float(row["created"]),
+                row.get("episode"), None if quality is None else float(quality))

@@ -1,0 +1,124 @@
+"""The routing service's stores (memory, SQLite, a real Redis on loopback) behind one
+protocol: a rating is atomic and counted once, sums from many threads add up exactly to the
+moments of the rewards, changes are read incrementally, calls expire."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from canopy.regional.store import Call, Increment, StoreBusy, moments, open_store
+
+
+@pytest.fixture(params=["memory", "sqlite", "redis"])
+def store(request, tmp_path):
+    if request.param == "redis":
+        url = request.getfixturevalue("redis_url")
+    elif request.param == "sqlite":
+        url = f"sqlite:///{tmp_path / 'state.sqlite'}"
+    else:
+        url = "memory"
+    opened = open_store(url, namespace="test")
+    opened.check_meta(["a", "b"], 1.0)
+    yield opened
+    opened.close()
+
+
+def _call(ident: str, *, region: str = "code", model: str = "a", cost: float = 0.01,
+          created: float | None = None, episode: str | None = None) -> Call:
+    return Call(ident, region, model, cost, time.time() if created is None else created,
+                episode)
+
+
+def _inc(reward: float, model: str = "a") -> list[Increment]:
+    return [Increment("", model, 1.0, reward), Increment("code", model, 1.0, reward)]
+
+
+def test_a_rating_is_atomic_and_counted_once(store):
+    store.add_calls([_call("r1"), _call("r2"), _call("r3")], 60)
+    assert store.rate(["r1"], 0.5, _inc(0.49), 0.01)
+    assert not store.rate(["r1"], 0.9, _inc(0.89), 0.01)  # rated already
+    assert not store.rate(["r2", "r1"], 0.9, _inc(0.89) * 2, 0.01)  # all or nothing
+    assert not store.rate(["nope"], 0.9, _inc(0.89), 0.01)
+    assert store.calls(["r2"])[0].quality is None
+    assert store.calls(["r1", "nope"])[0].quality == 0.5
+    cells = {(c.region, c.model): c for c in store.changes(0).cells}
+    assert set(cells) == {("", "a"), ("code", "a")} and cells[("", "a")].n == 1.0
+    assert store.counts() == {"requests": 3, "with_feedback": 1}
+
+
+def test_sums_from_many_threads_give_the_rewards_moments(store):
+    rng = np.random.default_rng(0)
+    rewards = rng.uniform(-0.5, 1.0, size=120)
+    store.add_calls([_call(f"c{i}") for i in range(120)], 60)
+
+    def rate(part: range) -> None:
+        for i in part:
+            assert store.rate([f"c{i}"], 0.5, _inc(float(rewards[i])), 0.01)
+
+    threads = [threading.Thread(target=rate, args=(range(k, 120, 4),)) for k in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    changes = store.changes(0)
+    root = next(c for c in changes.cells if c.region == "")
+    count, mean, m2 = moments(root.n, root.s, root.q)
+    assert count == 120
+    assert mean == pytest.approx(rewards.mean(), abs=1e-12)
+    assert m2 / count == pytest.approx(rewards.var(), rel=1e-9)
+    assert changes.version >= 120 and store.changes(changes.version).cells == ()
+
+
+def test_changes_are_read_incrementally_and_meta_guards_lam(store):
+    store.add_calls([_call("x"), _call("y", model="b", region="chat")], 60)
+    store.rate(["x"], 1.0, _inc(0.99), 0.01)
+    seen = store.changes(0).version
+    store.rate(["y"], 1.0, [Increment("", "b", 1.0, 0.5), Increment("chat", "b", 1.0, 0.5)],
+               0.02)
+    later = store.changes(seen)
+    assert {(c.region, c.model) for c in later.cells} == {("", "b"), ("chat", "b")}
+    assert later.cost_max == pytest.approx(0.02)
+    with pytest.raises(ValueError, match="lam"):
+        store.check_meta(["a", "b"], 2.0)
+
+
+def test_episodes_and_expiry(store):
+    now = time.time()
+    store.add_calls([_call("e2", episode="ep", created=now - 5),
+                     _call("e1", episode="ep", created=now - 10),
+                     _call("old", created=now - 1000)], 60)
+    assert [c.id for c in store.episode("ep")] == ["e1", "e2"]
+    assert store.episode("other") == []
+    assert store.expire(now - 100) == 1
+    assert store.calls(["old"]) == [None]
+    assert store.counts()["requests"] == 2
+
+
+def test_a_locked_sqlite_store_is_busy_within_its_wait(tmp_path):
+    import sqlite3
+
+    path = tmp_path / "s.sqlite"
+    store = open_store(f"sqlite:///{path}", wait_s=0.2)
+    store.check_meta(["a"], 0.0)
+    store.add_calls([_call("r")], 60)
+    blocker = sqlite3.connect(path, isolation_level=None)
+    blocker.execute("BEGIN IMMEDIATE")
+    try:
+        with pytest.raises(StoreBusy, match="locked"):
+            store.rate(["r"], 1.0, _inc(1.0), 0.0)
+        assert store.changes(0).cells == ()  # reads go on (WAL)
+    finally:
+        blocker.execute("ROLLBACK")
+        blocker.close()
+    assert store.rate(["r"], 1.0, _inc(1.0), 0.0)
+
+
+def test_bad_store_urls_are_named():
+    for bad, message in (("mysql://x", "unknown store scheme"), ("", "store must be"),
+                         ("sqlite://", "sqlite:///")):
+        with pytest.raises(ValueError, match=message):
+            open_store(bad)
