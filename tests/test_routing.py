@@ -218,3 +218,84 @@ def test_a_single_region_gives_regional_equal_to_flat():
                    outcomes.quality, outcomes.cost)
     result = replay(one, seeds=2, lambdas=[0.0, 0.3], routers=["regional", "flat"])
     assert np.array_equal(result.quality[0], result.quality[1])
+
+
+# -- warm start ----------------------------------------------------------------------------
+
+def test_fit_equals_pushing_every_logged_outcome():
+    """Without a cap, fitting a log is the same as updating the router with every model's
+    outcome on every logged query (full information), node for node."""
+    outcomes = synthetic(per_region=25)
+    fitted = RegionalRouter(MODELS, lam=0.3)
+    fitted.fit(outcomes, max_count=None)
+    pushed = RegionalRouter(MODELS, lam=0.3)
+    for i in range(outcomes.n_queries):
+        for m, model in enumerate(MODELS):
+            pushed.update(outcomes.regions[i], model, outcomes.quality[i, m],
+                          outcomes.cost[i, m])
+    a, b = fitted.state(), pushed.state()
+    assert a["regions"] == b["regions"]
+    assert np.allclose(a["stats"], b["stats"], rtol=1e-9, atol=1e-9)
+    assert fitted.ranking("easy/r1")[0] == "cheap" and fitted.ranking("hard/r0")[0] == "strong"
+    capped = RegionalRouter(MODELS, lam=0.3)
+    capped.fit(outcomes, max_count=10)
+    rows = {(r["region"], r["model"]): r["count"] for r in capped.estimates()}
+    assert rows[("easy/r0", "cheap")] == 10 and rows[("/", "cheap")] == 80
+    flat = FlatRouter(MODELS, lam=0.3)
+    flat.fit(outcomes, max_count=None)
+    assert np.allclose(flat.state()["stats"][0], b["stats"][0])
+    with pytest.raises(KeyError, match="no outcomes for models"):
+        RegionalRouter(("cheap", "other")).fit(outcomes)
+    with pytest.raises(ValueError, match="max_count"):
+        RegionalRouter(MODELS).fit(outcomes, max_count=0.0)
+
+
+def _switches_after(max_count: float | None, *, log_size: int, steps: int, seed: int) -> bool:
+    """Fit on a log where ``cheap`` is right in ``easy``, then the world changes (``cheap``
+    always fails there): has the router moved to ``strong`` by the end of ``steps``?"""
+    rng = np.random.default_rng(seed)
+    n = log_size
+    log = Outcomes("log", tuple(f"q{i}" for i in range(n)), ("easy",) * n, MODELS,
+                   np.column_stack([rng.random(n) < 0.9, rng.random(n) < 0.85]).astype(float),
+                   np.tile([0.1, 1.0], (n, 1)))
+    router = RegionalRouter(MODELS, lam=0.3, seed=seed)
+    router.fit(log, max_count=max_count)
+    late = []
+    for _ in range(steps):
+        model = router.route("easy")
+        quality = 0.0 if model == "cheap" else float(rng.random() < 0.85)
+        router.update("easy", model, quality, 0.1 if model == "cheap" else 1.0)
+        late.append(model)
+    return late[-20:].count("strong") >= 18
+
+
+def test_a_capped_prior_can_be_unlearned():
+    """The log's weight is bounded: with ``max_count=50`` a 5,000-query log that has become
+    wrong is overturned within 200 fresh outcomes in every seed; counted in full it is not."""
+    assert all(_switches_after(50, log_size=5000, steps=200, seed=s) for s in range(5))
+    assert not any(_switches_after(None, log_size=5000, steps=200, seed=s) for s in range(5))
+
+
+def test_warm_replay_scores_on_the_rest_and_beats_a_cold_start():
+    outcomes = synthetic()
+    lambdas = [0.0, 0.1, 0.3, 0.6, 1.5]
+    cold = replay(outcomes, seeds=4, lambdas=lambdas)
+    again = replay(outcomes, seeds=4, lambdas=lambdas, train_fraction=None)
+    assert np.array_equal(cold.quality, again.quality)  # no split: the cold start as before
+    warm = replay(outcomes, seeds=4, lambdas=lambdas, train_fraction=0.5)
+    n_test = outcomes.n_queries - outcomes.n_queries // 2
+    assert warm.steps[-1] == n_test
+    # the fixed models and oracles are scored on each seed's held-out half
+    rest = np.random.default_rng([2, 0]).permutation(outcomes.n_queries)[-n_test:]
+    fixed = warm.index("fixed:cheap")
+    assert warm.quality[fixed, 0, 2] == pytest.approx(outcomes.quality[rest, 0].mean())
+    hull = warm.aiq("fixed-hull")[0]
+    for name in ("regional", "thompson"):  # the gap to the oracle at least halves
+        assert warm.aiq("category-oracle")[0] - warm.aiq(name)[0] < \
+            0.5 * (cold.aiq("category-oracle")[0] - cold.aiq(name)[0])
+    assert warm.aiq("regional")[0] >= warm.aiq("category-oracle")[0] - 0.01
+    assert warm.aiq("regional")[0] > hull + 0.03
+    r = warm.index("regional")
+    assert warm.regret[r].mean() < 0.25 * cold.regret[cold.index("regional")].mean()
+    with pytest.raises(ValueError, match="train_fraction"):
+        replay(outcomes, seeds=1, train_fraction=1.0)

@@ -148,6 +148,26 @@ def test_cli_replay_json(tmp_path):
     assert bad.exit_code != 0
 
 
+def test_cli_replay_warm_start(tmp_path):
+    """``--train-fraction``: the same JSON, scored on the held-out rest; a bad fraction is one
+    line and exit code 2."""
+    app = typer.Typer()
+    register(app)
+    rows = [(f"q{i}", f"r{i % 3}", m, float((i * (j + 1)) % 3 > 0), 0.001 * (j + 1), 5, 5)
+            for i in range(90) for j, m in enumerate(("a", "b"))]
+    log = write_csv(tmp_path / "log.csv", rows)
+    args = ["route", "replay", "--dataset", str(log), "--lambdas", "0 100", "--seeds", "2",
+            "--json"]
+    cold = json.loads(CliRunner().invoke(app, args).stdout)
+    warm = CliRunner().invoke(app, [*args, "--train-fraction", "0.5"])
+    assert warm.exit_code == 0, warm.output
+    summary = json.loads(warm.stdout)
+    assert set(summary) == set(cold) and set(summary["routers"]) == set(cold["routers"])
+    assert summary["routers"]["regional"]["aiq"] != cold["routers"]["regional"]["aiq"]
+    bad = CliRunner().invoke(app, [*args, "--train-fraction", "1.5"])
+    assert bad.exit_code == 2 and "--train-fraction" in bad.output
+
+
 @pytest.fixture
 def mirror(data_file):
     data_file("routellm", "routellm/evals/mmlu/responses/mmlu_anatomy.csv")
@@ -196,3 +216,50 @@ def test_cli_reads_a_pickle_only_when_trusted(tmp_path):
                                        "--trust-pickle"])
     assert (tmp_path / "pwned").exists()  # the flag is what lets the file's code run
     assert trusted.exit_code != 0  # ... and the payload is still no RouterBench frame
+
+
+def test_the_proxy_starts_warm_from_a_log(tmp_path, upstreams):
+    """``serve router --prior LOG``: the router is fitted on the log (code -> small, chat ->
+    large), routes by it from the first request, and a restart on the same store does not
+    count the log twice."""
+    pytest.importorskip("fastapi")
+    from canopy.apps.routing.proxy.app import create_app, read_prior, serve_in_thread
+    from canopy.apps.routing.proxy.config import ProxyConfig
+
+    rng = np.random.default_rng(0)
+    rows = []
+    for i in range(200):
+        region = ("code", "chat")[i % 2]
+        good = {"code": (0.9, 0.6), "chat": (0.1, 0.9)}[region]
+        rows += [(f"q{i}", region, m, float(rng.random() < p), cost, 10, 5)
+                 for m, p, cost in zip(("small", "large"), good, (1e-5, 1e-4), strict=True)]
+    log = write_csv(tmp_path / "prior.csv", rows)
+    cfg = ProxyConfig.from_mapping(
+        {"upstreams": [{"model": m, "base_url": s.url("/v1")}
+                       for m, s in zip(("small", "large"), upstreams, strict=True)],
+         "state_path": "router.sqlite", "lam": 10.0,
+         "prices": {"version": "t", "models": {"small": {"input": 1, "output": 1},
+                                               "large": {"input": 10, "output": 10}}}},
+        base=tmp_path)
+    for _ in range(2):  # the second start finds the statistics in the store
+        app = create_app(cfg, insecure_no_auth=True, prior=read_prior(log))
+        with serve_in_thread(app) as url, httpx_client(url) as client:
+            picks = {region: client.post("/v1/chat/completions", headers={
+                "X-Canopy-Region": region}, json={"messages": [
+                    {"role": "user", "content": "hi"}]}).json()["canopy"]["model"]
+                for region in ("code", "chat")}
+            stats = client.get("/v1/router/stats").json()["statistics"]
+        assert picks == {"code": "small", "chat": "large"}
+        root = {r["model"]: r["count"] for r in stats if r["region"] == "/"}
+        assert root == {"small": 200, "large": 200}
+    with pytest.raises(KeyError, match="no outcomes for models"):
+        create_app(cfg.__class__(cfg.upstreams[:1], "memory",
+                                 prices=cfg.prices), insecure_no_auth=True,
+                   prior=read_prior(write_csv(tmp_path / "bad.csv", [
+                       ("q", "r", "large", 1.0, 0.1, 1, 1)])))
+
+
+def httpx_client(url):
+    import httpx
+
+    return httpx.Client(base_url=url, timeout=30)

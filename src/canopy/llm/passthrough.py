@@ -29,50 +29,55 @@ from canopy.llm.client import (
     _parse,
 )
 
-__all__ = ["AsyncPassthrough"]
+__all__ = ["AnswerTooLarge", "AsyncPassthrough"]
+
+
+class AnswerTooLarge(LLMResponseError):
+    """An upstream's answer is larger than the pass-through's ``max_answer_bytes``."""
+
 
 class AsyncPassthrough:
-    """Forward chat-completion bodies to ``{base_url}/chat/completions`` as ``model``.
+    """Forward OpenAI-compatible bodies to ``{base_url}/{endpoint}`` as ``model``
+    (``chat/completions``, ``completions``, ``embeddings``).
 
     Args:
         base_url: the API root, e.g. ``http://127.0.0.1:8000/v1``.
         model: the model name the upstream expects (replaces the caller's).
         api_key_env: environment variable holding the API key (none sent when unset).
         max_connections: connection pool size.
+        max_answer_bytes: the largest answer read (:class:`AnswerTooLarge` past it; never
+            held whole in memory).
     """
 
     def __init__(self, base_url: str, *, model: str, api_key_env: str | None = None,
-                 max_connections: int = 64) -> None:
+                 max_connections: int = 64, max_answer_bytes: int = 16 << 20) -> None:
         if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
             raise ValueError(f"base_url must be an http(s) URL, got {base_url!r}")
         if not isinstance(model, str) or not model:
             raise ValueError(f"model must be a non-empty string, got {model!r}")
+        if isinstance(max_answer_bytes, bool) or not isinstance(max_answer_bytes, int) or \
+                max_answer_bytes < 1:
+            raise ValueError(f"max_answer_bytes must be an integer >= 1, got "
+                             f"{max_answer_bytes!r}")
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.api_key_env = api_key_env
+        self.max_answer_bytes = max_answer_bytes
         self.usage = Usage()
         self._lock = threading.Lock()
         self._http = httpx.AsyncClient(limits=httpx.Limits(max_connections=max_connections))
 
-    async def chat(self, body: Mapping[str, Any], *, timeout: float) -> LLMResponse:
-        """POST ``body`` (with ``model`` replaced) and parse the answer; raises
-        :class:`~canopy.llm.client.LLMError` subclasses on failure, ``ValueError`` for a
-        streaming request or a bad timeout."""
-        if not (isinstance(timeout, (int, float)) and math.isfinite(timeout) and timeout > 0):
-            raise ValueError(f"timeout must be a finite number of seconds > 0, got {timeout!r}")
+    async def chat(self, body: Mapping[str, Any], *, timeout: float,
+                   endpoint: str = "chat/completions") -> LLMResponse:
+        """POST ``body`` (with ``model`` replaced) to ``endpoint`` (``chat/completions`` or
+        ``completions``) and parse the answer; raises :class:`~canopy.llm.client.LLMError`
+        subclasses on failure, ``ValueError`` for a streaming request or a bad timeout."""
         if body.get("stream"):
             raise ValueError("stream=True is not supported by the pass-through")
-        url = f"{self.base_url}/chat/completions"
-        payload = {**body, "model": self.model}
+        raw = await self.post(endpoint, body, timeout=timeout)
         try:
-            with self._transport_errors(url, timeout):
-                response = await self._http.post(url, json=payload, headers=self._headers(),
-                                                 timeout=httpx.Timeout(timeout))
-            if response.status_code >= 400:
-                raise LLMServerError(f"POST {url} returned HTTP {response.status_code}: "
-                                     f"{response.text[:300]!r}", response.status_code)
-            result = _parse("chat/completions", _json_body(url, response), cached=False)
-        except (LLMServerError, LLMResponseError):
+            result = _parse(endpoint, raw, cached=False)
+        except LLMResponseError:
             self._count_error()
             raise
         with self._lock:
@@ -81,13 +86,36 @@ class AsyncPassthrough:
             self.usage.completion_tokens += result.completion_tokens
         return result
 
-    async def open_stream(self, body: Mapping[str, Any], *, timeout: float
-                          ) -> httpx.Response:
+    async def post(self, endpoint: str, body: Mapping[str, Any], *, timeout: float
+                   ) -> dict[str, Any]:
+        """POST ``body`` (with ``model`` replaced) to ``endpoint``; the answer's JSON object,
+        read up to ``max_answer_bytes``."""
+        if not (isinstance(timeout, (int, float)) and math.isfinite(timeout) and timeout > 0):
+            raise ValueError(f"timeout must be a finite number of seconds > 0, got {timeout!r}")
+        url = f"{self.base_url}/{endpoint}"
+        request = self._http.build_request("POST", url, json={**body, "model": self.model},
+                                           headers=self._headers(),
+                                           timeout=httpx.Timeout(timeout))
+        try:
+            with self._transport_errors(url, timeout):
+                response = await self._http.send(request, stream=True)
+                try:
+                    await self._check_status(url, response)
+                    content = await self._read(url, response)
+                finally:
+                    await response.aclose()
+            return _json_body(url, httpx.Response(response.status_code, content=content))
+        except (LLMServerError, LLMResponseError):
+            self._count_error()
+            raise
+
+    async def open_stream(self, body: Mapping[str, Any], *, timeout: float,
+                          endpoint: str = "chat/completions") -> httpx.Response:
         """POST ``body`` with ``stream: true`` (asking for a final usage chunk) and return the
         open response once its status is known; an HTTP error status raises
-        :class:`~canopy.llm.client.LLMServerError` (its body read for the message, the
-        response closed). The caller reads ``aiter_raw()`` and closes it."""
-        url = f"{self.base_url}/chat/completions"
+        :class:`~canopy.llm.client.LLMServerError` (the start of its body read for the
+        message, the response closed). The caller reads ``aiter_raw()`` and closes it."""
+        url = f"{self.base_url}/{endpoint}"
         options = dict(body.get("stream_options") or {})
         payload = {**body, "model": self.model, "stream": True,
                    "stream_options": {**options, "include_usage": True}}
@@ -95,15 +123,42 @@ class AsyncPassthrough:
                                            timeout=httpx.Timeout(timeout))
         with self._transport_errors(url, timeout):
             response = await self._http.send(request, stream=True)
-        if response.status_code >= 400:
-            text = (await response.aread())[:300]
+        try:
+            await self._check_status(url, response)
+        except LLMServerError:
             await response.aclose()
             self._count_error()
-            raise LLMServerError(f"POST {url} returned HTTP {response.status_code}: {text!r}",
-                                 response.status_code)
+            raise
         with self._lock:
             self.usage.calls += 1
         return response
+
+    async def _check_status(self, url: str, response: httpx.Response) -> None:
+        """:class:`LLMServerError` for an HTTP error status (its body's first bytes in the
+        message, for the log)."""
+        if response.status_code < 400:
+            return
+        start = b""
+        async for chunk in response.aiter_raw():
+            start += chunk
+            if len(start) >= 300:
+                break
+        raise LLMServerError(f"POST {url} returned HTTP {response.status_code}: "
+                             f"{start[:300]!r}", response.status_code)
+
+    async def _read(self, url: str, response: httpx.Response) -> bytes:
+        """The answer's body, refused (:class:`AnswerTooLarge`) once over the cap."""
+        cap = self.max_answer_bytes
+        declared = response.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > cap:
+            raise AnswerTooLarge(f"POST {url}: the answer declares {declared} bytes, over the "
+                                 f"{cap}-byte cap")
+        content = bytearray()
+        async for chunk in response.aiter_bytes():
+            content += chunk
+            if len(content) > cap:
+                raise AnswerTooLarge(f"POST {url}: the answer exceeds the {cap}-byte cap")
+        return bytes(content)
 
     def _headers(self) -> dict[str, str]:
         key = os.environ.get(self.api_key_env) if self.api_key_env else None

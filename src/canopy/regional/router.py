@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Hashable, Sequence
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -22,6 +22,9 @@ from canopy import sharing as sharing_module
 from canopy.regional import kernels
 from canopy.regional.regions import RegionTree
 from canopy.stats import check_observation
+
+if TYPE_CHECKING:
+    from canopy.regional.outcomes import Outcomes
 
 __all__ = [
     "FlatRouter",
@@ -31,6 +34,7 @@ __all__ = [
     "check_feedback",
     "check_lam",
     "check_models",
+    "logged_moments",
 ]
 
 
@@ -70,6 +74,61 @@ def check_feedback(models: Sequence[str], model: str, quality: float, cost: floa
     quality = check_observation(quality, 0.0, 1.0)
     cost = check_observation(cost, 0.0)
     return models.index(model), quality, cost
+
+
+def logged_moments(chains: np.ndarray, quality: np.ndarray, cost: np.ndarray, lam: float, *,
+                   n_nodes: int, max_count: float | None = None) -> np.ndarray:
+    """``(count, mean, m2)`` per node and model of the rewards ``quality - lam * cost`` of
+    logged queries (every model's outcome on every query: full information), each pushed
+    along its root-to-node chain (``chains[i]``, ``-1``-padded) as the learners push their own
+    observations. With ``max_count``, a query's outcome weighs
+    ``min(1, max_count / n)`` with ``n`` the logged queries of its own region: a region's log
+    counts as at most ``max_count`` fresh observations per model, so that many contrary ones
+    move its estimate halfway back (the learner can unlearn a stale log). Weighted moments
+    merge exactly as unweighted ones, so a parent's moments stay the pool of its children's
+    and the sharing kernel's take-out (:func:`canopy.regional.kernels.share`) stays exact."""
+    chains = np.asarray(chains, dtype=np.int64)
+    reward = np.asarray(quality, float) - lam * np.asarray(cost, float)
+    if reward.ndim != 2 or chains.ndim != 2 or chains.shape[0] != reward.shape[0]:
+        raise ValueError(f"need one chain per logged query, got {chains.shape} chains for "
+                         f"{reward.shape} outcomes")
+    if not np.all(np.isfinite(reward)):
+        raise ValueError("logged rewards must be finite")
+    depth = (chains >= 0).sum(1)
+    own = chains[np.arange(chains.shape[0]), depth - 1]  # each query's own region
+    weight = np.ones(chains.shape[0])
+    if max_count is not None:
+        if not math.isfinite(max_count) or max_count <= 0:
+            raise ValueError(f"max_count must be a finite number > 0, got {max_count!r}")
+        weight = np.minimum(1.0, max_count / np.bincount(own, minlength=n_nodes)[own])
+    k = reward.shape[1]
+    sums = np.zeros((n_nodes, k, 2))  # (sum of weights, weighted sum of rewards)
+    for level in range(chains.shape[1]):
+        rows = np.flatnonzero(chains[:, level] >= 0)
+        np.add.at(sums, (chains[rows, level], slice(None), 0), weight[rows, None])
+        np.add.at(sums, (chains[rows, level], slice(None), 1),
+                  weight[rows, None] * reward[rows])
+    out = np.zeros((n_nodes, k, 3))
+    out[..., 0] = sums[..., 0]
+    np.divide(sums[..., 1], sums[..., 0], out=out[..., 1], where=sums[..., 0] > 0)
+    for level in range(chains.shape[1]):  # second pass: squares about each node's mean
+        rows = np.flatnonzero(chains[:, level] >= 0)
+        nodes = chains[rows, level]
+        np.add.at(out, (nodes, slice(None), 2),
+                  weight[rows, None] * (reward[rows] - out[nodes, :, 1]) ** 2)
+    return out
+
+
+def merge_moments(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Chan's merge of two ``(..., 3)`` arrays of ``(count, mean, m2)``."""
+    n = a[..., 0] + b[..., 0]
+    safe = np.where(n > 0, n, 1.0)
+    delta = b[..., 1] - a[..., 1]
+    out = np.empty_like(a)
+    out[..., 0] = n
+    out[..., 1] = a[..., 1] + delta * b[..., 0] / safe
+    out[..., 2] = a[..., 2] + b[..., 2] + delta ** 2 * a[..., 0] * b[..., 0] / safe
+    return out
 
 
 class _Learner:
@@ -165,6 +224,28 @@ class _Learner:
         node = self._node(region)  # may grow the statistics: take it first
         self._stats[node, index] = (count, mean, m2)
         self._observe_cost(check_observation(cost_max, 0.0))
+
+    def fit(self, outcomes: Outcomes, *, max_count: float | None = 100.0) -> None:
+        """Warm start from a log (:class:`~canopy.regional.outcomes.Outcomes`, e.g. the long
+        format ``query_id,region,model,quality,cost`` read by
+        :func:`canopy.apps.routing.logs.read_long`): every logged outcome is added to the
+        statistics as an observation of reward ``quality - lam * cost`` in its region, each
+        region's log weighing at most ``max_count`` observations per model
+        (:func:`logged_moments`; ``None``: every logged outcome counts as one). Adds to what
+        the router has learned; the log must hold every model of the router (extra models
+        are ignored), else ``KeyError``."""
+        missing = [m for m in self.models if m not in outcomes.models]
+        if missing:
+            raise KeyError(f"the log has no outcomes for models {missing}")
+        columns = [outcomes.models.index(m) for m in self.models]
+        names = sorted(set(outcomes.regions))
+        chain_of = {region: self.chain(region) for region in names}  # may grow the tables
+        chains = np.stack([chain_of[r] for r in outcomes.regions])
+        logged = logged_moments(chains, outcomes.quality[:, columns],
+                                outcomes.cost[:, columns], self.lam,
+                                n_nodes=self._stats.shape[0], max_count=max_count)
+        self._stats[:] = merge_moments(self._stats, logged)
+        self._observe_cost(float(outcomes.cost[:, columns].max()))
 
     def estimates(self) -> list[dict[str, object]]:
         """Per (region, model): own count and mean reward, and the shared estimate with the

@@ -40,6 +40,12 @@ def replay_command(
                                                          callback=output_path)] = None,
     trust_pickle: bool = typer.Option(False, "--trust-pickle",
                                       help="read a .pkl data set (unpickling runs its code)"),
+    train_fraction: float | None = typer.Option(
+        None, "--train-fraction", help="warm start: fit every learner on the first F of each "
+        "seed's shuffled queries, score every router on the rest"),
+    prior_count: float | None = typer.Option(
+        100.0, "--prior-count", help="with --train-fraction: a region's log weighs at most "
+        "this many observations per model (0: every logged outcome counts as one)"),
 ) -> None:
     """Replay routers on logged outcomes over a sweep of lambda."""
     from rich.console import Console
@@ -51,7 +57,12 @@ def replay_command(
     options = {} if region_depth is None else {"depth": region_depth}
     outcomes = load(dataset, trust_pickle=trust_pickle, **options)
     names = None if routers is None else [r.strip() for r in routers.split(",") if r.strip()]
-    result = replay(outcomes, lambdas=_floats(lambdas), seeds=seeds, routers=names)
+    if train_fraction is not None and not 0 < train_fraction < 1:
+        raise typer.BadParameter(f"--train-fraction must be in (0, 1), got {train_fraction}")
+    if prior_count is not None and prior_count < 0:
+        raise typer.BadParameter(f"--prior-count must be >= 0, got {prior_count}")
+    result = replay(outcomes, lambdas=_floats(lambdas), seeds=seeds, routers=names,
+                    train_fraction=train_fraction, max_count=prior_count or None)
     if plot is not None:
         from canopy.apps.routing.plots import plot_replay
         from canopy.plotting import announce_plot
@@ -127,24 +138,36 @@ def serve_router(config: Annotated[Path, typer.Option("--config", exists=True,
                                              "sharing the state file."),
                  insecure_no_auth: bool = typer.Option(
                      False, "--insecure-no-auth", help="Serve without API keys (only when "
-                     "the configuration names none; never on a shared network).")) -> None:
+                     "the configuration names none; never on a shared network)."),
+                 prior: Annotated[Path | None, typer.Option(
+                     "--prior", exists=True, dir_okay=False, help="Warm start: a log in the "
+                     "long format (query_id,region,model,quality,cost; .csv or .jsonl) the "
+                     "router is fitted on at start, kept under the stored ratings.")] = None
+                 ) -> None:
     """Run the OpenAI-compatible routing proxy (needs the ``serve`` extra). Clients present
     the keys the configuration's ``auth`` names (``Authorization: Bearer ...``)."""
     import os
 
-    import uvicorn
-
-    from canopy.apps.routing.proxy.app import CONFIG_ENV, INSECURE_ENV, create_app
+    from canopy.apps.routing.proxy.app import (
+        CONFIG_ENV,
+        INSECURE_ENV,
+        PRIOR_ENV,
+        create_app,
+        read_prior,
+    )
     from canopy.apps.routing.proxy.config import ProxyConfig
+    from canopy.apps.routing.proxy.connections import serve, uvicorn_config
 
-    app = create_app(ProxyConfig.from_file(config), insecure_no_auth=insecure_no_auth)
-    if workers == 1:
-        uvicorn.run(app, host=host, port=port, log_level="warning")
-        return
-    os.environ[CONFIG_ENV] = str(config.resolve())  # each worker builds its own app
-    os.environ[INSECURE_ENV] = "1" if insecure_no_auth else ""
-    uvicorn.run("canopy.apps.routing.proxy.app:app_from_env", factory=True, host=host,
-                port=port, workers=workers, log_level="warning")
+    settings = ProxyConfig.from_file(config)
+    app = create_app(settings, insecure_no_auth=insecure_no_auth,
+                     prior=None if prior is None else read_prior(prior))
+    if workers > 1:  # each worker builds its own app
+        os.environ[CONFIG_ENV] = str(config.resolve())
+        os.environ[INSECURE_ENV] = "1" if insecure_no_auth else ""
+        os.environ[PRIOR_ENV] = "" if prior is None else str(prior.resolve())
+        app = "canopy.apps.routing.proxy.app:app_from_env"
+    serve(uvicorn_config(app, settings.limits, upstreams=len(settings.upstreams), host=host,
+                         port=port, workers=workers))
 
 
 def register(app: typer.Typer) -> None:

@@ -20,9 +20,11 @@ __all__ = ["CHARS_PER_TOKEN", "Price", "PriceTable", "estimate_tokens"]
 CHARS_PER_TOKEN = 4.0
 
 
-def estimate_tokens(text: str) -> int:
-    """Offline token estimate: ``ceil(len(text) / 4)``, at least 1."""
-    return max(1, math.ceil(len(text) / CHARS_PER_TOKEN))
+def estimate_tokens(text: str | int) -> int:
+    """Offline token estimate: ``ceil(len(text) / 4)``, at least 1 (``text`` may be given
+    by its length in characters)."""
+    length = text if isinstance(text, int) else len(text)
+    return max(1, math.ceil(length / CHARS_PER_TOKEN))
 
 
 @dataclass(frozen=True)
@@ -92,8 +94,12 @@ class PriceTable:
     def cost(self, model: str, input_tokens: float, output_tokens: float) -> float:
         """Dollars for one call."""
         for name, value in (("input_tokens", input_tokens), ("output_tokens", output_tokens)):
-            if not math.isfinite(value) or value < 0:
-                raise ValueError(f"{name} must be finite and >= 0, got {value!r}")
+            try:
+                finite = math.isfinite(value)
+            except OverflowError:  # an integer too large for a float
+                finite = False
+            if not finite or value < 0:
+                raise ValueError(f"{name} must be finite and >= 0, got {str(value)[:40]}")
         price = self.price(model)
         return (price.input * input_tokens + price.output * output_tokens) / 1e6
 

@@ -18,6 +18,7 @@ import numpy as np
 from canopy.apps.routing.frontier import aiq
 from canopy.regional import kernels
 from canopy.regional.outcomes import Outcomes, category_choices, query_choices
+from canopy.regional.router import logged_moments
 from canopy.sharing import sharing_rule
 from canopy.stats import mean_ci
 
@@ -122,8 +123,10 @@ class ReplayResult:
 
 def _choices(router: str, outcomes: Outcomes, lam: float, order: np.ndarray,
              chains: np.ndarray, seed: int, kappa: float, explore: float,
-             delta: float) -> np.ndarray:
-    n, k = outcomes.n_queries, outcomes.n_models
+             delta: float, prior: np.ndarray | None = None) -> np.ndarray:
+    """The model chosen for each query of ``order`` (the queries replayed, in their order);
+    ``prior[flat]`` holds the learners' starting statistics (``None``: none)."""
+    n, k = order.size, outcomes.n_models
     if router in LEARNERS:
         kind, flat, sharing = LEARNERS[router]
         n_nodes = 1 if flat else int(chains.max()) + 1
@@ -132,9 +135,9 @@ def _choices(router: str, outcomes: Outcomes, lam: float, order: np.ndarray,
         use = np.zeros((n, 1), dtype=np.int64) if flat else chains[order]
         rule = sharing_rule(sharing, delta=delta, kappa=kappa, arms=k,
                             value_range=1.0 + lam * float(outcomes.cost.max()))
-        return kernels.replay_learner(np.zeros((n_nodes, k, 3)), use,
-                                      outcomes.quality[order], outcomes.cost[order], lam,
-                                      kind, rule, explore, z)
+        stats = np.zeros((n_nodes, k, 3)) if prior is None else prior[int(flat)].copy()
+        return kernels.replay_learner(stats, use, outcomes.quality[order],
+                                      outcomes.cost[order], lam, kind, rule, explore, z)
     if router == "random":
         return np.random.default_rng([seed, 2]).integers(k, size=n)
     if router == "category-oracle":
@@ -151,12 +154,44 @@ def _choices(router: str, outcomes: Outcomes, lam: float, order: np.ndarray,
                    f"{', '.join(REFERENCES)}, fixed:<model>")
 
 
+def _rows(outcomes: Outcomes, rows: np.ndarray) -> Outcomes:
+    """The queries ``rows`` of ``outcomes`` (the held-out rest of a warm-started replay)."""
+    def pick(array: np.ndarray | None) -> np.ndarray | None:
+        return None if array is None else array[rows]
+
+    return Outcomes(outcomes.name, tuple(outcomes.query_ids[i] for i in rows),
+                    tuple(outcomes.regions[i] for i in rows), outcomes.models,
+                    outcomes.quality[rows], outcomes.cost[rows], pick(outcomes.input_tokens),
+                    pick(outcomes.output_tokens), outcomes.notes)
+
+
+def _priors(outcomes: Outcomes, train: np.ndarray, chains: np.ndarray, lam: float,
+            max_count: float | None) -> np.ndarray:
+    """Starting statistics ``[regional, flat]`` fitted on the logged queries ``train``, the
+    way :meth:`~canopy.regional.router.RegionalRouter.fit` fits a router (padded to one
+    shape; the flat learner uses node 0 only)."""
+    n_nodes = int(chains.max()) + 1
+    args = (outcomes.quality[train], outcomes.cost[train], lam)
+    regional = logged_moments(chains[train], *args, n_nodes=n_nodes, max_count=max_count)
+    flat = np.zeros_like(regional)
+    flat[:1] = logged_moments(np.zeros((train.size, 1), dtype=np.int64), *args, n_nodes=1,
+                              max_count=max_count)
+    return np.stack([regional, flat])
+
+
 def replay(outcomes: Outcomes, *, lambdas: Sequence[float] | np.ndarray | None = None,
            seeds: int | Sequence[int] = 10, routers: Sequence[str] | None = None,
            kappa: float = 5.0, explore: float = 1.0, delta: float = 0.01,
-           checkpoints: int = 100) -> ReplayResult:
+           checkpoints: int = 100, train_fraction: float | None = None,
+           max_count: float | None = 100.0) -> ReplayResult:
     """Replay every router at every lam over every seed's query order (``kappa`` is the
-    back-off weight of ``regional-backoff``, ``delta`` the sharing test's level)."""
+    back-off weight of ``regional-backoff``, ``delta`` the sharing test's level).
+
+    Warm start: with ``train_fraction`` F in (0, 1), the first F of each seed's shuffled
+    queries are a log (every model's outcome) that every learner is fitted on first
+    (:func:`~canopy.regional.router.logged_moments`, each region's log weighing at most
+    ``max_count`` observations per model); every router, the fixed models and the oracles
+    are then scored on the rest only."""
     lambdas = default_lambdas(outcomes) if lambdas is None else np.asarray(lambdas, float)
     if lambdas.ndim != 1 or lambdas.size == 0 or not np.all(np.isfinite(lambdas)) or \
             np.any(lambdas < 0):
@@ -165,6 +200,12 @@ def replay(outcomes: Outcomes, *, lambdas: Sequence[float] | np.ndarray | None =
     seeds = tuple(range(seeds)) if isinstance(seeds, int) else tuple(int(s) for s in seeds)
     if not seeds:
         raise ValueError("seeds must be a positive count or a non-empty list")
+    n = outcomes.n_queries
+    if train_fraction is not None and not (
+            isinstance(train_fraction, (int, float)) and 0 < train_fraction < 1
+            and 1 <= int(train_fraction * n) < n):
+        raise ValueError(f"train_fraction must leave at least one query on each side of the "
+                         f"split of {n}, got {train_fraction!r}")
     routers = default_routers(outcomes.models) if routers is None else tuple(routers)
     for name in routers:  # fail before computing anything
         if name not in LEARNERS and name not in REFERENCES and not (
@@ -174,23 +215,32 @@ def replay(outcomes: Outcomes, *, lambdas: Sequence[float] | np.ndarray | None =
                            f"{', '.join('fixed:' + m for m in outcomes.models)}")
     tree, nodes = outcomes.region_tree()
     chains = tree.ancestors()[nodes]
-    n = outcomes.n_queries
-    steps = np.unique(np.linspace(1, n, min(checkpoints, n)).astype(np.int64))
+    n_train = 0 if train_fraction is None else int(train_fraction * n)
+    n_test = n - n_train
+    steps = np.unique(np.linspace(1, n_test, min(checkpoints, n_test)).astype(np.int64))
     shape = (len(routers), lambdas.size, len(seeds))
     quality, cost, regret = np.zeros(shape), np.zeros(shape), np.zeros(shape)
     curve = np.zeros((len(routers), lambdas.size, steps.size))
-    rows = np.arange(n)
-    for li, lam in enumerate(lambdas):
-        best, region_means = category_choices(outcomes, float(lam))
-        for si, seed in enumerate(seeds):
-            order = np.random.default_rng([seed, 0]).permutation(n)
-            top = region_means[order, best[order]]
+    for si, seed in enumerate(seeds):
+        order = np.random.default_rng([seed, 0]).permutation(n)
+        train, test = order[:n_train], order[n_train:]
+        scored = outcomes if n_train == 0 else _rows(outcomes, test)
+        test_order = np.arange(n_test) if n_train else order
+        for li, lam in enumerate(lambdas):
+            best, region_means = category_choices(scored, float(lam))
+            top = region_means[test_order, best[test_order]]
+            prior = None if n_train == 0 else _priors(outcomes, train, chains, float(lam),
+                                                      max_count)
             for ri, name in enumerate(routers):
-                chosen = _choices(name, outcomes, float(lam), order, chains, seed, kappa,
-                                  explore, delta)
-                quality[ri, li, si] = outcomes.quality[order, chosen].mean()
-                cost[ri, li, si] = outcomes.cost[order, chosen].mean()
-                gaps = np.cumsum(top - region_means[order[rows], chosen])
+                if name in LEARNERS:
+                    chosen = _choices(name, outcomes, float(lam), test, chains, seed, kappa,
+                                      explore, delta, prior)
+                else:
+                    chosen = _choices(name, scored, float(lam), test_order, chains, seed,
+                                      kappa, explore, delta)
+                quality[ri, li, si] = scored.quality[test_order, chosen].mean()
+                cost[ri, li, si] = scored.cost[test_order, chosen].mean()
+                gaps = np.cumsum(top - region_means[test_order, chosen])
                 regret[ri, li, si] = gaps[-1]
                 curve[ri, li] += gaps[steps - 1] / len(seeds)
     fixed = outcomes.cost.mean(0)

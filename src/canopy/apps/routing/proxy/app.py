@@ -44,6 +44,8 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -51,6 +53,7 @@ import numpy as np
 from fastapi import FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.requests import ClientDisconnect
 
 from canopy.apps.routing.proxy.config import ProxyConfig
 from canopy.apps.routing.proxy.guard import (
@@ -58,6 +61,9 @@ from canopy.apps.routing.proxy.guard import (
     Preferences,
     SseUsage,
     check_chat_body,
+    check_completion_body,
+    client_fault,
+    completion_view,
     expected_tokens,
     redact,
     sane_usage,
@@ -65,17 +71,19 @@ from canopy.apps.routing.proxy.guard import (
 from canopy.apps.routing.proxy.metrics import CONTENT_TYPE_LATEST, ProxyMetrics
 from canopy.apps.routing.proxy.regions import RegionSource
 from canopy.llm.client import LLMError, LLMServerError, LLMTimeoutError
-from canopy.llm.passthrough import AsyncPassthrough
+from canopy.llm.passthrough import AnswerTooLarge, AsyncPassthrough
 from canopy.regional.ledger import FeedbackError
+from canopy.regional.outcomes import Outcomes
 from canopy.regional.service import RoutingService
 from canopy.regional.store import Call, StoreBusy
 
-__all__ = ["AUTO_MODELS", "app_from_env", "create_app", "serve_in_thread"]
+__all__ = ["AUTO_MODELS", "app_from_env", "create_app", "read_prior", "serve_in_thread"]
 
 AUTO_MODELS = frozenset({"", "auto", "canopy-router"})
 EPISODE_HEADER = "X-Canopy-Episode"  # groups an agent's calls for episode feedback
 CONFIG_ENV = "CANOPY_PROXY_CONFIG"  # what ``serve router --workers N`` hands its workers
 INSECURE_ENV = "CANOPY_PROXY_INSECURE_NO_AUTH"
+PRIOR_ENV = "CANOPY_PROXY_PRIOR"  # ``--prior LOG`` for the workers
 log = logging.getLogger("canopy.proxy")
 
 
@@ -87,6 +95,8 @@ def _error(status: int, message: str, kind: str = "invalid_request_error", **ext
 
 def _reason(error: LLMError) -> str:
     """What a client may learn about a failed upstream call: its kind, never its body."""
+    if isinstance(error, AnswerTooLarge):
+        return "too large"
     if isinstance(error, LLMTimeoutError):
         return "timeout"
     if isinstance(error, LLMServerError):
@@ -94,16 +104,34 @@ def _reason(error: LLMError) -> str:
     return "unreachable" if "reach" in str(error) else "bad response"
 
 
+@dataclass(frozen=True)
+class _Call:
+    """One routed request: its endpoint, the body forwarded, the chat-shaped view the router
+    reads (:func:`completion_view` for text completions), and its bookkeeping."""
+
+    endpoint: str
+    body: dict[str, Any]
+    view: dict[str, Any]
+    region: str
+    request_id: str
+    episode: str | None
+    deadline: float  # time.perf_counter() at which it ends, streams included
+
+
 class _Proxy:
     """The proxy's state and logic, apart from the web framework."""
 
-    def __init__(self, config: ProxyConfig, keys: Keys) -> None:
+    def __init__(self, config: ProxyConfig, keys: Keys, prior: Outcomes | None = None
+                 ) -> None:
         self.config = config
         self.keys = keys
         limits = config.limits
+        router = config.router()
+        if prior is not None:  # kept by the service as a prior under the stored sums
+            router.fit(prior)
         try:
             self.service = RoutingService(
-                config.router(), config.store, window_s=limits.feedback_window_s,
+                router, config.store, window_s=limits.feedback_window_s,
                 breaker_failures=limits.breaker_failures,
                 breaker_cooldown_s=limits.breaker_cooldown_s, wait_s=limits.store_wait_s)
         except ValueError as error:
@@ -114,11 +142,18 @@ class _Proxy:
         self.router = self.service.router
         self.breaker = self.service.breaker
         self.upstreams = {u.model: u for u in config.upstreams}
+        cap = config.limits.max_answer_bytes
         self.clients = {u.model: AsyncPassthrough(u.base_url, model=u.upstream_model,
-                                                  api_key_env=u.api_key_env)
+                                                  api_key_env=u.api_key_env,
+                                                  max_answer_bytes=cap)
                         for u in config.upstreams}
+        self.embedders = {u.model: (u, AsyncPassthrough(u.base_url, model=u.upstream_model,
+                                                        api_key_env=u.api_key_env,
+                                                        max_answer_bytes=cap))
+                          for u in config.embeddings}
         self.secrets = keys.secrets + tuple(os.environ.get(u.api_key_env, "")
-                                            for u in config.upstreams if u.api_key_env)
+                                            for u in (*config.upstreams, *config.embeddings)
+                                            if u.api_key_env)
         self.regions = RegionSource(config.region, max_regions=config.limits.max_regions)
         self.metrics = ProxyMetrics()
         self.mean_cost: dict[str, tuple[int, float]] = {}  # model -> (count, mean cost)
@@ -167,17 +202,21 @@ class _Proxy:
                 if keep[m]]
 
     # -- chat ----------------------------------------------------------------------------
-    async def chat(self, headers: Any, body: Any) -> JSONResponse:
+    async def chat(self, headers: Any, body: Any, endpoint: str = "chat/completions"
+                   ) -> JSONResponse:
+        """A chat (or, with ``endpoint="completions"``, a text) completion, routed."""
         started = time.perf_counter()
-        problem = check_chat_body(body)
+        problem = (check_chat_body if endpoint == "chat/completions"
+                   else check_completion_body)(body)
         if problem:
             return _error(400, problem)
+        view = body if endpoint == "chat/completions" else completion_view(body)
         asked = body.get("model", "") or ""
         if asked not in AUTO_MODELS and asked not in self.upstreams:
             return _error(400, f"unknown model {asked!r}: use 'auto' or one of "
                                f"{list(self.upstreams)}", code="model_not_found")
         try:
-            region = self.region(headers, body)
+            region = self.region(headers, view)
         except ValueError as error:
             return _error(400, f"bad region: {error}", code="bad_region")
         except Exception as error:  # a user classifier's failure is reported, not hidden
@@ -193,33 +232,35 @@ class _Proxy:
         if asked in self.upstreams:
             ranking = [asked]
         else:
-            ranking = self._ranking(region, body, preferences)
+            ranking = self._ranking(region, view, preferences)
             if not ranking:
                 return _error(400, f"no model's estimated cost is within canopy.max_cost "
                                    f"({preferences.max_cost:g} $)", code="over_max_cost")
         ranking = self.breaker.order(ranking)
         request_id = f"req-{uuid.uuid4().hex}"
+        call = _Call(endpoint, body, view, region, request_id, episode,
+                     started + self.config.deadline_s)
         if body.get("stream"):
-            return await self._stream(body, ranking, region, request_id, started, episode)
-        deadline = started + self.config.deadline_s
+            return await self._stream(call, ranking)
         attempts: list[dict[str, Any]] = []
         upstream_s = 0.0
         for model in ranking:
-            remaining = deadline - time.perf_counter()
+            remaining = call.deadline - time.perf_counter()
             if remaining <= 0:
                 break
             t0 = time.perf_counter()
             budget = min(remaining, self.upstreams[model].timeout_s)
             try:  # the deadline holds for the whole call, not per read
                 answer = await asyncio.wait_for(
-                    self.clients[model].chat(body, timeout=budget), timeout=budget)
+                    self.clients[model].chat(body, timeout=budget, endpoint=endpoint),
+                    timeout=budget)
             except (LLMError, asyncio.TimeoutError) as error:
                 upstream_s += time.perf_counter() - t0
                 attempts.append(self._attempt_failed(model, error, request_id))
                 continue
             upstream_s += time.perf_counter() - t0
             self.breaker.success(model)
-            prompt, completion, usage = sane_usage(body, answer.text, answer.raw,
+            prompt, completion, usage = sane_usage(view, len(answer.text), answer.raw,
                                                    answer.prompt_tokens,
                                                    answer.completion_tokens)
             cost = self.config.prices.cost(model, prompt, completion)
@@ -236,7 +277,7 @@ class _Proxy:
                                               "X-Canopy-Request-Id": request_id,
                                               "X-Canopy-Usage": usage,
                                               "X-Canopy-Overhead-Ms": f"{overhead_ms:.3f}"})
-        return self._failed(attempts, request_id, deadline)
+        return self._failed(attempts, request_id, call.deadline)
 
     def _failed(self, attempts: list[dict[str, Any]], request_id: str, deadline: float
                 ) -> JSONResponse:
@@ -257,67 +298,146 @@ class _Proxy:
 
     def _attempt_failed(self, model: str, error: BaseException, request_id: str
                         ) -> dict[str, Any]:
-        """Count a failed upstream call (breaker, redacted log); the attempt's public record."""
+        """Count a failed upstream call (breaker, redacted log); the attempt's public record.
+        A rejection that blames the request (:func:`client_fault`) is not the upstream's
+        failure: the breaker does not count it."""
         error = error if isinstance(error, LLMError) else LLMTimeoutError("deadline")
-        self.breaker.failure(model)
+        status = getattr(error, "status", None)
+        if not client_fault(status):
+            self.breaker.failure(model)
         self.metrics.failovers.labels(model=model).inc()
         log.warning("request %s: upstream %s failed: %s", request_id, model,
                     redact(str(error), self.secrets))
-        return {"model": model, "reason": _reason(error),
-                "status": getattr(error, "status", None)}
+        return {"model": model, "reason": _reason(error), "status": status}
 
-    async def _stream(self, body: dict[str, Any], ranking: list[str], region: str,
-                      request_id: str, started: float, episode: str | None) -> Any:
+    async def _stream(self, call: _Call, ranking: list[str]) -> Any:
         """Server-sent events passed through from the first upstream that sends a byte
         within the deadline (failover only before the first byte); the cost is recorded
         when the stream ends, from its final usage chunk or, failing that, estimated."""
-        deadline = started + self.config.deadline_s
         attempts: list[dict[str, Any]] = []
         for model in ranking:
-            remaining = deadline - time.perf_counter()
+            remaining = call.deadline - time.perf_counter()
             if remaining <= 0:
                 break
             budget = min(remaining, self.upstreams[model].timeout_s)
             response = None
             try:
-                response = await asyncio.wait_for(
-                    self.clients[model].open_stream(body, timeout=budget), timeout=budget)
+                response = await asyncio.wait_for(self.clients[model].open_stream(
+                    call.body, timeout=budget, endpoint=call.endpoint), timeout=budget)
                 chunks = response.aiter_raw()
                 first = await asyncio.wait_for(anext(chunks), timeout=budget)
             except (LLMError, asyncio.TimeoutError, httpx.HTTPError, StopAsyncIteration
                     ) as error:
                 if response is not None:
                     await response.aclose()
-                attempts.append(self._attempt_failed(model, error, request_id))
+                attempts.append(self._attempt_failed(model, error, call.request_id))
                 continue
             self.breaker.success(model)
             return StreamingResponse(
-                self._relay(first, chunks, response, body, model, region, request_id,
-                            episode),
+                self._relay(call, model, first, chunks, response),
                 media_type="text/event-stream",
-                headers={"X-Canopy-Model": model, "X-Canopy-Request-Id": request_id,
-                         "X-Canopy-Region": region})
-        return self._failed(attempts, request_id, deadline)
+                headers={"X-Canopy-Model": model, "X-Canopy-Request-Id": call.request_id,
+                         "X-Canopy-Region": call.region})
+        return self._failed(attempts, call.request_id, call.deadline)
 
-    async def _relay(self, first: bytes, chunks: AsyncIterator[bytes], response: Any,
-                     body: dict[str, Any], model: str, region: str, request_id: str,
-                     episode: str | None) -> AsyncIterator[bytes]:
+    async def _relay(self, call: _Call, model: str, first: bytes,
+                     chunks: AsyncIterator[bytes], response: Any) -> AsyncIterator[bytes]:
+        """The upstream's events, until it ends, the request's deadline passes or the
+        answer exceeds ``limits.max_answer_bytes`` (then a last ``error`` event says why);
+        the call is recorded whatever happens, and a failure to record never cuts the
+        stream."""
         events = SseUsage()
+        cap = self.config.limits.max_answer_bytes
+        sent, cut = 0, None
         try:
-            events.feed(first)
-            yield first
-            async for chunk in chunks:
+            chunk = first
+            while True:
                 events.feed(chunk)
+                sent += len(chunk)
                 yield chunk
+                if sent >= cap:
+                    cut = f"the answer exceeds the proxy's {cap}-byte limit"
+                    break
+                remaining = call.deadline - time.perf_counter()
+                try:
+                    chunk = await asyncio.wait_for(anext(chunks), timeout=max(remaining, 0))
+                except StopAsyncIteration:
+                    break
+                except asyncio.TimeoutError:
+                    cut = f"the stream passed the {self.config.deadline_s:g} s deadline"
+                    break
+                except httpx.HTTPError as error:
+                    log.warning("request %s: stream from %s broke: %s", call.request_id,
+                                model, redact(str(error), self.secrets))
+                    cut = "the upstream's stream broke"
+                    break
+            if cut is not None:
+                log.warning("request %s: stream from %s cut: %s", call.request_id, model, cut)
+                yield b"\n\ndata: " + json.dumps({"error": {
+                    "message": cut, "type": "upstream_error",
+                    "request_id": call.request_id}}).encode() + b"\n\n"
         finally:
             await response.aclose()
-            raw = {"usage": events.usage} if events.usage is not None else {}
             usage = events.usage or {}
-            prompt, completion, _ = sane_usage(body, events.text, raw,
-                                               int(usage.get("prompt_tokens", 0) or 0),
-                                               int(usage.get("completion_tokens", 0) or 0))
-            cost = self.config.prices.cost(model, prompt, completion)
-            await self._record(request_id, region, model, cost, episode)
+            try:
+                prompt, completion, _ = sane_usage(
+                    call.view, events.chars, {"usage": usage} if events.usage else {},
+                    usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0))
+                cost = self.config.prices.cost(model, prompt, completion)
+                await self._record(call.request_id, call.region, model, cost, call.episode)
+            except Exception as error:  # the client's stream has been sent whole already
+                log.error("request %s: the streamed call was not recorded: %s",
+                          call.request_id, redact(repr(error), self.secrets))
+
+    async def embeddings(self, body: Any) -> JSONResponse:
+        """``/v1/embeddings`` passed through to the configured embedding upstream named by
+        ``model`` (the only one when ``model`` is absent), within the deadline; nothing is
+        routed, priced or learned."""
+        if not isinstance(body, dict) or "input" not in body:
+            return _error(400, "the body must be a JSON object with 'input'")
+        asked = body.get("model") or (next(iter(self.embedders)) if len(self.embedders) == 1
+                                      else None)
+        if asked not in self.embedders:
+            return _error(400, f"unknown embedding model {asked!r}: use one of "
+                               f"{list(self.embedders)}", code="model_not_found")
+        request_id = f"req-{uuid.uuid4().hex}"
+        budget = min(self.config.deadline_s, self.embedders[asked][0].timeout_s)
+        try:
+            raw = await asyncio.wait_for(self.embedders[asked][1].post(
+                "embeddings", body, timeout=budget), timeout=budget)
+        except (LLMError, asyncio.TimeoutError) as error:
+            error = error if isinstance(error, LLMError) else LLMTimeoutError("deadline")
+            log.warning("request %s: embedding upstream %s failed: %s", request_id, asked,
+                        redact(str(error), self.secrets))
+            status = getattr(error, "status", None)
+            code, kind = ((400, "invalid_request_error") if client_fault(status) else
+                          (504, "timeout") if isinstance(error, LLMTimeoutError) else
+                          (502, "upstream_error"))
+            return _error(code, f"the embedding upstream failed ({_reason(error)})", kind,
+                          request_id=request_id)
+        return JSONResponse({**raw, "model": asked}, headers={"X-Canopy-Request-Id": request_id})
+
+    def model_list(self) -> dict[str, Any]:
+        """``/v1/models``: ``auto`` (the router), every routable model, every embedding
+        model, in OpenAI's list format."""
+        names = ["auto", *self.upstreams, *self.embedders]
+        return {"object": "list", "data": [{"id": name, "object": "model", "created": 0,
+                                            "owned_by": "canopy"} for name in names]}
+
+    def warm_up(self) -> None:
+        """Do once, before the server accepts connections, what the first request would
+        otherwise do on the event loop: load the router's compiled kernels (about a second),
+        build a region and price a call."""
+        scratch = self.config.router()  # never the live router: its state stays untouched
+        scratch.scores("warm-up")
+        scratch.update("warm-up", scratch.models[0], 0.5, 0.0)
+        body = {"messages": [{"role": "user", "content": "warm up"}]}
+        try:
+            self.regions.region(None, body, scratch.regions)
+        except Exception as error:  # a user classifier's failure shows on real requests
+            log.warning("warm-up: the region classifier failed: %s",
+                        redact(repr(error), self.secrets))
+        self.config.prices.cost(scratch.models[0], *expected_tokens(body))
 
     # -- feedback ------------------------------------------------------------------------
     @staticmethod
@@ -386,21 +506,26 @@ class _Proxy:
                 **counts, "statistics": self.service.estimates()}
 
     async def close(self) -> None:
-        for client in self.clients.values():
+        for client in (*self.clients.values(), *(e[1] for e in self.embedders.values())):
             await client.aclose()
         await asyncio.to_thread(self.service.close)
 
 
-def create_app(config: ProxyConfig, *, insecure_no_auth: bool = False) -> FastAPI:
+def create_app(config: ProxyConfig, *, insecure_no_auth: bool = False,
+               prior: Outcomes | None = None) -> FastAPI:
     """The FastAPI application of the proxy. Refuses (``ValueError``) to build without API
-    keys unless ``insecure_no_auth``."""
+    keys unless ``insecure_no_auth``. ``prior``: a log the router is warm-started from
+    (``canopy serve router --prior LOG``, :meth:`RegionalRouter.fit`), kept in memory under
+    the stored ratings, so a restart never counts it twice; every process sharing a store
+    takes the same log."""
     keys = Keys.from_env(config.auth.client_key_env, config.auth.admin_key_env,
                          insecure_no_auth=insecure_no_auth)
-    proxy = _Proxy(config, keys)
+    proxy = _Proxy(config, keys, prior)
     limit = config.limits.max_body_bytes
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        proxy.warm_up()  # uvicorn accepts connections only after this
         yield
         await proxy.close()
 
@@ -426,23 +551,42 @@ def create_app(config: ProxyConfig, *, insecure_no_auth: bool = False) -> FastAP
         if declared.isdigit() and int(declared) > limit:
             return None, _error(413, f"the body exceeds {limit} bytes")
         raw = bytearray()
-        async for chunk in request.stream():
-            raw += chunk
-            if len(raw) > limit:
-                return None, _error(413, f"the body exceeds {limit} bytes")
+        try:
+            async for chunk in request.stream():
+                raw += chunk
+                if len(raw) > limit:
+                    return None, _error(413, f"the body exceeds {limit} bytes")
+        except ClientDisconnect:  # closed mid-body (limits.client_timeout_s): nobody to answer
+            return None, _error(400, "the client left before sending its whole body")
         try:
             return json.loads(raw), None
         except (ValueError, RecursionError):
             return None, _error(400, "the request body is not valid JSON (or nests too deep)")
 
-    @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request) -> Any:
+    async def routed(request: Request, endpoint: str) -> Any:
         started = time.perf_counter()
         body, problem = await json_body(request, admin=False)
-        answer = problem or await proxy.chat(request.headers, body)
+        answer = problem or await proxy.chat(request.headers, body, endpoint)
         proxy.metrics.chat(answer.status_code, answer.headers.get("X-Canopy-Model"),
                            time.perf_counter() - started)
         return answer
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Any:
+        return await routed(request, "chat/completions")
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Any:
+        return await routed(request, "completions")
+
+    @app.post("/v1/embeddings")
+    async def embeddings(request: Request) -> Any:
+        body, problem = await json_body(request, admin=False)
+        return problem or await proxy.embeddings(body)
+
+    @app.get("/v1/models")
+    async def models(request: Request) -> Any:
+        return refusal(request, admin=False) or proxy.model_list()
 
     async def rate(request: Request, kind: str, handler: Any) -> Any:
         body, problem = await json_body(request, admin=True)
@@ -480,26 +624,41 @@ def create_app(config: ProxyConfig, *, insecure_no_auth: bool = False) -> FastAP
     return app
 
 
+def read_prior(path: str | os.PathLike[str]) -> Outcomes:
+    """A warm-start log: the long format ``query_id,region,model,quality,cost`` (.csv or
+    .jsonl, :func:`canopy.apps.routing.logs.read_long`)."""
+    from canopy.apps.routing.logs import read_long
+
+    return read_long(Path(path))
+
+
 def app_from_env() -> FastAPI:
     """The app of a worker process of ``canopy serve router --workers N``."""
+    prior = os.environ.get(PRIOR_ENV)
     return create_app(ProxyConfig.from_file(os.environ[CONFIG_ENV]),
-                      insecure_no_auth=bool(os.environ.get(INSECURE_ENV)))
+                      insecure_no_auth=bool(os.environ.get(INSECURE_ENV)),
+                      prior=read_prior(prior) if prior else None)
 
 
 @contextlib.contextmanager
 def serve_in_thread(app: Any, *, host: str = "127.0.0.1", port: int = 0,
                     startup_timeout: float = 30.0) -> Iterator[str]:
-    """Run ``app`` under uvicorn in a background thread; yields its base URL."""
+    """Run ``app`` under uvicorn in a background thread, with the connection limits of
+    ``canopy serve router`` (:mod:`~canopy.apps.routing.proxy.connections`); yields its base
+    URL."""
     import socket
 
     import uvicorn
+
+    from canopy.apps.routing.proxy.connections import uvicorn_config
 
     if port == 0:
         with socket.socket() as sock:
             sock.bind((host, 0))
             port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
-                                           lifespan="on", limit_concurrency=1024))
+    proxy = app.state.proxy
+    server = uvicorn.Server(uvicorn_config(app, proxy.config.limits,
+                                           upstreams=len(proxy.clients), host=host, port=port))
     thread = threading.Thread(target=server.run, daemon=True, name=f"canopy-router-{port}")
     thread.start()
     deadline = time.monotonic() + startup_timeout

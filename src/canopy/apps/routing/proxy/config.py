@@ -132,9 +132,10 @@ class AuthConfig:
 @dataclass(frozen=True)
 class Limits:
     """What a client can make the proxy hold: body size, distinct regions, how long a request
-    id accepts feedback; the circuit breaker (failures in a row, cool-down); and how long a
-    chat or a rating waits for a busy store (then the chat is answered anyway and its call
-    stored later; the rating gets 503)."""
+    id accepts feedback, open connections, how long a client may take to send a request,
+    header size, idle keep-alive, an upstream answer's size; the circuit breaker (failures in
+    a row, cool-down); and how long a chat or a rating waits for a busy store (then the chat
+    is answered anyway and its call stored later; the rating gets 503)."""
 
     max_body_bytes: int = 1 << 20
     max_regions: int = 1024
@@ -142,13 +143,20 @@ class Limits:
     breaker_failures: int = 3
     breaker_cooldown_s: float = 30.0
     store_wait_s: float = 0.5
+    max_connections: int = 1024
+    client_timeout_s: float = 10.0
+    max_header_bytes: int = 16384
+    keep_alive_s: float = 5.0
+    max_answer_bytes: int = 16 << 20
 
     def __post_init__(self) -> None:
-        for name in ("max_body_bytes", "max_regions", "breaker_failures"):
+        for name in ("max_body_bytes", "max_regions", "breaker_failures", "max_connections",
+                     "max_header_bytes", "max_answer_bytes"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"limits.{name} must be an integer >= 1, got {value!r}")
-        for name in ("feedback_window_s", "breaker_cooldown_s", "store_wait_s"):
+        for name in ("feedback_window_s", "breaker_cooldown_s", "store_wait_s",
+                     "client_timeout_s", "keep_alive_s"):
             object.__setattr__(self, name, check_positive(getattr(self, name), f"limits.{name}"))
 
 
@@ -169,6 +177,7 @@ class ProxyConfig:
     region: RegionConfig = field(default_factory=RegionConfig)
     auth: AuthConfig = field(default_factory=AuthConfig)
     limits: Limits = field(default_factory=Limits)
+    embeddings: tuple[Upstream, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.upstreams:
@@ -176,6 +185,10 @@ class ProxyConfig:
         names = [u.model for u in self.upstreams]
         if len(set(names)) != len(names):
             raise ValueError(f"upstream model names repeat: {names}")
+        both = [u.model for u in self.embeddings]
+        if len(set(names + both)) != len(names + both) or {"auto", ""} & set(names + both):
+            raise ValueError(f"model names must be unique across upstreams and embeddings, "
+                             f"and not 'auto': {names + both}")
         for name in names:
             self.prices.price(name)  # KeyError for an unpriced model
         object.__setattr__(self, "deadline_s", check_positive(self.deadline_s, "deadline_s"))
@@ -204,12 +217,13 @@ class ProxyConfig:
         if not isinstance(data, dict):
             raise TypeError("the proxy configuration must be a JSON object")
         known = {"upstreams", "store", "state_path", "lam", "learner", "sharing", "delta", "kappa",
-                 "explore", "deadline_s", "prices", "region", "auth", "limits"}
+                 "explore", "deadline_s", "prices", "region", "auth", "limits", "embeddings"}
         unknown = set(data) - known
         if unknown:
             raise ValueError(f"unknown configuration keys: {sorted(unknown)}")
         try:
             upstreams = tuple(Upstream(**u) for u in data["upstreams"])
+            embeddings = tuple(Upstream(**u) for u in data.get("embeddings", []))
         except KeyError as missing:
             raise ValueError(f"configuration lacks {missing}") from None
         except TypeError as error:
@@ -228,7 +242,7 @@ class ProxyConfig:
         return cls(upstreams, store, prices=table,
                    region=RegionConfig.from_mapping(data.get("region", {})),
                    auth=AuthConfig.from_mapping(data.get("auth", {})), limits=limits,
-                   **options)
+                   embeddings=embeddings, **options)
 
     @classmethod
     def from_file(cls, path: str | Path) -> ProxyConfig:

@@ -15,10 +15,12 @@ from typing import Any
 from canopy.apps.routing.prices import estimate_tokens
 from canopy.regional.breaker import Breaker  # re-exported: the proxy's name for it
 
-__all__ = ["Breaker", "Keys", "Preferences", "SseUsage", "check_chat_body", "expected_tokens",
+__all__ = ["Breaker", "Keys", "Preferences", "SseUsage", "check_chat_body",
+           "check_completion_body", "client_fault", "completion_view", "expected_tokens",
            "redact", "sane_usage", "user_text"]
 
 MAX_TOKENS_PER_CALL = 2_000_000  # beyond any context window: such a usage report is wrong
+MAX_SSE_LINE = 1 << 20  # an event line longer than this is skipped, not buffered
 
 _SECRET = re.compile(r"(?i)(bearer\s+|api[_-]?key[\"'=:\s]+|\bsk-)[A-Za-z0-9._~+/=-]+")
 
@@ -108,11 +110,58 @@ def check_chat_body(body: Any) -> str | None:
             _text(message.get("content"))
         except TypeError:
             return f"messages[{number}].content must be a string or a list of parts"
+    return check_common(body)
+
+
+def _prompt_text(prompt: Any) -> str | None:
+    """A text completion's prompt as text: a string, or a list of strings (or of token ids,
+    which count as no text); ``None`` when it is neither."""
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, list) and prompt:
+        if all(isinstance(p, str) for p in prompt):
+            return "\n".join(prompt)
+        flat = [t for p in prompt for t in (p if isinstance(p, list) else [p])]
+        if flat and all(isinstance(t, int) and not isinstance(t, bool) for t in flat):
+            return ""
+    return None
+
+
+def check_completion_body(body: Any) -> str | None:
+    """Why a text-completion body is malformed, or ``None``."""
+    if not isinstance(body, dict):
+        return "the body must be a JSON object"
+    if _prompt_text(body.get("prompt")) is None:
+        return "'prompt' must be a string or a non-empty list of strings (or of token ids)"
+    return check_common(body)
+
+
+def completion_view(body: dict[str, Any]) -> dict[str, Any]:
+    """A text-completion body as the chat body the router reads (region rules, centroids,
+    classifier, cost estimates): its prompt as one user message."""
+    return {"messages": [{"role": "user", "content": _prompt_text(body["prompt"]) or ""}],
+            **{k: body[k] for k in ("max_tokens", "model") if k in body}}
+
+
+def check_common(body: dict[str, Any]) -> str | None:
+    """What chat and text completions share: ``stream``, ``model``, token limits."""
     if "stream" in body and not isinstance(body["stream"], bool):
         return f"'stream' must be true or false, got {body['stream']!r}"
     if not isinstance(body.get("model", ""), str):
         return "'model' must be a string"
+    for name in ("max_tokens", "max_completion_tokens"):
+        value = body.get(name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                  or value < 0):
+            return f"'{name}' must be an integer >= 0, got {str(value)[:40]}"
     return None
+
+
+def client_fault(status: int | None) -> bool:
+    """Whether an upstream's HTTP status blames the request (400, 404, 413, 422, ...), not
+    the upstream: such a failure never counts against it in the breaker. Its refusal of the
+    proxy's credentials (401, 403), a timeout (408) and rate limiting (429) do count."""
+    return status is not None and 400 <= status < 500 and status not in (401, 403, 408, 429)
 
 
 @dataclass(frozen=True)
@@ -144,10 +193,12 @@ class Preferences:
 
 def expected_tokens(body: dict[str, Any]) -> tuple[int, int]:
     """Estimated prompt tokens and the completion tokens a request may cost (its
-    ``max_tokens``, or 0 when it sets none)."""
+    ``max_tokens``, at most :data:`MAX_TOKENS_PER_CALL`, or 0 when it sets none)."""
     prompt = estimate_tokens("\n".join(_text(m.get("content")) or "" for m in body["messages"]))
     limit = body.get("max_tokens") or body.get("max_completion_tokens") or 0
-    return prompt, int(limit) if isinstance(limit, int) and limit > 0 else 0
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit <= 0:
+        return prompt, 0
+    return prompt, min(limit, MAX_TOKENS_PER_CALL)
 
 
 def user_text(body: dict[str, Any]) -> str:
@@ -156,36 +207,46 @@ def user_text(body: dict[str, Any]) -> str:
                      if m.get("role") == "user")
 
 
-def sane_usage(body: dict[str, Any], answer_text: str, raw: dict[str, Any],
-               prompt_tokens: int, completion_tokens: int) -> tuple[int, int, str]:
+def _count(value: object) -> int | None:
+    """A reported token count, or ``None`` when it is not a whole number >= 0."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    if isinstance(value, float) and not (math.isfinite(value) and value.is_integer()):
+        return None
+    return int(value) if value >= 0 else None
+
+
+def sane_usage(body: dict[str, Any], answer_chars: int, raw: dict[str, Any],
+               prompt_tokens: object, completion_tokens: object) -> tuple[int, int, str]:
     """Token counts to bill: the upstream's report, an estimate when it sent none
-    (``"estimated"``), or the estimate in place of an absurd report (``"clamped"``)."""
+    (``"estimated"``), or the estimate in place of an absurd report (negative, not a count,
+    or far too large: ``"clamped"``). ``answer_chars``: the answer's length in characters."""
     prompt_guess = expected_tokens(body)[0]
-    completion_guess = estimate_tokens(answer_text)
+    completion_guess = estimate_tokens(answer_chars)
     if not isinstance(raw.get("usage"), dict):
         return prompt_guess, completion_guess, "estimated"
-    absurd = (prompt_tokens > min(MAX_TOKENS_PER_CALL, 50 * prompt_guess + 4096)
-              or completion_tokens > MAX_TOKENS_PER_CALL)
-    if absurd:
+    prompt, completion = _count(prompt_tokens), _count(completion_tokens)
+    if prompt is None or completion is None or \
+            prompt > min(MAX_TOKENS_PER_CALL, 50 * prompt_guess + 4096) or \
+            completion > MAX_TOKENS_PER_CALL:
         return prompt_guess, completion_guess, "clamped"
-    return prompt_tokens, completion_tokens, "reported"
+    return prompt, completion, "reported"
 
 
 class SseUsage:
-    """Reads a chat-completion event stream as it passes: the streamed text and the final
-    usage chunk (``None`` when the upstream sent none)."""
+    """Reads a chat- or text-completion event stream as it passes: the streamed text's length
+    in characters and the final usage chunk (``None`` when the upstream sent none). Holds at
+    most one event line (:data:`MAX_SSE_LINE` bytes) whatever the stream's length."""
 
     def __init__(self) -> None:
         self._pending = b""
-        self._parts: list[str] = []
+        self.chars = 0
         self.usage: dict[str, Any] | None = None
-
-    @property
-    def text(self) -> str:
-        return "".join(self._parts)
 
     def feed(self, chunk: bytes) -> None:
         *lines, self._pending = (self._pending + chunk).split(b"\n")
+        if len(self._pending) > MAX_SSE_LINE:
+            self._pending = b""  # no event is that long: skip it
         for line in lines:
             line = line.strip()
             if not line.startswith(b"data:") or line[5:].strip() == b"[DONE]":
@@ -198,7 +259,12 @@ class SseUsage:
                 continue
             if isinstance(event.get("usage"), dict):
                 self.usage = event["usage"]
-            for choice in event.get("choices") or []:
-                delta = choice.get("delta") if isinstance(choice, dict) else None
+            choices = event.get("choices")
+            for choice in choices if isinstance(choices, list) else ():
+                if not isinstance(choice, dict):
+                    continue
+                delta = choice.get("delta")
                 if isinstance(delta, dict) and isinstance(delta.get("content"), str):
-                    self._parts.append(delta["content"])
+                    self.chars += len(delta["content"])
+                elif isinstance(choice.get("text"), str):  # a text-completion stream
+                    self.chars += len(choice["text"])
