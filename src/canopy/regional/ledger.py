@@ -172,8 +172,9 @@ class FeedbackLedger:
         return open_calls
 
     def expire(self) -> int:
-        """Forget the calls past the window; how many."""
-        return self.store.expire(time.time() - self.window_s)
+        """Forget the calls older than two windows (at least a window and a second), so a
+        late rating still learns it came too late (410, not 404); how many."""
+        return self.store.expire(time.time() - self.window_s - max(self.window_s, 1.0))
 
     def close(self, timeout: float = 5.0) -> None:
         """Store what is queued (waiting at most ``timeout`` for a busy store), then stop."""
