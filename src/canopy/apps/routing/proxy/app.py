@@ -55,7 +55,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.requests import ClientDisconnect
 
-from canopy.apps.routing.proxy.config import ProxyConfig
+from canopy.apps.routing.proxy.config import Limits, ProxyConfig
 from canopy.apps.routing.proxy.guard import (
     Keys,
     Preferences,
@@ -644,8 +644,8 @@ def app_from_env() -> FastAPI:
 def serve_in_thread(app: Any, *, host: str = "127.0.0.1", port: int = 0,
                     startup_timeout: float = 30.0) -> Iterator[str]:
     """Run ``app`` under uvicorn in a background thread, with the connection limits of
-    ``canopy serve router`` (:mod:`~canopy.apps.routing.proxy.connections`); yields its base
-    URL."""
+    ``canopy serve router`` (:mod:`~canopy.apps.routing.proxy.connections`; the default
+    :class:`Limits` for an app that is not the proxy); yields its base URL."""
     import socket
 
     import uvicorn
@@ -656,9 +656,11 @@ def serve_in_thread(app: Any, *, host: str = "127.0.0.1", port: int = 0,
         with socket.socket() as sock:
             sock.bind((host, 0))
             port = sock.getsockname()[1]
-    proxy = app.state.proxy
-    server = uvicorn.Server(uvicorn_config(app, proxy.config.limits,
-                                           upstreams=len(proxy.clients), host=host, port=port))
+    proxy = getattr(app.state, "proxy", None)  # None: another app (e.g. a ratings route)
+    limits, upstreams = (Limits(), 0) if proxy is None else (proxy.config.limits,
+                                                             len(proxy.clients))
+    server = uvicorn.Server(uvicorn_config(app, limits, upstreams=upstreams, host=host,
+                                           port=port))
     thread = threading.Thread(target=server.run, daemon=True, name=f"canopy-router-{port}")
     thread.start()
     deadline = time.monotonic() + startup_timeout
