@@ -148,6 +148,8 @@ def serve_router(config: Annotated[Path, typer.Option("--config", exists=True,
     the keys the configuration's ``auth`` names (``Authorization: Bearer ...``)."""
     import os
 
+    import uvicorn  # noqa: F401  (the serve extra: a missing one is named before the config)
+
     from canopy.apps.routing.proxy.app import (
         CONFIG_ENV,
         INSECURE_ENV,
