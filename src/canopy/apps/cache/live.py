@@ -312,10 +312,7 @@ def run_live_vllm(policies: Sequence[str], workload_of: Callable[[int], Workload
         "workload": workloads[0].name, "capacity_blocks": capacity, "pool_blocks": blocks,
         "block_tokens": block_tokens, "repeats": repeats,
         "requests_per_run": len(workloads[0].prompts), "counted_from": workloads[0].start,
-        "calibration": {"ms_per_token": model.ms_per_token, "overhead_ms": model.overhead_ms,
-                        "source": "fitted on these runs" if calibration is None else "given",
-                        "fitted_r2": r2, "fitted_ms_per_token": fitted.ms_per_token,
-                        "fitted_overhead_ms": fitted.overhead_ms},
+        "calibration": _calibration_json(model, fitted, r2, given=calibration is not None),
         "results": {}}
     cuts = np.cumsum([0] + [len(w.prompts) for w in workloads])
     for policy, per in runs.items():
@@ -360,6 +357,14 @@ def calibrate(runs: Sequence[LiveRun]) -> tuple[TTFTModel, float]:
     r2 = 1.0 - np.sum((y - (intercept + slope * x)) ** 2) / np.sum((y - y.mean()) ** 2)
     return TTFTModel(ms_per_token=max(float(slope), 0.0),
                      overhead_ms=max(float(intercept), 0.0)), float(r2)
+
+
+def _calibration_json(model: TTFTModel, fitted: TTFTModel, r2: float, *,
+                      given: bool) -> dict[str, Any]:
+    """The JSON ``calibration`` entry: the model the prediction used and the fit beside it."""
+    return {"ms_per_token": model.ms_per_token, "overhead_ms": model.overhead_ms,
+            "source": "given" if given else "fitted on these runs", "fitted_r2": r2,
+            "fitted_ms_per_token": fitted.ms_per_token, "fitted_overhead_ms": fitted.overhead_ms}
 
 
 def load_calibration(file: str | Path) -> TTFTModel:
@@ -433,10 +438,7 @@ def run_live(policies: Sequence[str], workload_of: Callable[[int], Workload], *,
         "workload": workloads[0].name, "capacity_mb": capacity_mb,
         "capacity_blocks": capacity_blocks, "block_tokens": block_tokens, "repeats": repeats,
         "requests_per_run": len(workloads[0].prompts), "counted_from": workloads[0].start,
-        "calibration": {"ms_per_token": model.ms_per_token, "overhead_ms": model.overhead_ms,
-                        "source": "fitted on these runs" if calibration is None else "given",
-                        "fitted_r2": r2, "fitted_ms_per_token": fitted.ms_per_token,
-                        "fitted_overhead_ms": fitted.overhead_ms},
+        "calibration": _calibration_json(model, fitted, r2, given=calibration is not None),
         "results": {}}
     chains = [block_chains(w, vocab, block_tokens) for w in workloads]
     for policy, per in runs.items():
