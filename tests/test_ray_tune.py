@@ -32,7 +32,7 @@ def objective(config: dict) -> None:
 
 
 def _searcher() -> CanopySearcher:
-    return CanopySearcher(OptimisticDescent(), TREE, CONFIGS, budget=4.0, probe_cost=0.5,
+    return CanopySearcher(OptimisticDescent(), TREE, CONFIGS, budget=6.0, probe_cost=0.5,
                           metric="loss", mode="min", sigma=0.1, seed=3)
 
 
