@@ -177,6 +177,14 @@ class AsyncPassthrough:
             self._count_error()
             raise LLMConnectionError(f"cannot reach {url}: {str(error) or type(error).__name__}"
                                      ) from None
+        except AttributeError as error:
+            # httpcore over anyio asks a socket closed while connecting for its peer (an
+            # upstream going down under load): that is the upstream unreachable, not a bug here
+            if error.name != "getpeername" or error.obj is not None:
+                raise
+            self._count_error()
+            raise LLMConnectionError(f"cannot reach {url}: the connection closed while "
+                                     "opening") from None
 
     def _count_error(self) -> None:
         with self._lock:
