@@ -119,11 +119,13 @@ def test_live_caching_cuts_time_to_first_token_as_the_replay_predicts(engine):
     # not the p50 of all requests: with about half of them hits it sits at the hit/miss
     # boundary and moved to 0.293 vs 0.307 s on a loaded run; the paired median below holds
     assert out["calibration"]["ms_per_token"] > 0
-    saved = lru["ttft_saved_s"]["median"]
-    # the same order only: the least-squares fit moves with the machine's load (idle: within
-    # 10%, docs/cache.md; loaded: predicted/measured 1.47 and 1.85 seen), so the accuracy is
-    # a measured figure in the docs, not a claim this test can hold on a shared machine
-    assert saved > 0 and 1 / 3 <= lru["predicted_ttft_saved_median_s"] / saved <= 3
+    saved = lru["ttft_saved_s"]["mean"]
+    # means, not medians: about half the requests are hits, so a median of per-request savings
+    # (measured or predicted) sits at the hit/miss boundary too (predicted/measured medians
+    # went to 3.2 on one run). The same order only: the least-squares fit moves with the
+    # machine's load (idle: within 10%, docs/cache.md), so the accuracy is a measured figure
+    # in the docs, not a claim this test can hold on a shared machine
+    assert saved > 0 and 1 / 3 <= lru["predicted_ttft_saved_s"] / saved <= 3
     assert lru["unbacked"] == 0 and lru["state_bytes"] > 0
 
 
