@@ -18,6 +18,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import socket
 import threading
 import time
 from collections import Counter
@@ -60,6 +61,40 @@ def llm_client(llm_server, tmp_path) -> Iterator[LLMClient]:
                        default_params={"max_tokens": 16, "temperature": 0.0})
     yield client
     client.close()
+
+
+class _StoppableServer(ThreadingHTTPServer):
+    """A threading HTTP server with a real server's listen backlog (the standard library's
+    default, 5, drops connections a 32-way load opens at once) that, closed, also ends the
+    keep-alive connections it is serving, as a stopped process would."""
+
+    request_queue_size = 128
+    daemon_threads = True
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)
+        self._open: set[socket.socket] = set()
+        self._open_lock = threading.Lock()
+
+    def process_request(self, request, client_address) -> None:
+        with self._open_lock:
+            self._open.add(request)
+        super().process_request(request, client_address)
+
+    def shutdown_request(self, request) -> None:
+        with self._open_lock:
+            self._open.discard(request)
+        super().shutdown_request(request)
+
+    def server_close(self) -> None:
+        super().server_close()
+        with self._open_lock:
+            serving = list(self._open)
+        for connection in serving:
+            try:
+                connection.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass  # already closed by its client
 
 
 # A scripted reply: (status, body bytes, seconds to wait first).
@@ -136,8 +171,7 @@ class ScriptedServer:
             def log_message(self, format: str, *args: object) -> None:
                 pass
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
+        self._server = _StoppableServer(("127.0.0.1", 0), Handler)
         self.port = int(self._server.server_address[1])
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
         self._thread.start()
