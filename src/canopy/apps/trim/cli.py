@@ -1,5 +1,6 @@
-"""``canopy trim run``: the regional trim-level bandit (BBH tasks as regions) against every
-fixed trim and the per-task and per-item oracles, live against an OpenAI-compatible endpoint."""
+"""``canopy trim run``: the regional trim-level bandit (BBH tasks or MMLU subjects as regions)
+against every fixed trim and the per-task and per-item oracles, live against an
+OpenAI-compatible endpoint."""
 
 from __future__ import annotations
 
@@ -33,20 +34,22 @@ trim_app = typer.Typer(no_args_is_help=True, add_completion=False,
 
 _COLUMNS = ["method", "accuracy [95% CI]", "tokens", "requested_tokens", "estimated_tokens",
             "reward", "delta [95% CI]", "delta_against"]
-DEFAULT_TASKS = "boolean_expressions,navigate,sports_understanding,web_of_lies"
 
 
 @trim_app.command("run")
 def run_command(
     base_url: BaseUrl = None,
     model: Model = None,
-    tasks: Annotated[str, typer.Option("--tasks", help="Comma-separated BBH tasks (the "
-                                       "categories).")] = DEFAULT_TASKS,
+    task: Annotated[str, typer.Option("--task", help="Benchmark: bbh (3-shot CoT prompts) or "
+                                      "mmlu (5-shot dev prompts).")] = "bbh",
+    tasks: Annotated[str | None, typer.Option(
+        "--tasks", help="Comma-separated categories: BBH tasks or MMLU subjects (default: "
+        "four of the benchmark's).")] = None,
     n: Annotated[int, typer.Option("--n", help="Items per task.")] = 10,
     offset: Annotated[int, typer.Option("--offset", help="First item of each task.")] = 0,
-    budget_tokens: Annotated[int, typer.Option(
+    budget_tokens: Annotated[int | None, typer.Option(
         "--budget-tokens", help="Requested prompt tokens of the truncation and BM25 "
-        "levels.")] = 320,
+        "levels (default: 320 for bbh, 200 for mmlu).")] = None,
     lam: Annotated[float, typer.Option("--lam", help="Reward = correct - lam * input "
                                        "tokens.")] = 2e-4,
     max_tokens: Annotated[int, typer.Option("--max-tokens", help="Tokens per answer.")] = 48,
@@ -69,19 +72,20 @@ def run_command(
     as_json: Json = False,
     plot: Plot = None,
 ) -> None:
-    """Collect every trim level's answer on BBH items, then compare the regional bandit
-    with every fixed trim level (at matched tokens) and the per-task and per-item oracles."""
-    from canopy import data
+    """Collect every trim level's answer on BBH or MMLU items, then compare the regional
+    bandit with every fixed trim level (at matched tokens) and the per-task and per-item
+    oracles."""
+    from canopy.apps.trim.benchmarks import BENCHMARKS, load_benchmark
     from canopy.apps.trim.run import collect, summarise
-    from canopy.apps.trim.trimmers import default_levels
     from canopy.llm.local import LocalServerError, open_endpoint
     from canopy.regional.router import RegionalRouter
-    from canopy.tasks.bbh import load_task
 
     console = Console(stderr=True)
     try:
-        names = [t.strip() for t in tasks.split(",") if t.strip()]
-        if not names:
+        if task not in BENCHMARKS:
+            raise ValueError(f"--task must be one of {', '.join(BENCHMARKS)}, got {task!r}")
+        names = None if tasks is None else [t.strip() for t in tasks.split(",") if t.strip()]
+        if names is not None and not names:
             raise ValueError("--tasks is empty")
         if n < 1:
             raise ValueError(f"--n must be >= 1, got {n}")
@@ -90,14 +94,13 @@ def run_command(
         # the bandit's settings are checked before any call is spent
         RegionalRouter(["check"], lam=lam, learner=learner, explore=explore, sharing=sharing,
                        kappa=kappa)
-        folder = data.path("bbh")
-        loaded = {name: load_task(folder, name, n=n, offset=offset) for name in names}
-        levels = default_levels(budget_tokens=budget_tokens)
+        loaded = load_benchmark(task, names, n=n, offset=offset, budget_tokens=budget_tokens)
         with open_endpoint(base_url, model=model, cache_dir=cache_dir, timeout=timeout) as (
                 client, server):
-            total = sum(len(items) for _, items in loaded.values())
+            total = sum(len(items) for _, items in loaded.tasks.values())
             with progress_bar("trim", total, enabled=not as_json) as update:
-                run = collect(client, loaded, levels, max_tokens=max_tokens, progress=update)
+                run = collect(client, loaded.tasks, loaded.levels, max_tokens=max_tokens,
+                              grader=loaded.grader, progress=update)
             usage = client.usage
             requests = server.request_count if server is not None else None
         rows = summarise(run, lam=lam, learner=learner, explore=explore, sharing=sharing,
@@ -107,11 +110,12 @@ def run_command(
     if run.error is not None:
         console.print(f"[yellow]stopped early:[/yellow] {run.error}; {run.completed} of "
                       f"{len(run.items)} items kept")
+    title = BENCHMARKS[task].title
     if plot is not None and rows:
-        plot_accuracy(rows, plot, x="tokens", title="BBH trimming: accuracy vs input tokens",
+        plot_accuracy(rows, plot, x="tokens", title=f"{title} trimming: accuracy vs input tokens",
                       xlabel="mean input tokens per item")
         announce_plot(plot)
-    meta = {"items": run.completed, "requested": len(run.items), "error": run.error,
+    meta = {"task": task, "items": run.completed, "requested": len(run.items), "error": run.error,
             "lam": lam, "learner": learner, "explore": explore, "sharing": sharing,
             "kappa": kappa,
             "http_calls": usage.calls,
@@ -120,7 +124,8 @@ def run_command(
         print_json({**meta, "rows": rows})
     else:
         print_table([interval_cells(row) for row in rows], _COLUMNS,
-                    title=f"BBH trimming: {run.completed} items over {len(names)} tasks, "
+                    title=f"{title} trimming: {run.completed} items over "
+                    f"{len(loaded.tasks)} {'subjects' if task == 'mmlu' else 'tasks'}, "
                     f"lambda = {lam:g} per token")
         Console().print(f"HTTP calls {usage.calls}, cache hits {usage.cache_hits}"
                         + (f", server requests {requests}" if requests is not None else ""))

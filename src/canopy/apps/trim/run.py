@@ -42,10 +42,12 @@ class TrimRun:
 
 def collect(client: LLMClient, tasks: Mapping[str, tuple[FewShotPrompt, Sequence[Item]]],
             levels: Sequence[TrimLevel], *, max_tokens: int = 48,
+            grader: Callable[[str, Item], bool] = grade,
             progress: Callable[[int, int], None] | None = None) -> TrimRun:
-    """Query every level on every item. Within a task the loop runs level by level, so
-    consecutive prompts share the trimmed context and the server can reuse its prefix; a
-    failure drops the unfinished task and keeps the tasks before it."""
+    """Query every level on every item and score each answer with ``grader`` (BBH's exact
+    match by default; :func:`canopy.tasks.mmlu.grade` for MMLU). Within a task the loop runs
+    level by level, so consecutive prompts share the trimmed context and the server can reuse
+    its prefix; a failure drops the unfinished task and keeps the tasks before it."""
     if not levels:
         raise ValueError("levels is empty")
     if max_tokens < 1:
@@ -67,7 +69,7 @@ def collect(client: LLMClient, tasks: Mapping[str, tuple[FewShotPrompt, Sequence
                     query = render_query(level.build(prompt, item.question), item.question)
                     response = client.complete(query, max_tokens=max_tokens, temperature=0.0,
                                                stop=["\n\nQ:", "\nQ:"])
-                    run.correct[i, a] = float(grade(response.text, item))
+                    run.correct[i, a] = float(grader(response.text, item))
                     run.tokens[i, a] = response.prompt_tokens
                     run.estimated[i, a] = approx_tokens(query)
                     texts[i][a] = response.text

@@ -63,7 +63,9 @@ def _join(instruction: str, blocks: Sequence[str]) -> str:
 
 
 def _fit(budget: int, question: str, count: Counter) -> int:
-    room = budget - count(render_query("", question))
+    """Tokens left for the context: one less than the budget minus the bare query, for the
+    blank line that joins them (with chars/4 the whole then fits the budget)."""
+    room = budget - count(render_query("", question)) - 1
     return max(room, 0)
 
 
@@ -150,17 +152,20 @@ def _bm25(budget: int, count: Counter) -> Callable[[FewShotPrompt, str], str]:
 
 
 def default_levels(*, budget_tokens: int = 320, count: Counter = approx_tokens,
+                   shots: Sequence[int] = (2, 1, 0), answers_only: bool = True,
                    ) -> list[TrimLevel]:
-    """The arms of the trimming runs: full, fewer shots, answers only, positional truncation
-    (both ends) and BM25 chunk selection at ``budget_tokens``."""
+    """The arms of the trimming runs: full, the first ``k`` examples for each ``k`` in
+    ``shots`` (BBH's 3-shot prompts: 2, 1, 0; MMLU's 5-shot: 3, 1, 0), answers only (off
+    where the examples carry no rationale, as MMLU's do not: it would repeat ``full``),
+    positional truncation (both ends) and BM25 chunk selection at ``budget_tokens``."""
     if budget_tokens < 1:
         raise ValueError(f"budget_tokens must be >= 1, got {budget_tokens}")
+    if any(k < 0 for k in shots) or len(set(shots)) != len(shots):
+        raise ValueError(f"shots must be distinct counts >= 0, got {list(shots)}")
     return [
         TrimLevel("full", _full),
-        TrimLevel("shots2", _shots(2)),
-        TrimLevel("shots1", _shots(1)),
-        TrimLevel("shots0", _shots(0)),
-        TrimLevel("answers_only", _answers_only),
+        *(TrimLevel(f"shots{k}", _shots(k)) for k in shots),
+        *([TrimLevel("answers_only", _answers_only)] if answers_only else []),
         TrimLevel(f"keep_first{budget_tokens}", _truncate(budget_tokens, first=True,
                                                           count=count), budget_tokens),
         TrimLevel(f"keep_last{budget_tokens}", _truncate(budget_tokens, first=False,

@@ -30,9 +30,10 @@ STUDIES: dict[str, str] = {
     "lowerbound": "canopy.experiments.studies.lowerbound",
     "misidentification": "canopy.experiments.studies.misidentification",
     "variancesplit": "canopy.experiments.studies.variancesplit",
+    "mmlutrim": "canopy.experiments.studies.mmlutrim",
 }
 
-ON_REQUEST: tuple[str, ...] = ("pyxab",)
+ON_REQUEST: tuple[str, ...] = ("pyxab", "mmlutrim")
 """Studies ``canopy reproduce`` runs only when named with ``--study``: the comparison with
 PyXAB's algorithms takes hours at T = 100k (their per-round cost grows with the rounds)."""
 
