@@ -12,11 +12,12 @@ its victim choice (paper Section 4, "Serving systems": the prefix tree is the ca
 
 * ``LRU`` keeps an intrusive doubly linked free queue in vLLM's order (a finished request's
   blocks are appended tail first; the victim is the queue front, always a leaf);
-* ``SIEVE`` keeps an insertion-ordered queue and a hand (Zhang et al., NSDI 2024) that skips
-  blocks it may not evict (inner nodes, pinned blocks) and clears their visited bits. The hand
-  walks a second list holding only the leaves, so an eviction costs what LRU's does; inner
-  nodes' bits are cleared lazily (a bit set before the hand's next pass over the node's
-  position, :func:`_passed`), which evicts exactly what a walk over every node would;
+* ``SIEVE`` keeps a list of the leaves in insertion order and a hand (Zhang et al., NSDI
+  2024) walking it that skips pinned leaves and clears visited bits, so an eviction costs
+  what LRU's does (its own kernel, :func:`_sieve_request`, keeps its scalars in locals).
+  Inner nodes' bits are cleared lazily (a bit set before the hand's next pass over the node's
+  position is cleared when the node becomes a leaf), which evicts exactly what a walk over
+  every node would;
 * the priority policies (``LFU``, ``CANOPY``, ``OPTIMAL``) keep a binary min-heap of
   evictable leaves with lazy deletion (per-node versions); a node is pushed when it becomes a
   leaf or a leaf is used. A key changes only when its node is used, so the heap is exact;
@@ -104,97 +105,124 @@ def _push_head(ni, sc, v):
 
 # ---------------------------------------------------------------- SIEVE's hand over leaves
 @nb.njit(cache=True, inline="always")
-def _passed(ni, sc, v):
-    """Whether the hand passed ``v`` since its visited bit was set: the bit records the lap of
-    the next pass over ``v``'s insertion order (the hand examines insertion orders >=
-    ``sc[_HPOS]`` in lap ``sc[_LAPS]``)."""
-    lap = ni[v, _LAP]
-    return sc[_LAPS] > lap or (sc[_LAPS] == lap and sc[_HPOS] > ni[v, _SEQ])
-
-
-@nb.njit(cache=True, inline="always")
-def _visit(ni, sc, v):
-    ni[v, _VISITED] = 1
-    ni[v, _LAP] = sc[_LAPS] if ni[v, _SEQ] >= sc[_HPOS] else sc[_LAPS] + 1
-
-
-@nb.njit(cache=True, inline="always")
-def _leaf_in(ni, sc, v, a):
-    """``v`` becomes a leaf, after leaf ``a`` in insertion order (-1: the oldest)."""
-    n = sc[_LTAIL] if a < 0 else ni[a, _LNEXT]
-    ni[v, _LPREV] = a
-    ni[v, _LNEXT] = n
-    if a >= 0:
-        ni[a, _LNEXT] = v
-    else:
-        sc[_LTAIL] = v
-    if n >= 0:
-        ni[n, _LPREV] = v
-    else:
-        sc[_LHEAD] = v
-    sc[_NLEAF] += 1
-    h = sc[_HAND]
-    if ni[v, _SEQ] >= sc[_HPOS] and (h < 0 or ni[v, _SEQ] < ni[h, _SEQ]):
-        sc[_HAND] = v  # the hand rests on the first leaf at or after its position
-
-
-@nb.njit(cache=True, inline="always")
-def _leaf_out(ni, sc, v):
-    if sc[_HAND] == v:
-        sc[_HAND] = ni[v, _LNEXT]
-    p, n = ni[v, _LPREV], ni[v, _LNEXT]
-    if p >= 0:
-        ni[p, _LNEXT] = n
-    else:
-        sc[_LTAIL] = n
-    if n >= 0:
-        ni[n, _LPREV] = p
-    else:
-        sc[_LHEAD] = p
-    ni[v, _LPREV] = -1
-    ni[v, _LNEXT] = -1
-    sc[_NLEAF] -= 1
-
-
-@nb.njit(cache=True, inline="always")
-def _leaf_before(ni, v, a):
-    """The newest leaf older than ``v`` (-1: none), searching back from leaf ``a`` along the
-    leaves and from ``v`` along every node at once, whichever finds it first."""
-    s, b = ni[v, _SEQ], ni[v, _PREV]
-    while True:
-        if a < 0 or ni[a, _SEQ] < s:
-            return a
-        if b < 0 or ni[b, _NCHILD] == 0:
-            return b
-        a, b = ni[a, _LPREV], ni[b, _PREV]
-
-
-@nb.njit(cache=True)
-def _sieve_victim(ni, sc, t):
-    """The hand walks the leaves from its position, oldest to newest and around, clearing
-    visited bits, to the first unvisited unpinned leaf; -1 (the hand stays, every bit is
-    cleared: two laps) when every leaf is pinned."""
-    laps, hpos, hand = sc[_LAPS], sc[_HPOS], sc[_HAND]
-    v = hand
-    for _ in range(2 * sc[_NLEAF] + 2):
-        if v < 0:
-            sc[_LAPS] += 1
-            sc[_HPOS] = -1
-            v = sc[_LTAIL]
-        if ni[v, _PIN] != t and ni[v, _VISITED] == 0:
-            if ni[v, _NEXT] < 0:  # the newest block: the hand starts over
-                sc[_LAPS] += 1
-                sc[_HPOS] = -1
-                sc[_HAND] = sc[_LTAIL]
+def _sieve_request(t, lo, hi, nodes, parent, capacity, ni, sc):
+    """SIEVE's request: :func:`_request`'s steps with the hand over the leaf list, its state
+    in locals (written back at the end)."""
+    size, hand, hpos, laps = sc[_SIZE], sc[_HAND], sc[_HPOS], sc[_LAPS]
+    lhead, ltail, nleaf, seqn = sc[_LHEAD], sc[_LTAIL], sc[_NLEAF], sc[_SEQN]
+    k = lo
+    while k < hi and ni[nodes[k], _CACHED] == 1:
+        v = nodes[k]
+        ni[v, _PIN] = t
+        ni[v, _VISITED] = 1  # the lap of the hand's next pass over v
+        ni[v, _LAP] = laps if ni[v, _SEQ] >= hpos else laps + 1
+        k += 1
+    for r in range(k, hi):
+        if size >= capacity:
+            # the hand walks the leaves oldest to newest and around, clearing visited bits,
+            # to the first unvisited unpinned leaf (none: every bit cleared, two laps)
+            u, laps0, hpos0, hand0 = hand, laps, hpos, hand
+            found = False
+            for _ in range(2 * nleaf + 2):
+                if u < 0:
+                    laps += 1
+                    hpos = -1
+                    u = ltail
+                if ni[u, _PIN] != t and ni[u, _VISITED] == 0:
+                    found = True
+                    break
+                ni[u, _VISITED] = 0
+                hpos = ni[u, _SEQ] + 1
+                u = ni[u, _LNEXT]
+            if not found:  # every leaf pinned: the rest of the request is not cached
+                laps, hpos, hand = laps0 + 2, hpos0, hand0
+                break
+            after, n = ni[u, _LPREV], ni[u, _LNEXT]
+            if n < 0:  # the newest block (the newest is a leaf): the hand starts over
+                laps += 1
+                hpos = -1
+                hand = ltail if ltail != u else n
             else:
-                sc[_HPOS] = ni[v, _SEQ] + 1
-                sc[_HAND] = ni[v, _LNEXT]
-            return v
+                hpos = ni[u, _SEQ] + 1
+                hand = n
+            if after >= 0:  # out of the leaf list
+                ni[after, _LNEXT] = n
+            else:
+                ltail = n
+            if n >= 0:
+                ni[n, _LPREV] = after
+            else:
+                lhead = after
+            ni[u, _LPREV] = -1
+            ni[u, _LNEXT] = -1
+            nleaf -= 1
+            ni[u, _CACHED] = 0
+            size -= 1
+            p = parent[u]
+            if p >= 0:
+                ni[p, _NCHILD] -= 1
+                if ni[p, _NCHILD] == 0:  # p becomes a leaf, after the newest older leaf
+                    s = ni[p, _SEQ]
+                    if ni[p, _VISITED] == 1 and (laps > ni[p, _LAP] or (
+                            laps == ni[p, _LAP] and hpos > s)):
+                        ni[p, _VISITED] = 0  # the hand passed p since its bit was set
+                    a = after
+                    while a >= 0 and ni[a, _SEQ] > s:
+                        a = ni[a, _LPREV]
+                    n = ltail if a < 0 else ni[a, _LNEXT]
+                    ni[p, _LPREV] = a
+                    ni[p, _LNEXT] = n
+                    if a >= 0:
+                        ni[a, _LNEXT] = p
+                    else:
+                        ltail = p
+                    if n >= 0:
+                        ni[n, _LPREV] = p
+                    else:
+                        lhead = p
+                    nleaf += 1
+                    if s >= hpos and (hand < 0 or s < ni[hand, _SEQ]):
+                        hand = p  # the hand rests on the first leaf at or after hpos
+        v = nodes[r]
+        ni[v, _CACHED] = 1
+        ni[v, _PIN] = t
         ni[v, _VISITED] = 0
-        sc[_HPOS] = ni[v, _SEQ] + 1
-        v = ni[v, _LNEXT]
-    sc[_LAPS], sc[_HPOS], sc[_HAND] = laps + 2, hpos, hand
-    return -1
+        ni[v, _SEQ] = seqn
+        seqn += 1
+        size += 1
+        p = parent[v]
+        a = lhead
+        if p >= 0:
+            if ni[p, _NCHILD] == 0:  # p is no longer a leaf
+                if hand == p:
+                    hand = ni[p, _LNEXT]
+                pp, pn = ni[p, _LPREV], ni[p, _LNEXT]
+                if pp >= 0:
+                    ni[pp, _LNEXT] = pn
+                else:
+                    ltail = pn
+                if pn >= 0:
+                    ni[pn, _LPREV] = pp
+                else:
+                    lhead = pp
+                ni[p, _LPREV] = -1
+                ni[p, _LNEXT] = -1
+                nleaf -= 1
+                a = lhead
+            ni[p, _NCHILD] += 1
+        ni[v, _LPREV] = a  # the newest leaf
+        ni[v, _LNEXT] = -1
+        if a >= 0:
+            ni[a, _LNEXT] = v
+        else:
+            ltail = v
+        lhead = v
+        nleaf += 1
+        if hand < 0:
+            hand = v
+    sc[_SIZE], sc[_HAND], sc[_HPOS], sc[_LAPS] = size, hand, hpos, laps
+    sc[_LHEAD], sc[_LTAIL], sc[_NLEAF], sc[_SEQN] = lhead, ltail, nleaf, seqn
+    return k - lo
 
 
 # ---------------------------------------------------------------- heap with lazy deletion
@@ -282,8 +310,6 @@ def _victim(kind, t, parent, depth, ni, nf, params, hkey, hnode, hver, sc):
     if kind == LRU:
         v = sc[_TAIL]
         return v if v >= 0 else -1
-    if kind == SIEVE:
-        return _sieve_victim(ni, sc, t)
     while sc[_HLEN] > 0:
         v, ver = hnode[0], hver[0]
         _heap_pop(hkey, hnode, hver, sc)
@@ -336,17 +362,19 @@ def _cells_update(lo, hi, nodes, parent, cells, sc, params):
 
 
 # ---------------------------------------------------------------- one request
-@nb.njit(cache=True)
+@nb.njit(cache=True, inline="always")
 def _request(kind, t, lo, hi, nodes, nu, parent, depth, capacity, params, ni, nf, sc,
              hkey, hnode, hver):
+    """Serve request ``t``, ``nodes[lo:hi]``: reuse its cached prefix, insert the rest, evict
+    by ``kind``; returns the blocks reused."""
+    if kind == SIEVE:
+        return _sieve_request(t, lo, hi, nodes, parent, capacity, ni, sc)
     k = lo
     while k < hi and ni[nodes[k], _CACHED] == 1:
         v = nodes[k]
         ni[v, _PIN] = t
         if kind == LRU:
             _unlink(ni, sc, v)
-        elif kind == SIEVE:
-            _visit(ni, sc, v)
         k += 1
     end = k
     held = -1  # heap policies: a parent that just became the lowest leaf, kept off the heap
@@ -358,21 +386,14 @@ def _request(kind, t, lo, hi, nodes, nu, parent, depth, capacity, params, ni, nf
                 u = _victim(kind, t, parent, depth, ni, nf, params, hkey, hnode, hver, sc)
             if u < 0:
                 break
-            after = ni[u, _LPREV]
-            if kind == SIEVE:
-                _leaf_out(ni, sc, u)
-            if kind == LRU or kind == SIEVE:
+            if kind == LRU:
                 _unlink(ni, sc, u)
             ni[u, _CACHED] = 0
             sc[_SIZE] -= 1
             p = parent[u]
             if p >= 0:
                 ni[p, _NCHILD] -= 1
-                if ni[p, _NCHILD] == 0 and kind == SIEVE:
-                    if ni[p, _VISITED] == 1 and _passed(ni, sc, p):
-                        ni[p, _VISITED] = 0
-                    _leaf_in(ni, sc, p, _leaf_before(ni, p, after))
-                elif ni[p, _NCHILD] == 0 and ni[p, _PIN] != t and kind != LRU and kind != SIEVE:
+                if ni[p, _NCHILD] == 0 and ni[p, _PIN] != t and kind != LRU:
                     # evicting a chain tail first: when the parent's key is at most every
                     # heap key it is the next victim, so skip its push and pop
                     ni[p, _VER] += 1  # retires heap entries from when it was a leaf before
@@ -386,30 +407,19 @@ def _request(kind, t, lo, hi, nodes, nu, parent, depth, capacity, params, ni, nf
         ni[v, _PIN] = t
         ni[v, _VISITED] = 0
         sc[_SIZE] += 1
+        ni[v, _HITS] = 0
         p = parent[v]
-        if kind == SIEVE:
-            ni[v, _SEQ] = sc[_SEQN]
-            sc[_SEQN] += 1
-            _push_head(ni, sc, v)
-            if p >= 0 and ni[p, _NCHILD] == 0:
-                _leaf_out(ni, sc, p)
-        else:
-            ni[v, _HITS] = 0
         if p >= 0:
             ni[p, _NCHILD] += 1
-        if kind == SIEVE:
-            _leaf_in(ni, sc, v, sc[_LHEAD])
         end = r + 1
     if held >= 0:
         _push_leaf(kind, held, parent, depth, ni, nf, params, hkey, hnode, hver, sc)
-    if kind == SIEVE:
-        return k - lo
     for r in range(lo, end):
         _touch(nodes[r], t, nu[r], ni)
     if kind == LRU:
         for r in range(end - 1, lo - 1, -1):  # freed tail first, as vLLM does
             _push_head(ni, sc, nodes[r])
-    elif kind != SIEVE and end > lo:
+    elif end > lo:
         _push_leaf(kind, nodes[end - 1], parent, depth, ni, nf, params, hkey, hnode, hver, sc)
     return k - lo
 
@@ -417,9 +427,23 @@ def _request(kind, t, lo, hi, nodes, nu, parent, depth, capacity, params, ni, nf
 @nb.njit(cache=True)
 def _run(kind, t0, t1, offsets, nodes, nu, parent, depth, capacity, params, ni, nf, sc,
          hkey, hnode, hver, reused):
-    for t in range(t0, t1):
-        reused[t] = _request(kind, t, offsets[t], offsets[t + 1], nodes, nu, parent, depth,
-                             capacity, params, ni, nf, sc, hkey, hnode, hver)
+    # one loop per kind, so that each compiles with its constant kind (its branches folded)
+    if kind == LRU:
+        for t in range(t0, t1):
+            reused[t] = _request(LRU, t, offsets[t], offsets[t + 1], nodes, nu, parent,
+                                 depth, capacity, params, ni, nf, sc, hkey, hnode, hver)
+    elif kind == SIEVE:
+        for t in range(t0, t1):
+            reused[t] = _sieve_request(t, offsets[t], offsets[t + 1], nodes, parent, capacity,
+                                       ni, sc)
+    elif kind == LFU:
+        for t in range(t0, t1):
+            reused[t] = _request(LFU, t, offsets[t], offsets[t + 1], nodes, nu, parent,
+                                 depth, capacity, params, ni, nf, sc, hkey, hnode, hver)
+    else:
+        for t in range(t0, t1):
+            reused[t] = _request(OPTIMAL, t, offsets[t], offsets[t + 1], nodes, nu, parent,
+                                 depth, capacity, params, ni, nf, sc, hkey, hnode, hver)
 
 
 # ---------------------------------------------------------------- canopy: arms on shadows
