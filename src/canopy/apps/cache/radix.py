@@ -227,9 +227,9 @@ def _sieve_request(t, lo, hi, nodes, parent, capacity, ni, sc):
 
 # ---------------------------------------------------------------- heap with lazy deletion
 @nb.njit(cache=True, inline="always")
-def _heap_push(hkey, hnode, hver, sc, key, v, ver):
-    i = sc[_HLEN]
-    sc[_HLEN] = i + 1
+def _heap_push(hkey, hnode, hver, n, key, v, ver):
+    """Push onto the heap of ``n`` entries; returns its new length."""
+    i = n
     while i > 0:
         up = (i - 1) >> 1
         if hkey[up] <= key:
@@ -237,12 +237,13 @@ def _heap_push(hkey, hnode, hver, sc, key, v, ver):
         hkey[i], hnode[i], hver[i] = hkey[up], hnode[up], hver[up]
         i = up
     hkey[i], hnode[i], hver[i] = key, v, ver
+    return n + 1
 
 
 @nb.njit(cache=True, inline="always")
-def _heap_pop(hkey, hnode, hver, sc):
-    n = sc[_HLEN] - 1
-    sc[_HLEN] = n
+def _heap_pop(hkey, hnode, hver, n):
+    """Drop the root of the heap of ``n`` entries; returns its new length."""
+    n -= 1
     key, v, ver = hkey[n], hnode[n], hver[n]
     i = 0
     while True:
@@ -257,19 +258,19 @@ def _heap_pop(hkey, hnode, hver, sc):
         i = c
     if n > 0:
         hkey[i], hnode[i], hver[i] = key, v, ver
+    return n
 
 
 # ---------------------------------------------------------------- policy hooks
 @nb.njit(cache=True, inline="always")
-def _key(kind, v, depth, ni, nf, params, sc):
+def _key(kind, v, depth, ni, nf, params, arm):
     if kind == LFU:
         return ni[v, _HITS] * params[0] + ni[v, _LAST]
     if kind == OPTIMAL:
         return -(ni[v, _NU] * params[0] + depth[v])
-    a = sc[_ARM]  # CANOPY; ``nf`` holds the cell statistics
-    if a == 0:
+    if arm == 0:  # CANOPY; ``nf`` holds the cell statistics
         return _recency(v, depth, ni, params[_DMAX])
-    return np.log(nf[v, _S0 + a - 1]) + params[_LAM0 + a - 1] * nf[v, _CL]
+    return np.log(nf[v, _S0 + arm - 1]) + params[_LAM0 + arm - 1] * nf[v, _CL]
 
 
 @nb.njit(cache=True, inline="always")
@@ -283,42 +284,29 @@ def _recency(v, depth, ni, dmax):
 def _heap_compact(kind, depth, ni, nf, params, sc, hkey, hnode, hver, rekey):
     """Drop dead entries (when the heap array is full: rare, pushes are O(1) per request);
     with ``rekey``, also recompute every key (when ``CANOPY`` switches arms)."""
-    entries = sc[_HLEN]
-    sc[_HLEN] = 0
+    entries, n = sc[_HLEN], 0
     keys, nodes_, vers = hkey[:entries].copy(), hnode[:entries].copy(), hver[:entries].copy()
     for e in range(entries):
         v = nodes_[e]
         if ni[v, _CACHED] == 1 and ni[v, _NCHILD] == 0 and ni[v, _VER] == vers[e]:
             key = keys[e]
             if rekey:
-                key = _key(kind, v, depth, ni, nf, params, sc)
-            _heap_push(hkey, hnode, hver, sc, key, v, vers[e])
+                key = _key(kind, v, depth, ni, nf, params, sc[_ARM])
+            n = _heap_push(hkey, hnode, hver, n, key, v, vers[e])
+    sc[_HLEN] = n
 
 
 @nb.njit(cache=True, inline="always")
-def _push_leaf(kind, v, parent, depth, ni, nf, params, hkey, hnode, hver, sc):
-    if sc[_HLEN] == len(hkey):
+def _push_leaf(kind, v, depth, ni, nf, params, hkey, hnode, hver, sc, n):
+    """Push leaf ``v`` (retiring its older entries) onto the heap of ``n`` entries, compacted
+    first when full; returns the heap's new length."""
+    if n == len(hkey):
+        sc[_HLEN] = n
         _heap_compact(kind, depth, ni, nf, params, sc, hkey, hnode, hver, False)
+        n = sc[_HLEN]
     ni[v, _VER] += 1
-    key = _key(kind, v, depth, ni, nf, params, sc)
-    _heap_push(hkey, hnode, hver, sc, key, v, ni[v, _VER])
-
-
-@nb.njit(cache=True, inline="always")
-def _victim(kind, t, parent, depth, ni, nf, params, hkey, hnode, hver, sc):
-    """An unpinned leaf to evict, or -1 when every cached block is pinned."""
-    if kind == LRU:
-        v = sc[_TAIL]
-        return v if v >= 0 else -1
-    while sc[_HLEN] > 0:
-        v, ver = hnode[0], hver[0]
-        _heap_pop(hkey, hnode, hver, sc)
-        if ni[v, _CACHED] == 0 or ni[v, _NCHILD] != 0 or ni[v, _VER] != ver:
-            continue  # dead entry
-        if ni[v, _PIN] == t:
-            continue  # in use; pushed again when the request ends
-        return v
-    return -1
+    key = _key(kind, v, depth, ni, nf, params, sc[_ARM])
+    return _heap_push(hkey, hnode, hver, n, key, v, ni[v, _VER])
 
 
 @nb.njit(cache=True, inline="always")
@@ -329,7 +317,7 @@ def _touch(v, t, nu, ni):
     ni[v, _NU] = nu
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, inline="always")
 def _cells_update(lo, hi, nodes, parent, cells, sc, params):
     """Cell values after a request used ``nodes[lo:hi]`` (all of them, cached or not).
 
@@ -363,65 +351,108 @@ def _cells_update(lo, hi, nodes, parent, cells, sc, params):
 
 # ---------------------------------------------------------------- one request
 @nb.njit(cache=True, inline="always")
+def _lru_request(t, lo, hi, nodes, nu, parent, capacity, ni, sc):
+    """LRU's request: the victim is the free queue's front; a request's blocks join the
+    queue's end when it finishes, deepest first."""
+    k = lo
+    while k < hi and ni[nodes[k], _CACHED] == 1:
+        ni[nodes[k], _PIN] = t
+        _unlink(ni, sc, nodes[k])
+        k += 1
+    end = k
+    for r in range(k, hi):
+        if sc[_SIZE] >= capacity:
+            u = sc[_TAIL]
+            if u < 0:  # every cached block is pinned
+                break
+            _unlink(ni, sc, u)
+            ni[u, _CACHED] = 0
+            sc[_SIZE] -= 1
+            if parent[u] >= 0:
+                ni[parent[u], _NCHILD] -= 1
+        v = nodes[r]
+        ni[v, _CACHED] = 1
+        ni[v, _PIN] = t
+        ni[v, _VISITED] = 0
+        ni[v, _HITS] = 0
+        sc[_SIZE] += 1
+        if parent[v] >= 0:
+            ni[parent[v], _NCHILD] += 1
+        end = r + 1
+    for r in range(lo, end):
+        _touch(nodes[r], t, nu[r], ni)
+    for r in range(end - 1, lo - 1, -1):  # freed tail first, as vLLM does
+        _push_head(ni, sc, nodes[r])
+    return k - lo
+
+
+@nb.njit(cache=True, inline="always")
+def _heap_request(kind, t, lo, hi, nodes, nu, parent, depth, capacity, params, ni, nf, sc,
+                  hkey, hnode, hver):
+    """A priority policy's request: the victim is the unpinned leaf with the lowest key, from
+    a heap with lazy deletion (the heap's length and the cache's size in locals)."""
+    size, n = sc[_SIZE], sc[_HLEN]
+    k = lo
+    while k < hi and ni[nodes[k], _CACHED] == 1:
+        ni[nodes[k], _PIN] = t
+        k += 1
+    end = k
+    held = -1  # a parent that just became the lowest leaf, kept off the heap
+    for r in range(k, hi):
+        if size >= capacity:
+            u, held = held, -1
+            while u < 0 and n > 0:
+                v, ver = hnode[0], hver[0]
+                n = _heap_pop(hkey, hnode, hver, n)
+                if ni[v, _CACHED] == 1 and ni[v, _NCHILD] == 0 and ni[v, _VER] == ver and (
+                        ni[v, _PIN] != t):  # else dead, or in use (pushed when it ends)
+                    u = v
+            if u < 0:  # every cached block is pinned
+                break
+            ni[u, _CACHED] = 0
+            size -= 1
+            p = parent[u]
+            if p >= 0:
+                ni[p, _NCHILD] -= 1
+                if ni[p, _NCHILD] == 0 and ni[p, _PIN] != t:
+                    # evicting a chain tail first: when the parent's key is at most every
+                    # heap key it is the next victim, so skip its push and pop
+                    ni[p, _VER] += 1  # retires heap entries from when it was a leaf before
+                    if n == 0 or _key(kind, p, depth, ni, nf, params, sc[_ARM]) <= hkey[0]:
+                        held = p
+                    else:
+                        n = _push_leaf(kind, p, depth, ni, nf, params, hkey, hnode, hver, sc,
+                                       n)
+        v = nodes[r]
+        ni[v, _CACHED] = 1
+        ni[v, _PIN] = t
+        ni[v, _VISITED] = 0
+        ni[v, _HITS] = 0
+        size += 1
+        if parent[v] >= 0:
+            ni[parent[v], _NCHILD] += 1
+        end = r + 1
+    if held >= 0:
+        n = _push_leaf(kind, held, depth, ni, nf, params, hkey, hnode, hver, sc, n)
+    for r in range(lo, end):
+        _touch(nodes[r], t, nu[r], ni)
+    if end > lo:
+        n = _push_leaf(kind, nodes[end - 1], depth, ni, nf, params, hkey, hnode, hver, sc, n)
+    sc[_SIZE], sc[_HLEN] = size, n
+    return k - lo
+
+
+@nb.njit(cache=True, inline="always")
 def _request(kind, t, lo, hi, nodes, nu, parent, depth, capacity, params, ni, nf, sc,
              hkey, hnode, hver):
     """Serve request ``t``, ``nodes[lo:hi]``: reuse its cached prefix, insert the rest, evict
     by ``kind``; returns the blocks reused."""
     if kind == SIEVE:
         return _sieve_request(t, lo, hi, nodes, parent, capacity, ni, sc)
-    k = lo
-    while k < hi and ni[nodes[k], _CACHED] == 1:
-        v = nodes[k]
-        ni[v, _PIN] = t
-        if kind == LRU:
-            _unlink(ni, sc, v)
-        k += 1
-    end = k
-    held = -1  # heap policies: a parent that just became the lowest leaf, kept off the heap
-    for r in range(k, hi):
-        if sc[_SIZE] >= capacity:
-            if held >= 0:
-                u, held = held, -1
-            else:
-                u = _victim(kind, t, parent, depth, ni, nf, params, hkey, hnode, hver, sc)
-            if u < 0:
-                break
-            if kind == LRU:
-                _unlink(ni, sc, u)
-            ni[u, _CACHED] = 0
-            sc[_SIZE] -= 1
-            p = parent[u]
-            if p >= 0:
-                ni[p, _NCHILD] -= 1
-                if ni[p, _NCHILD] == 0 and ni[p, _PIN] != t and kind != LRU:
-                    # evicting a chain tail first: when the parent's key is at most every
-                    # heap key it is the next victim, so skip its push and pop
-                    ni[p, _VER] += 1  # retires heap entries from when it was a leaf before
-                    if sc[_HLEN] == 0 or _key(kind, p, depth, ni, nf, params, sc) <= hkey[0]:
-                        held = p
-                    else:
-                        _push_leaf(kind, p, parent, depth, ni, nf, params, hkey, hnode, hver,
-                                   sc)
-        v = nodes[r]
-        ni[v, _CACHED] = 1
-        ni[v, _PIN] = t
-        ni[v, _VISITED] = 0
-        sc[_SIZE] += 1
-        ni[v, _HITS] = 0
-        p = parent[v]
-        if p >= 0:
-            ni[p, _NCHILD] += 1
-        end = r + 1
-    if held >= 0:
-        _push_leaf(kind, held, parent, depth, ni, nf, params, hkey, hnode, hver, sc)
-    for r in range(lo, end):
-        _touch(nodes[r], t, nu[r], ni)
     if kind == LRU:
-        for r in range(end - 1, lo - 1, -1):  # freed tail first, as vLLM does
-            _push_head(ni, sc, nodes[r])
-    elif end > lo:
-        _push_leaf(kind, nodes[end - 1], parent, depth, ni, nf, params, hkey, hnode, hver, sc)
-    return k - lo
+        return _lru_request(t, lo, hi, nodes, nu, parent, capacity, ni, sc)
+    return _heap_request(kind, t, lo, hi, nodes, nu, parent, depth, capacity, params, ni, nf,
+                         sc, hkey, hnode, hver)
 
 
 @nb.njit(cache=True)
@@ -459,7 +490,7 @@ def _unit_hash(v, salt):
     return (z >> np.uint64(11)) * (1.0 / 9007199254740992.0)
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, inline="always")
 def _score(stats, pairs, got, gamma):
     """Fold one sampled request's shadow reuse ``got[a]`` into the discounted statistics:
     ``stats[a]`` sums reuse, ``stats[-1]`` the weights, ``pairs[0, a, b]`` and
@@ -474,7 +505,7 @@ def _score(stats, pairs, got, gamma):
             pairs[1, a, b] = gamma * pairs[1, a, b] + d * d
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, inline="always")
 def _leads(stats, pairs, a, b, z, min_n):
     """Whether arm ``a``'s discounted mean reuse exceeds arm ``b``'s by ``z`` standard errors
     of the paired difference (the weight sum ``n`` understates the effective sample size, so
@@ -502,7 +533,7 @@ def _run_canopy(t0, t1, offsets, nodes, parent, depth, capacity, params, ni, cel
                                     shnode, shver)
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, inline="always")
 def _canopy_request(t, lo, hi, nodes, parent, depth, capacity, params, ni, cells, sc, hkey,
                     hnode, hver, ac, stats, pairs, got, sm, skinds, scap, sni, ssc, shkey,
                     shnode, shver):
@@ -516,7 +547,7 @@ def _canopy_request(t, lo, hi, nodes, parent, depth, capacity, params, ni, cells
     return reused
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, inline="always")
 def _canopy_shadows(t, lo, hi, nodes, parent, depth, params, cells, sc, ac, stats, pairs, got,
                     sm, skinds, scap, sni, ssc, shkey, shnode, shver):
     """When request ``nodes[lo:hi]`` is in the hashed sample, replay it in every arm's shadow
@@ -525,9 +556,13 @@ def _canopy_shadows(t, lo, hi, nodes, parent, depth, params, cells, sc, ac, stat
     rate, gamma, z, min_n = ac[0], ac[1], ac[2], ac[3]
     if hi == lo or _unit_hash(nodes[min(lo + 1, hi - 1)], sm[1]) >= rate:
         return False
-    for a in range(len(skinds)):
-        got[a] = _request(skinds[a], t, lo, hi, nodes, nodes, parent, depth, scap, params,
-                          sni[a], cells, ssc[a], shkey[a], shnode[a], shver[a])
+    for a in range(len(skinds)):  # each kind compiled with its constant kind
+        if skinds[a] == LRU:
+            got[a] = _request(LRU, t, lo, hi, nodes, nodes, parent, depth, scap, params,
+                              sni[a], cells, ssc[a], shkey[a], shnode[a], shver[a])
+        else:
+            got[a] = _request(CANOPY, t, lo, hi, nodes, nodes, parent, depth, scap, params,
+                              sni[a], cells, ssc[a], shkey[a], shnode[a], shver[a])
     _score(stats, pairs, got, gamma)
     best = np.argmax(stats[:len(skinds)])
     if best != sc[_ARM] and _leads(stats, pairs, best, sc[_ARM], z, min_n):
@@ -571,7 +606,7 @@ def _priorities(kind, nodes, depth, ni, cells, params, sc, out):
         elif kind == SIEVE:
             out[i] = ni[v, _NU]
         else:
-            out[i] = _key(kind, v, depth, ni, cells, params, sc)
+            out[i] = _key(kind, v, depth, ni, cells, params, sc[_ARM])
 
 
 def _node_table(n: int, dtype: type = np.int64, k: int | None = None) -> np.ndarray:
