@@ -104,7 +104,7 @@ def _push_head(ni, sc, v):
 
 
 # ---------------------------------------------------------------- SIEVE's hand over leaves
-@nb.njit(cache=True, inline="always")
+@nb.njit(cache=True)
 def _sieve_request(t, lo, hi, nodes, parent, capacity, ni, sc):
     """SIEVE's request: :func:`_request`'s steps with the hand over the leaf list, its state
     in locals (written back at the end)."""
@@ -350,7 +350,7 @@ def _cells_update(lo, hi, nodes, parent, cells, sc, params):
 
 
 # ---------------------------------------------------------------- one request
-@nb.njit(cache=True, inline="always")
+@nb.njit(cache=True)
 def _lru_request(t, lo, hi, nodes, nu, parent, capacity, ni, sc):
     """LRU's request: the victim is the free queue's front; a request's blocks join the
     queue's end when it finishes, deepest first."""
@@ -386,7 +386,7 @@ def _lru_request(t, lo, hi, nodes, nu, parent, capacity, ni, sc):
     return k - lo
 
 
-@nb.njit(cache=True, inline="always")
+@nb.njit(cache=True)
 def _heap_request(kind, t, lo, hi, nodes, nu, parent, depth, capacity, params, ni, nf, sc,
                   hkey, hnode, hver):
     """A priority policy's request: the victim is the unpinned leaf with the lowest key, from
@@ -442,7 +442,7 @@ def _heap_request(kind, t, lo, hi, nodes, nu, parent, depth, capacity, params, n
     return k - lo
 
 
-@nb.njit(cache=True, inline="always")
+@nb.njit(cache=True)
 def _request(kind, t, lo, hi, nodes, nu, parent, depth, capacity, params, ni, nf, sc,
              hkey, hnode, hver):
     """Serve request ``t``, ``nodes[lo:hi]``: reuse its cached prefix, insert the rest, evict
@@ -533,7 +533,7 @@ def _run_canopy(t0, t1, offsets, nodes, parent, depth, capacity, params, ni, cel
                                     shnode, shver)
 
 
-@nb.njit(cache=True, inline="always")
+@nb.njit(cache=True)
 def _canopy_request(t, lo, hi, nodes, parent, depth, capacity, params, ni, cells, sc, hkey,
                     hnode, hver, ac, stats, pairs, got, sm, skinds, scap, sni, ssc, shkey,
                     shnode, shver):
@@ -547,7 +547,7 @@ def _canopy_request(t, lo, hi, nodes, parent, depth, capacity, params, ni, cells
     return reused
 
 
-@nb.njit(cache=True, inline="always")
+@nb.njit(cache=True)
 def _canopy_shadows(t, lo, hi, nodes, parent, depth, params, cells, sc, ac, stats, pairs, got,
                     sm, skinds, scap, sni, ssc, shkey, shnode, shver):
     """When request ``nodes[lo:hi]`` is in the hashed sample, replay it in every arm's shadow
