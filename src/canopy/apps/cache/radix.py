@@ -7,21 +7,26 @@ when the cache is full a victim is chosen among unpinned *leaves* only, so the c
 ancestor-closed (a node is cached only if its parent is). When every cached block is pinned
 (a request longer than the cache), the rest of that request is not cached.
 
-The per-request step is one numba kernel shared by every policy; a policy contributes only
-its victim choice (paper Section 4, "Serving systems": the prefix tree is the cache itself):
+A request is served by one numba kernel per eviction structure, each keeping its hot scalars
+in local variables (paper Section 4, "Serving systems": the prefix tree is the cache itself):
 
 * ``LRU`` keeps an intrusive doubly linked free queue in vLLM's order (a finished request's
   blocks are appended tail first; the victim is the queue front, always a leaf);
 * ``SIEVE`` keeps a list of the leaves in insertion order and a hand (Zhang et al., NSDI
   2024) walking it that skips pinned leaves and clears visited bits, so an eviction costs
-  what LRU's does (its own kernel, :func:`_sieve_request`, keeps its scalars in locals).
-  Inner nodes' bits are cleared lazily (a bit set before the hand's next pass over the node's
-  position is cleared when the node becomes a leaf), which evicts exactly what a walk over
-  every node would;
-* the priority policies (``LFU``, ``CANOPY``, ``OPTIMAL``) keep a binary min-heap of
-  evictable leaves with lazy deletion (per-node versions); a node is pushed when it becomes a
-  leaf or a leaf is used. A key changes only when its node is used, so the heap is exact;
-  ``CANOPY`` re-keys the whole heap when it switches arms.
+  what LRU's does. Inner nodes' bits are cleared lazily (a bit set before the hand's next
+  pass over the node's position is cleared when the node becomes a leaf), which evicts
+  exactly what a walk over every node would;
+* the priority policies (``LFU``, ``CANOPY``, ``OPTIMAL`` and ``PRIORITY``: any
+  :class:`~canopy.apps.cache.policies.PriorityPolicy` with its own key function) keep a binary
+  min-heap of evictable leaves with lazy deletion (per-node versions); a node is pushed when
+  it becomes a leaf or a leaf is used. A key changes only when its node is used, so the heap
+  is exact; ``CANOPY`` re-keys the whole heap when it switches arms.
+
+A cache's state travels as a :class:`Cache` (node table, scalars, heap), ``CANOPY``'s shadows
+as a :class:`ShadowState`; hosts (:mod:`canopy.apps.cache.stream`) call the public kernels
+:func:`request`, :func:`canopy_request`, :func:`observe` and :func:`priorities` (``_keyed``
+for a policy's own key).
 
 ``CANOPY`` values cells by statistics of the request stream (:func:`_cells_update`, shared by
 the main cache and its shadows) and replays a hashed sample of the requests in one
@@ -31,13 +36,15 @@ metadata-only shadow cache per arm (the same kernel, its own cache state), see
 
 from __future__ import annotations
 
+from collections import namedtuple
+
 import numba as nb
 import numpy as np
 
-__all__ = ["CANOPY", "LFU", "LRU", "OPTIMAL", "PRIORITY", "SIEVE", "RadixCache",
-           "Shadows", "canopy_request", "canopy_shadows", "next_use", "node_table", "observe",
-           "priorities", "priorities_keyed", "request", "request_keyed", "scalars",
-           "shadow_heap_size"]
+__all__ = ["CANOPY", "LFU", "LRU", "OPTIMAL", "PRIORITY", "SIEVE", "Cache", "RadixCache",
+           "ShadowState", "Shadows", "canopy_request", "canopy_shadows", "next_use",
+           "node_table", "observe", "priorities", "priorities_keyed", "request",
+           "request_keyed", "scalars", "shadow_heap_size"]
 
 LRU, LFU, SIEVE, CANOPY, OPTIMAL, PRIORITY = 0, 1, 2, 3, 4, 5
 """Kernel codes: the built-in policies, and ``PRIORITY``: a policy's own key function
@@ -62,6 +69,17 @@ CELL_CLOCK, CELL_KIDS, CELL_S0 = range(3)
 (SIZE, HEAD, TAIL, HAND, HLEN, CLOCK, ARM, LHEAD, LTAIL, HPOS, LAPS, SEQN,
  NLEAF) = range(13)
 _SC = 13
+Cache = namedtuple("Cache", "ni sc hkey hnode hver")
+"""One cache's state, as the kernels take it: the node table (one row of the columns above a
+node), the scalars, and the heap of the priority policies (keys, nodes, versions)."""
+
+ShadowState = namedtuple("ShadowState",
+                         "ac stats pairs got sm kinds capacity ni sc hkey hnode hver")
+"""``canopy``'s shadows, as the kernels take them: sampling and switching configuration
+(rate, discount, z, evidence), the discounted statistics, the switches and sample salt, and
+per arm (stacked on the first axis) its kernel code and a :class:`Cache` of ``capacity``
+blocks."""
+
 # decayed-count configuration (``params``): prior weight, deepest depth, one decay rate
 # (per referenced block) per decayed arm
 RHO, DMAX, LAM0 = range(3)
@@ -463,27 +481,27 @@ def _serve(kind, key, t, lo, hi, nodes, nu, parent, depth, capacity, params, ni,
 
 
 @nb.njit(cache=True)
-def request(kind, t, lo, hi, nodes, nu, parent, depth, capacity, params, ni, nf, sc, hkey,
-            hnode, hver):
-    """Serve request ``t``, ``nodes[lo:hi]``, of a built-in policy ``kind``: reuse its cached
-    prefix, insert the rest, evict; returns the blocks reused."""
+def request(kind, t, lo, hi, nodes, nu, parent, depth, capacity, params, nf, c):
+    """Serve request ``t``, ``nodes[lo:hi]`` (``nu``: their next uses, read by ``OPTIMAL``),
+    of a built-in policy ``kind`` in :class:`Cache` ``c``: reuse its cached prefix, insert the
+    rest, evict; returns the blocks reused."""
+    ni, sc, hkey, hnode, hver = c
     return _serve(kind, None, t, lo, hi, nodes, nu, parent, depth, capacity, params, ni, nf,
                   sc, hkey, hnode, hver)
 
 
 @nb.njit(cache=True)
-def request_keyed(key, t, lo, hi, nodes, nu, parent, depth, capacity, params, ni, nf, sc,
-                  hkey, hnode, hver):
+def request_keyed(key, t, lo, hi, nodes, nu, parent, depth, capacity, params, nf, c):
     """:func:`request` for a policy evicting the leaf with the lowest ``key(v, ni, depth,
-    params)``
-    (compiled for each key function, once a process)."""
+    params)`` (compiled for each key function, once a process)."""
+    ni, sc, hkey, hnode, hver = c
     return _serve(PRIORITY, key, t, lo, hi, nodes, nu, parent, depth, capacity, params, ni, nf,
                   sc, hkey, hnode, hver)
 
 
 @nb.njit(cache=True)
-def _run(kind, key, t0, t1, offsets, nodes, nu, parent, depth, capacity, params, ni, nf, sc,
-         hkey, hnode, hver, reused):
+def _run(kind, key, t0, t1, offsets, nodes, nu, parent, depth, capacity, params, nf, c, reused):
+    ni, sc, hkey, hnode, hver = c
     if kind == SIEVE:  # one loop a structure: one call a request
         for t in range(t0, t1):
             reused[t] = _sieve_request(t, offsets[t], offsets[t + 1], nodes, parent, capacity,
@@ -500,17 +518,16 @@ def _run(kind, key, t0, t1, offsets, nodes, nu, parent, depth, capacity, params,
 
 
 @nb.njit(cache=True)
-def _run_builtin(kind, t0, t1, offsets, nodes, nu, parent, depth, capacity, params, ni, nf, sc,
-                 hkey, hnode, hver, reused):
-    _run(kind, None, t0, t1, offsets, nodes, nu, parent, depth, capacity, params, ni, nf, sc,
-         hkey, hnode, hver, reused)
+def _run_builtin(kind, t0, t1, offsets, nodes, nu, parent, depth, capacity, params, nf, c,
+                 reused):
+    _run(kind, None, t0, t1, offsets, nodes, nu, parent, depth, capacity, params, nf, c, reused)
 
 
 @nb.njit(cache=True)
-def _run_keyed(key, t0, t1, offsets, nodes, nu, parent, depth, capacity, params, ni, nf, sc,
-               hkey, hnode, hver, reused):
-    _run(PRIORITY, key, t0, t1, offsets, nodes, nu, parent, depth, capacity, params, ni, nf, sc,
-         hkey, hnode, hver, reused)
+def _run_keyed(key, t0, t1, offsets, nodes, nu, parent, depth, capacity, params, nf, c,
+               reused):
+    _run(PRIORITY, key, t0, t1, offsets, nodes, nu, parent, depth, capacity, params, nf, c,
+         reused)
 
 
 # ---------------------------------------------------------------- canopy: arms on shadows
@@ -556,39 +573,36 @@ def _leads(stats, pairs, a, b, z, min_n):
 
 
 @nb.njit(cache=True)
-def _run_canopy(t0, t1, offsets, nodes, parent, depth, capacity, params, ni, cells, sc, hkey,
-                hnode, hver, reused, ac, stats, pairs, got, sm, skinds, scap, sni, ssc,
-                shkey, shnode, shver):
+def _run_canopy(t0, t1, offsets, nodes, parent, depth, capacity, params, cells, c, arms,
+                reused):
     """Canopy's replay: update the cells, evict by the current arm; on a hashed sample of
     requests, replay every arm in its shadow cache, fold its reuse into discounted statistics
     and switch the main cache to the best arm once it leads the current one significantly."""
     for t in range(t0, t1):
         reused[t] = canopy_request(t, offsets[t], offsets[t + 1], nodes, parent, depth,
-                                    capacity, params, ni, cells, sc, hkey, hnode, hver, ac,
-                                    stats, pairs, got, sm, skinds, scap, sni, ssc, shkey,
-                                    shnode, shver)
+                                   capacity, params, cells, c, arms)
 
 
 @nb.njit(cache=True)
-def canopy_request(t, lo, hi, nodes, parent, depth, capacity, params, ni, cells, sc, hkey,
-                    hnode, hver, ac, stats, pairs, got, sm, skinds, scap, sni, ssc, shkey,
-                    shnode, shver):
-    """One request of :func:`_run_canopy` (``nodes[lo:hi]``); returns the blocks it reused."""
+def canopy_request(t, lo, hi, nodes, parent, depth, capacity, params, cells, c, arms):
+    """One request of ``canopy`` (``nodes[lo:hi]``) in :class:`Cache` ``c`` with its cells and
+    its shadows (:class:`ShadowState`); returns the blocks it reused."""
+    ni, sc, hkey, hnode, hver = c
     _cells_update(lo, hi, nodes, parent, cells, sc, params)
     reused = _heap_request(CANOPY, None, t, lo, hi, nodes, nodes, parent, depth, capacity,
                            params, ni, cells, sc, hkey, hnode, hver)
-    if canopy_shadows(t, lo, hi, nodes, parent, depth, params, cells, sc, ac, stats, pairs,
-                       got, sm, skinds, scap, sni, ssc, shkey, shnode, shver):
+    if canopy_shadows(t, lo, hi, nodes, parent, depth, params, cells, sc, arms):
         _heap_compact(CANOPY, None, depth, ni, cells, params, sc, hkey, hnode, hver, True)
     return reused
 
 
 @nb.njit(cache=True)
-def canopy_shadows(t, lo, hi, nodes, parent, depth, params, cells, sc, ac, stats, pairs, got,
-                    sm, skinds, scap, sni, ssc, shkey, shnode, shver):
+def canopy_shadows(t, lo, hi, nodes, parent, depth, params, cells, sc, arms):
     """When request ``nodes[lo:hi]`` is in the hashed sample, replay it in every arm's shadow
-    cache, fold the shadows' reuse into the statistics and switch ``sc[ARM]`` to the best arm
-    once it leads significantly; returns whether the arm switched."""
+    cache (:class:`ShadowState`), fold the shadows' reuse into the statistics and switch
+    ``sc[ARM]`` to the best arm once it leads significantly; returns whether the arm
+    switched."""
+    ac, stats, pairs, got, sm, skinds, scap, sni, ssc, shkey, shnode, shver = arms
     rate, gamma, z, min_n = ac[0], ac[1], ac[2], ac[3]
     if hi == lo or _unit_hash(nodes[min(lo + 1, hi - 1)], sm[1]) >= rate:
         return False
@@ -704,9 +718,10 @@ class Shadows:
         self.hnode = np.zeros((k, heap), dtype=np.int64)
         self.hver = np.zeros((k, heap), dtype=np.int64)
 
-    def args(self) -> tuple:
-        return (self.ac, self.stats, self.pairs, self.got, self.sm, self.kinds, self.capacity,
-                self.ni, self.sc, self.hkey, self.hnode, self.hver)
+    def args(self) -> ShadowState:
+        """The shadows as the kernels take them."""
+        return ShadowState(self.ac, self.stats, self.pairs, self.got, self.sm, self.kinds,
+                    self.capacity, self.ni, self.sc, self.hkey, self.hnode, self.hver)
 
 
 class RadixCache:
@@ -756,15 +771,14 @@ class RadixCache:
         if self._shadows is not None:
             _run_canopy(self.next_request_, stop, self.trace.offsets, self.trace.nodes,
                         self.trace.parent, self.trace.depth, self.capacity, self.params,
-                        self._ni, self._cells, self._sc, self._hkey, self._hnode, self._hver,
-                        self.reused_, *self._shadows.args())
+                        self._cells, self._state(), self._shadows.args(), self.reused_)
         else:
             nu = self._nu if self.kind == OPTIMAL else self.trace.nodes  # unused unless optimal
             run, how = ((_run_builtin, self.kind) if self.kind != PRIORITY
                         else (_run_keyed, self.policy.key))
             run(how, self.next_request_, stop, self.trace.offsets, self.trace.nodes, nu,
-                self.trace.parent, self.trace.depth, self.capacity, self.params, self._ni,
-                self._cells, self._sc, self._hkey, self._hnode, self._hver, self.reused_)
+                self.trace.parent, self.trace.depth, self.capacity, self.params, self._cells,
+                self._state(), self.reused_)
         start, self.next_request_ = self.next_request_, stop
         return self.reused_[start:stop]
 
@@ -776,6 +790,9 @@ class RadixCache:
     def size(self) -> int:
         """Blocks cached now."""
         return int(self._sc[SIZE])
+
+    def _state(self) -> Cache:
+        return Cache(self._ni, self._sc, self._hkey, self._hnode, self._hver)
 
     @property
     def arm(self) -> int:

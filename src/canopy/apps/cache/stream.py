@@ -146,6 +146,9 @@ class _Tree:
     def _heap(size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         return (np.zeros(size), np.zeros(size, dtype=np.int64), np.zeros(size, dtype=np.int64))
 
+    def _state(self) -> radix.Cache:
+        return radix.Cache(self._ni, self._sc, self._hkey, self._hnode, self._hver)
+
     @property
     def n_nodes(self) -> int:
         """Nodes of the prefix tree held now (cached blocks and remembered history)."""
@@ -294,13 +297,11 @@ class StreamingCache(_Tree):
         if self._canopy:
             reused = radix.canopy_request(
                 t, 0, len(path), path, self._parent, self._depth, self.capacity, self.params,
-                self._ni, self._cells, self._sc, self._hkey, self._hnode, self._hver,
-                *self._shadows.args())
+                self._cells, self._state(), self._shadows.args())
         else:
             reused = self._serve(
                 self._how, t, 0, len(path), path, path, self._parent, self._depth,
-                self.capacity, self.params, self._ni, self._cells, self._sc, self._hkey,
-                self._hnode, self._hver)
+                self.capacity, self.params, self._cells, self._state())
         self._after_request()
         return int(reused)
 
@@ -375,8 +376,8 @@ class OnlinePolicy(_Tree):
             return
         if self._canopy:
             radix.canopy_shadows(self.requests, 0, len(path), path, self._parent,
-                                  self._depth, self.params, self._cells, self._sc,
-                                  *self._shadows.args())
+                                 self._depth, self.params, self._cells, self._sc,
+                                 self._shadows.args())
         self._after_request()
 
     def evicted(self, key: Hashable) -> None:
