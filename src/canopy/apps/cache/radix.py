@@ -102,30 +102,32 @@ def next_use(offsets: np.ndarray, nodes: np.ndarray, n_nodes: int) -> np.ndarray
 
 # ---------------------------------------------------------------- intrusive linked list
 @nb.njit(cache=True, inline="always")
-def _unlink(ni, sc, v):
+def _unlink(ni, head, tail, v):
+    """Take ``v`` out of the list with ends ``head`` (newest) and ``tail``; returns the ends."""
     p, n = ni[v, PREV], ni[v, NEXT]
     if p >= 0:
         ni[p, NEXT] = n
     else:
-        sc[TAIL] = n
+        tail = n
     if n >= 0:
         ni[n, PREV] = p
     else:
-        sc[HEAD] = p
+        head = p
     ni[v, PREV] = -1
     ni[v, NEXT] = -1
+    return head, tail
 
 
 @nb.njit(cache=True, inline="always")
-def _push_head(ni, sc, v):
-    h = sc[HEAD]
-    ni[v, PREV] = h
+def _push_head(ni, head, tail, v):
+    """Append ``v`` at the list's ``head``; returns the ends."""
+    ni[v, PREV] = head
     ni[v, NEXT] = -1
-    if h >= 0:
-        ni[h, NEXT] = v
+    if head >= 0:
+        ni[head, NEXT] = v
     else:
-        sc[TAIL] = v
-    sc[HEAD] = v
+        tail = v
+    return v, tail
 
 
 # ---------------------------------------------------------------- SIEVE's hand over leaves
@@ -378,21 +380,23 @@ def _cells_update(lo, hi, nodes, parent, cells, sc, params):
 @nb.njit(cache=True)
 def _lru_request(t, lo, hi, nodes, nu, parent, capacity, ni, sc):
     """LRU's request: the victim is the free queue's front; a request's blocks join the
-    queue's end when it finishes, deepest first."""
+    queue's end when it finishes, deepest first (the queue's ends and the cache's size in
+    locals)."""
+    size, head, tail = sc[SIZE], sc[HEAD], sc[TAIL]
     k = lo
     while k < hi and ni[nodes[k], CACHED] == 1:
         ni[nodes[k], PIN] = t
-        _unlink(ni, sc, nodes[k])
+        head, tail = _unlink(ni, head, tail, nodes[k])
         k += 1
     end = k
     for r in range(k, hi):
-        if sc[SIZE] >= capacity:
-            u = sc[TAIL]
+        if size >= capacity:
+            u = tail
             if u < 0:  # every cached block is pinned
                 break
-            _unlink(ni, sc, u)
+            head, tail = _unlink(ni, head, tail, u)
             ni[u, CACHED] = 0
-            sc[SIZE] -= 1
+            size -= 1
             if parent[u] >= 0:
                 ni[parent[u], NCHILD] -= 1
         v = nodes[r]
@@ -400,14 +404,15 @@ def _lru_request(t, lo, hi, nodes, nu, parent, capacity, ni, sc):
         ni[v, PIN] = t
         ni[v, VISITED] = 0
         ni[v, HITS] = 0
-        sc[SIZE] += 1
+        size += 1
         if parent[v] >= 0:
             ni[parent[v], NCHILD] += 1
         end = r + 1
     for r in range(lo, end):
         _touch(nodes[r], t, nu[r], ni)
     for r in range(end - 1, lo - 1, -1):  # freed tail first, as vLLM does
-        _push_head(ni, sc, nodes[r])
+        head, tail = _push_head(ni, head, tail, nodes[r])
+    sc[SIZE], sc[HEAD], sc[TAIL] = size, head, tail
     return k - lo
 
 
