@@ -13,8 +13,8 @@ in local variables (paper Section 4, "Serving systems": the prefix tree is the c
 * ``LRU`` keeps an intrusive doubly linked free queue in vLLM's order (a finished request's
   blocks are appended tail first; the victim is the queue front, always a leaf);
 * ``SIEVE`` keeps a list of the leaves in insertion order and a hand (Zhang et al., NSDI
-  2024) walking it that skips pinned leaves and clears visited bits, so an eviction costs
-  what LRU's does. Inner nodes' bits are cleared lazily (a bit set before the hand's next
+  2024) walking it that skips pinned leaves and clears visited bits, so an eviction is
+  O(1), as LRU's is. Inner nodes' bits are cleared lazily (a bit set before the hand's next
   pass over the node's position is cleared when the node becomes a leaf), which evicts
   exactly what a walk over every node would;
 * the priority policies (``LFU``, ``CANOPY``, ``OPTIMAL`` and ``PRIORITY``: any
