@@ -695,6 +695,7 @@ def shadow_heap_size(capacity: int, longest: int) -> int:
 
 
 def scalars() -> np.ndarray:
+    """A cache's scalars (``SIZE``, ``HEAD``... ``NLEAF``) for an empty cache."""
     sc = np.full(_SC, -1, dtype=np.int64)
     sc[[SIZE, HLEN, CLOCK, LAPS, SEQN, NLEAF]] = 0
     return sc
