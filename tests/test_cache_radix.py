@@ -3,12 +3,14 @@ offline optimum against exhaustive search."""
 
 from __future__ import annotations
 
+import numba as nb
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from canopy.apps.cache import POLICIES, Canopy, RadixCache, from_paths, make_policy
+from canopy.apps.cache import POLICIES, Canopy, RadixCache, from_paths, make_policy, radix
+from canopy.apps.cache.policies import PriorityPolicy
 
 # random traces: paths in a small tree (keys are chains, so prefixes share nodes)
 paths_strategy = st.lists(st.lists(st.integers(0, 2), min_size=0, max_size=5),
@@ -172,3 +174,26 @@ def test_same_input_same_result():
         a = RadixCache(trace, make_policy(name), 12).run()
         b = RadixCache(trace, make_policy(name), 12).run()
         assert np.array_equal(a, b)
+
+
+@nb.njit
+def _newest_first(v, ni, depth, params):
+    return -float(ni[v, radix.LAST])
+
+
+class _MRU(PriorityPolicy):
+    """Most recently used first: a policy of the user's own, defined outside the package."""
+
+    name = "mru"
+    key = staticmethod(_newest_first)
+
+
+def test_a_user_priority_policy_decides_the_victims():
+    # a cyclic scan over one block more than the cache holds: LRU always evicts the block
+    # needed next and reuses nothing; MRU keeps most of the cycle
+    trace = from_paths([[i % 5] for i in range(100)])
+    assert RadixCache(trace, make_policy("lru"), 4).run().sum() == 0
+    cache = _replay_checked(trace, _MRU(), 4)
+    assert cache.reused_.sum() >= 60
+    with pytest.raises(TypeError, match="key function"):
+        RadixCache(trace, PriorityPolicy(), 4)

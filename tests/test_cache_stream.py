@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import json
 
+import numba as nb
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from canopy.apps.cache import Canopy, RadixCache, from_paths, make_policy
+from canopy.apps.cache import Canopy, RadixCache, from_paths, make_policy, radix
+from canopy.apps.cache.policies import PriorityPolicy
 from canopy.apps.cache.stream import OnlinePolicy, PlannedCache, StreamingCache, replay_stream
 from canopy.apps.cache.traces import iter_mooncake, load_mooncake, resolve
 from conftest import require_data
@@ -306,3 +308,35 @@ def test_online_sieve_forgets_while_a_hot_block_is_hit_more_often_than_nodes_are
     assert online.forgotten > 0 and online.n_nodes < 3000  # of 12,001 keys seen
     assert online.visited("root")
     assert online.priority("root") < online.priority("5999:a")  # inserted first
+
+
+@nb.njit
+def _least_used(v, ni, depth, params):
+    return ni[v, radix.HITS] * params[0] + ni[v, radix.LAST]
+
+
+class _UserLFU(PriorityPolicy):
+    """The built-in ``lfu``'s order written as a user's own policy class."""
+
+    name = "user-lfu"
+    key = staticmethod(_least_used)
+
+    def params(self, trace, capacity: int) -> np.ndarray:
+        return np.array([trace.n_requests + 1.0])
+
+
+def test_a_user_policy_runs_in_the_replay_the_streaming_cache_and_online():
+    paths = _conversations(np.random.default_rng(3), 400)
+    for capacity in (8, 32):
+        want = _replayed(paths, make_policy("lfu"), capacity)
+        assert want.sum() > 0 and not np.array_equal(
+            want, _replayed(paths, make_policy("lru"), capacity))
+        np.testing.assert_array_equal(_replayed(paths, _UserLFU(), capacity), want)
+        stream = StreamingCache(_UserLFU(), capacity, history_floor=None)
+        np.testing.assert_array_equal([stream.request(p) for p in paths], want)
+    mine, builtin = OnlinePolicy(_UserLFU(), 32), OnlinePolicy("lfu", 32)
+    keys = [tuple(p[:i + 1]) for p in paths[:200] for i in range(len(p))]
+    for p in paths[:200]:
+        for online in (mine, builtin):
+            online.observe([tuple(p[:i + 1]) for i in range(len(p))])
+    np.testing.assert_array_equal(mine.priorities(keys), builtin.priorities(keys))

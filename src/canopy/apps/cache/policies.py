@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from canopy.apps.cache import radix
 
 __all__ = ["LFU", "LRU", "POLICIES", "SIEVE", "Arms", "Canopy", "EvictionPolicy", "Optimal",
-           "make_policy"]
+           "PriorityPolicy", "make_policy"]
 
 
 class EvictionPolicy:
@@ -25,6 +26,29 @@ class EvictionPolicy:
 
     def kernel(self, trace, capacity: int) -> tuple[int, np.ndarray]:  # pragma: no cover - abstract
         raise NotImplementedError
+
+
+class PriorityPolicy(EvictionPolicy):
+    """A policy that evicts the unpinned leaf with the lowest key (SGLang's strategies' shape:
+    a class with a priority function). Subclass it with a ``name`` and ``key``, a numba
+    ``@njit`` function ``key(v, ni, depth, params)`` of a node ``v``: its cache fields
+    ``ni[v, radix.HITS]`` (uses since insertion) and ``ni[v, radix.LAST]`` (the last request
+    using it), its depth ``depth[v]`` and :meth:`params`, the parameter vector it reads
+    (default: none). The replay's and the streaming cache's
+    kernels run it compiled (once a process for each key function): the heap, the pinning,
+    leaf-only eviction and the online ranking come with it."""
+
+    key: Any = None
+
+    def params(self, trace, capacity: int) -> np.ndarray:
+        """The vector ``params`` the key reads (``trace``: the replayed trace)."""
+        return np.zeros(1)
+
+    def kernel(self, trace, capacity: int) -> tuple[int, np.ndarray]:
+        if self.key is None:
+            raise TypeError(f"{type(self).__name__} needs a key function: key = "
+                            "staticmethod(a numba.njit function of (v, ni, depth, params))")
+        return radix.PRIORITY, np.asarray(self.params(trace, capacity), dtype=np.float64)
 
 
 @dataclass(frozen=True)

@@ -7,20 +7,26 @@ when the cache is full a victim is chosen among unpinned *leaves* only, so the c
 ancestor-closed (a node is cached only if its parent is). When every cached block is pinned
 (a request longer than the cache), the rest of that request is not cached.
 
-The per-request step is one numba kernel shared by every policy; a policy contributes only
-its victim choice (paper Section 4, "Serving systems": the prefix tree is the cache itself):
+A request is served by one numba kernel per eviction structure, each keeping its hot scalars
+in local variables (paper Section 4, "Serving systems": the prefix tree is the cache itself):
 
 * ``LRU`` keeps an intrusive doubly linked free queue in vLLM's order (a finished request's
   blocks are appended tail first; the victim is the queue front, always a leaf);
-* ``SIEVE`` keeps an insertion-ordered queue and a hand (Zhang et al., NSDI 2024) that skips
-  blocks it may not evict (inner nodes, pinned blocks) and clears their visited bits. The hand
-  walks a second list holding only the leaves, so an eviction costs what LRU's does; inner
-  nodes' bits are cleared lazily (a bit set before the hand's next pass over the node's
-  position, :func:`_passed`), which evicts exactly what a walk over every node would;
-* the priority policies (``LFU``, ``CANOPY``, ``OPTIMAL``) keep a binary min-heap of
-  evictable leaves with lazy deletion (per-node versions); a node is pushed when it becomes a
-  leaf or a leaf is used. A key changes only when its node is used, so the heap is exact;
-  ``CANOPY`` re-keys the whole heap when it switches arms.
+* ``SIEVE`` keeps a list of the leaves in insertion order and a hand (Zhang et al., NSDI
+  2024) walking it that skips pinned leaves and clears visited bits, so an eviction is
+  O(1), as LRU's is. Inner nodes' bits are cleared lazily (a bit set before the hand's next
+  pass over the node's position is cleared when the node becomes a leaf), which evicts
+  exactly what a walk over every node would;
+* the priority policies (``LFU``, ``CANOPY``, ``OPTIMAL`` and ``PRIORITY``: any
+  :class:`~canopy.apps.cache.policies.PriorityPolicy` with its own key function) keep a binary
+  min-heap of evictable leaves with lazy deletion (per-node versions); a node is pushed when
+  it becomes a leaf or a leaf is used. A key changes only when its node is used, so the heap
+  is exact; ``CANOPY`` re-keys the whole heap when it switches arms.
+
+A cache's state travels as a :class:`Cache` (node table, scalars, heap), ``CANOPY``'s shadows
+as a :class:`ShadowState`; hosts (:mod:`canopy.apps.cache.stream`) call the public kernels
+:func:`request`, :func:`canopy_request`, :func:`observe` and :func:`priorities` (``_keyed``
+for a policy's own key).
 
 ``CANOPY`` values cells by statistics of the request stream (:func:`_cells_update`, shared by
 the main cache and its shadows) and replays a hashed sample of the requests in one
@@ -30,33 +36,53 @@ metadata-only shadow cache per arm (the same kernel, its own cache state), see
 
 from __future__ import annotations
 
+from collections import namedtuple
+
 import numba as nb
 import numpy as np
 
-__all__ = ["CANOPY", "LFU", "LRU", "OPTIMAL", "SIEVE", "RadixCache", "next_use"]
+__all__ = ["CANOPY", "LFU", "LRU", "OPTIMAL", "PRIORITY", "SIEVE", "Cache", "RadixCache",
+           "ShadowState", "Shadows", "canopy_request", "canopy_shadows", "next_use",
+           "node_table", "observe", "priorities", "priorities_keyed", "request",
+           "request_keyed", "scalars", "shadow_heap_size"]
 
-LRU, LFU, SIEVE, CANOPY, OPTIMAL = 0, 1, 2, 3, 4
+LRU, LFU, SIEVE, CANOPY, OPTIMAL, PRIORITY = 0, 1, 2, 3, 4, 5
+"""Kernel codes: the built-in policies, and ``PRIORITY``: a policy's own key function
+``key(v, ni, depth, params)`` of node ``v``, its row of cache fields ``ni[v]`` (columns
+``HITS``: uses since insertion, ``LAST``: the last request using it), its depth ``depth[v]``
+(root blocks: 1) and the policy's parameter vector."""
 
 # integer node fields (columns of ``ni``, one row a node for locality)
-_CACHED, _NCHILD, _PIN, _VER, _PREV, _NEXT, _HITS, _LAST, _VISITED, _NU = range(10)
+CACHED, NCHILD, PIN, VER, PREV, NEXT, HITS, LAST, VISITED, NEXT_USE = range(10)
 _NI = 10
 # SIEVE has no heap and counts nothing in the replay: its leaf list, the lap of the hand's
 # next pass over a node whose visited bit is set, and its insertion order reuse those columns
-_LPREV, _LNEXT, _LAP, _SEQ = _VER, _HITS, _LAST, _NU
+LPREV, LNEXT, LAP, SEQ = VER, HITS, LAST, NEXT_USE
 # ``CANOPY`` cell statistics (columns of ``cells``, one row a node of the prefix tree, cached
 # or not): clock at the last use (-1: never used), children seen, then one discounted use
 # count (as of the last use) per decayed arm
-_CL, _KIDS, _S0 = range(3)
+CELL_CLOCK, CELL_KIDS, CELL_S0 = range(3)
 # scalars (``sc``): blocks cached, list ends, SIEVE's hand leaf, heap length, blocks
 # referenced so far, the arm whose priority orders the heap (``CANOPY``: 0 recency, ``j >= 1``
 # decayed arm j), SIEVE's leaf list ends, the hand's position (the insertion order it examines
 # next) and laps, the next insertion order, and the number of leaves
-(_SIZE, _HEAD, _TAIL, _HAND, _HLEN, _CLOCK, _ARM, _LHEAD, _LTAIL, _HPOS, _LAPS, _SEQN,
- _NLEAF) = range(13)
+(SIZE, HEAD, TAIL, HAND, HLEN, CLOCK, ARM, LHEAD, LTAIL, HPOS, LAPS, SEQN,
+ NLEAF) = range(13)
 _SC = 13
+Cache = namedtuple("Cache", "ni sc hkey hnode hver")
+"""One cache's state, as the kernels take it: the node table (one row of the columns above a
+node), the scalars, and the heap of the priority policies (keys, nodes, versions)."""
+
+ShadowState = namedtuple("ShadowState",
+                         "ac stats pairs got sm kinds capacity ni sc hkey hnode hver")
+"""``canopy``'s shadows, as the kernels take them: sampling and switching configuration
+(rate, discount, z, evidence), the discounted statistics, the switches and sample salt, and
+per arm (stacked on the first axis) its kernel code and a :class:`Cache` of ``capacity``
+blocks."""
+
 # decayed-count configuration (``params``): prior weight, deepest depth, one decay rate
 # (per referenced block) per decayed arm
-_RHO, _DMAX, _LAM0 = range(3)
+RHO, DMAX, LAM0 = range(3)
 
 
 @nb.njit(cache=True)
@@ -76,132 +102,161 @@ def next_use(offsets: np.ndarray, nodes: np.ndarray, n_nodes: int) -> np.ndarray
 
 # ---------------------------------------------------------------- intrusive linked list
 @nb.njit(cache=True, inline="always")
-def _unlink(ni, sc, v):
-    p, n = ni[v, _PREV], ni[v, _NEXT]
+def _unlink(ni, head, tail, v):
+    """Take ``v`` out of the list with ends ``head`` (newest) and ``tail``; returns the ends."""
+    p, n = ni[v, PREV], ni[v, NEXT]
     if p >= 0:
-        ni[p, _NEXT] = n
+        ni[p, NEXT] = n
     else:
-        sc[_TAIL] = n
+        tail = n
     if n >= 0:
-        ni[n, _PREV] = p
+        ni[n, PREV] = p
     else:
-        sc[_HEAD] = p
-    ni[v, _PREV] = -1
-    ni[v, _NEXT] = -1
+        head = p
+    ni[v, PREV] = -1
+    ni[v, NEXT] = -1
+    return head, tail
 
 
 @nb.njit(cache=True, inline="always")
-def _push_head(ni, sc, v):
-    h = sc[_HEAD]
-    ni[v, _PREV] = h
-    ni[v, _NEXT] = -1
-    if h >= 0:
-        ni[h, _NEXT] = v
+def _push_head(ni, head, tail, v):
+    """Append ``v`` at the list's ``head``; returns the ends."""
+    ni[v, PREV] = head
+    ni[v, NEXT] = -1
+    if head >= 0:
+        ni[head, NEXT] = v
     else:
-        sc[_TAIL] = v
-    sc[_HEAD] = v
+        tail = v
+    return v, tail
 
 
 # ---------------------------------------------------------------- SIEVE's hand over leaves
-@nb.njit(cache=True, inline="always")
-def _passed(ni, sc, v):
-    """Whether the hand passed ``v`` since its visited bit was set: the bit records the lap of
-    the next pass over ``v``'s insertion order (the hand examines insertion orders >=
-    ``sc[_HPOS]`` in lap ``sc[_LAPS]``)."""
-    lap = ni[v, _LAP]
-    return sc[_LAPS] > lap or (sc[_LAPS] == lap and sc[_HPOS] > ni[v, _SEQ])
-
-
-@nb.njit(cache=True, inline="always")
-def _visit(ni, sc, v):
-    ni[v, _VISITED] = 1
-    ni[v, _LAP] = sc[_LAPS] if ni[v, _SEQ] >= sc[_HPOS] else sc[_LAPS] + 1
-
-
-@nb.njit(cache=True, inline="always")
-def _leaf_in(ni, sc, v, a):
-    """``v`` becomes a leaf, after leaf ``a`` in insertion order (-1: the oldest)."""
-    n = sc[_LTAIL] if a < 0 else ni[a, _LNEXT]
-    ni[v, _LPREV] = a
-    ni[v, _LNEXT] = n
-    if a >= 0:
-        ni[a, _LNEXT] = v
-    else:
-        sc[_LTAIL] = v
-    if n >= 0:
-        ni[n, _LPREV] = v
-    else:
-        sc[_LHEAD] = v
-    sc[_NLEAF] += 1
-    h = sc[_HAND]
-    if ni[v, _SEQ] >= sc[_HPOS] and (h < 0 or ni[v, _SEQ] < ni[h, _SEQ]):
-        sc[_HAND] = v  # the hand rests on the first leaf at or after its position
-
-
-@nb.njit(cache=True, inline="always")
-def _leaf_out(ni, sc, v):
-    if sc[_HAND] == v:
-        sc[_HAND] = ni[v, _LNEXT]
-    p, n = ni[v, _LPREV], ni[v, _LNEXT]
-    if p >= 0:
-        ni[p, _LNEXT] = n
-    else:
-        sc[_LTAIL] = n
-    if n >= 0:
-        ni[n, _LPREV] = p
-    else:
-        sc[_LHEAD] = p
-    ni[v, _LPREV] = -1
-    ni[v, _LNEXT] = -1
-    sc[_NLEAF] -= 1
-
-
-@nb.njit(cache=True, inline="always")
-def _leaf_before(ni, v, a):
-    """The newest leaf older than ``v`` (-1: none), searching back from leaf ``a`` along the
-    leaves and from ``v`` along every node at once, whichever finds it first."""
-    s, b = ni[v, _SEQ], ni[v, _PREV]
-    while True:
-        if a < 0 or ni[a, _SEQ] < s:
-            return a
-        if b < 0 or ni[b, _NCHILD] == 0:
-            return b
-        a, b = ni[a, _LPREV], ni[b, _PREV]
-
-
 @nb.njit(cache=True)
-def _sieve_victim(ni, sc, t):
-    """The hand walks the leaves from its position, oldest to newest and around, clearing
-    visited bits, to the first unvisited unpinned leaf; -1 (the hand stays, every bit is
-    cleared: two laps) when every leaf is pinned."""
-    laps, hpos, hand = sc[_LAPS], sc[_HPOS], sc[_HAND]
-    v = hand
-    for _ in range(2 * sc[_NLEAF] + 2):
-        if v < 0:
-            sc[_LAPS] += 1
-            sc[_HPOS] = -1
-            v = sc[_LTAIL]
-        if ni[v, _PIN] != t and ni[v, _VISITED] == 0:
-            if ni[v, _NEXT] < 0:  # the newest block: the hand starts over
-                sc[_LAPS] += 1
-                sc[_HPOS] = -1
-                sc[_HAND] = sc[_LTAIL]
+def _sieve_request(t, lo, hi, nodes, parent, capacity, ni, sc):
+    """SIEVE's request: :func:`request`'s steps with the hand over the leaf list, its state
+    in locals (written back at the end)."""
+    size, hand, hpos, laps = sc[SIZE], sc[HAND], sc[HPOS], sc[LAPS]
+    lhead, ltail, nleaf, seqn = sc[LHEAD], sc[LTAIL], sc[NLEAF], sc[SEQN]
+    k = lo
+    while k < hi and ni[nodes[k], CACHED] == 1:
+        v = nodes[k]
+        ni[v, PIN] = t
+        ni[v, VISITED] = 1  # the lap of the hand's next pass over v
+        ni[v, LAP] = laps if ni[v, SEQ] >= hpos else laps + 1
+        k += 1
+    for r in range(k, hi):
+        if size >= capacity:
+            # the hand walks the leaves oldest to newest and around, clearing visited bits,
+            # to the first unvisited unpinned leaf (none: every bit cleared, two laps)
+            u, laps0, hpos0, hand0 = hand, laps, hpos, hand
+            found = False
+            for _ in range(2 * nleaf + 2):
+                if u < 0:
+                    laps += 1
+                    hpos = -1
+                    u = ltail
+                if ni[u, PIN] != t and ni[u, VISITED] == 0:
+                    found = True
+                    break
+                ni[u, VISITED] = 0
+                hpos = ni[u, SEQ] + 1
+                u = ni[u, LNEXT]
+            if not found:  # every leaf pinned: the rest of the request is not cached
+                laps, hpos, hand = laps0 + 2, hpos0, hand0
+                break
+            after, n = ni[u, LPREV], ni[u, LNEXT]
+            if n < 0:  # the newest block (the newest is a leaf): the hand starts over
+                laps += 1
+                hpos = -1
+                hand = ltail if ltail != u else n
             else:
-                sc[_HPOS] = ni[v, _SEQ] + 1
-                sc[_HAND] = ni[v, _LNEXT]
-            return v
-        ni[v, _VISITED] = 0
-        sc[_HPOS] = ni[v, _SEQ] + 1
-        v = ni[v, _LNEXT]
-    sc[_LAPS], sc[_HPOS], sc[_HAND] = laps + 2, hpos, hand
-    return -1
+                hpos = ni[u, SEQ] + 1
+                hand = n
+            if after >= 0:  # out of the leaf list
+                ni[after, LNEXT] = n
+            else:
+                ltail = n
+            if n >= 0:
+                ni[n, LPREV] = after
+            else:
+                lhead = after
+            ni[u, LPREV] = -1
+            ni[u, LNEXT] = -1
+            nleaf -= 1
+            ni[u, CACHED] = 0
+            size -= 1
+            p = parent[u]
+            if p >= 0:
+                ni[p, NCHILD] -= 1
+                if ni[p, NCHILD] == 0:  # p becomes a leaf, after the newest older leaf
+                    s = ni[p, SEQ]
+                    if ni[p, VISITED] == 1 and (laps > ni[p, LAP] or (
+                            laps == ni[p, LAP] and hpos > s)):
+                        ni[p, VISITED] = 0  # the hand passed p since its bit was set
+                    a = after
+                    while a >= 0 and ni[a, SEQ] > s:
+                        a = ni[a, LPREV]
+                    n = ltail if a < 0 else ni[a, LNEXT]
+                    ni[p, LPREV] = a
+                    ni[p, LNEXT] = n
+                    if a >= 0:
+                        ni[a, LNEXT] = p
+                    else:
+                        ltail = p
+                    if n >= 0:
+                        ni[n, LPREV] = p
+                    else:
+                        lhead = p
+                    nleaf += 1
+                    if s >= hpos and (hand < 0 or s < ni[hand, SEQ]):
+                        hand = p  # the hand rests on the first leaf at or after hpos
+        v = nodes[r]
+        ni[v, CACHED] = 1
+        ni[v, PIN] = t
+        ni[v, VISITED] = 0
+        ni[v, SEQ] = seqn
+        seqn += 1
+        size += 1
+        p = parent[v]
+        a = lhead
+        if p >= 0:
+            if ni[p, NCHILD] == 0:  # p is no longer a leaf
+                if hand == p:
+                    hand = ni[p, LNEXT]
+                pp, pn = ni[p, LPREV], ni[p, LNEXT]
+                if pp >= 0:
+                    ni[pp, LNEXT] = pn
+                else:
+                    ltail = pn
+                if pn >= 0:
+                    ni[pn, LPREV] = pp
+                else:
+                    lhead = pp
+                ni[p, LPREV] = -1
+                ni[p, LNEXT] = -1
+                nleaf -= 1
+                a = lhead
+            ni[p, NCHILD] += 1
+        ni[v, LPREV] = a  # the newest leaf
+        ni[v, LNEXT] = -1
+        if a >= 0:
+            ni[a, LNEXT] = v
+        else:
+            ltail = v
+        lhead = v
+        nleaf += 1
+        if hand < 0:
+            hand = v
+    sc[SIZE], sc[HAND], sc[HPOS], sc[LAPS] = size, hand, hpos, laps
+    sc[LHEAD], sc[LTAIL], sc[NLEAF], sc[SEQN] = lhead, ltail, nleaf, seqn
+    return k - lo
 
 
 # ---------------------------------------------------------------- heap with lazy deletion
 @nb.njit(cache=True, inline="always")
-def _heap_push(hkey, hnode, hver, sc, key, v, ver):
-    i = sc[_HLEN]
-    sc[_HLEN] = i + 1
+def _heap_push(hkey, hnode, hver, n, key, v, ver):
+    """Push onto the heap of ``n`` entries; returns its new length."""
+    i = n
     while i > 0:
         up = (i - 1) >> 1
         if hkey[up] <= key:
@@ -209,12 +264,13 @@ def _heap_push(hkey, hnode, hver, sc, key, v, ver):
         hkey[i], hnode[i], hver[i] = hkey[up], hnode[up], hver[up]
         i = up
     hkey[i], hnode[i], hver[i] = key, v, ver
+    return n + 1
 
 
 @nb.njit(cache=True, inline="always")
-def _heap_pop(hkey, hnode, hver, sc):
-    n = sc[_HLEN] - 1
-    sc[_HLEN] = n
+def _heap_pop(hkey, hnode, hver, n):
+    """Drop the root of the heap of ``n`` entries; returns its new length."""
+    n -= 1
     key, v, ver = hkey[n], hnode[n], hver[n]
     i = 0
     while True:
@@ -229,81 +285,66 @@ def _heap_pop(hkey, hnode, hver, sc):
         i = c
     if n > 0:
         hkey[i], hnode[i], hver[i] = key, v, ver
+    return n
 
 
 # ---------------------------------------------------------------- policy hooks
 @nb.njit(cache=True, inline="always")
-def _key(kind, v, depth, ni, nf, params, sc):
+def _key(kind, key, v, depth, ni, nf, params, arm):
+    if key is not None:  # ``PRIORITY``; ``None`` for the built-in policies
+        return key(v, ni, depth, params)
     if kind == LFU:
-        return ni[v, _HITS] * params[0] + ni[v, _LAST]
+        return ni[v, HITS] * params[0] + ni[v, LAST]
     if kind == OPTIMAL:
-        return -(ni[v, _NU] * params[0] + depth[v])
-    a = sc[_ARM]  # CANOPY; ``nf`` holds the cell statistics
-    if a == 0:
-        return _recency(v, depth, ni, params[_DMAX])
-    return np.log(nf[v, _S0 + a - 1]) + params[_LAM0 + a - 1] * nf[v, _CL]
+        return -(ni[v, NEXT_USE] * params[0] + depth[v])
+    if arm == 0:  # CANOPY; ``nf`` holds the cell statistics
+        return _recency(v, depth, ni, params[DMAX])
+    return np.log(nf[v, CELL_S0 + arm - 1]) + params[LAM0 + arm - 1] * nf[v, CELL_CLOCK]
 
 
 @nb.njit(cache=True, inline="always")
 def _recency(v, depth, ni, dmax):
     """Recency, deepest first within a request (vLLM's tail-first order): LRU's order as a
     key, for blocks no deeper than ``dmax``."""
-    return ni[v, _LAST] * (dmax + 1.0) + dmax - depth[v]
+    return ni[v, LAST] * (dmax + 1.0) + dmax - depth[v]
 
 
 @nb.njit(cache=True)
-def _heap_compact(kind, depth, ni, nf, params, sc, hkey, hnode, hver, rekey):
+def _heap_compact(kind, key, depth, ni, nf, params, sc, hkey, hnode, hver, rekey):
     """Drop dead entries (when the heap array is full: rare, pushes are O(1) per request);
     with ``rekey``, also recompute every key (when ``CANOPY`` switches arms)."""
-    entries = sc[_HLEN]
-    sc[_HLEN] = 0
+    entries, n = sc[HLEN], 0
     keys, nodes_, vers = hkey[:entries].copy(), hnode[:entries].copy(), hver[:entries].copy()
     for e in range(entries):
         v = nodes_[e]
-        if ni[v, _CACHED] == 1 and ni[v, _NCHILD] == 0 and ni[v, _VER] == vers[e]:
-            key = keys[e]
-            if rekey:
-                key = _key(kind, v, depth, ni, nf, params, sc)
-            _heap_push(hkey, hnode, hver, sc, key, v, vers[e])
+        if ni[v, CACHED] == 1 and ni[v, NCHILD] == 0 and ni[v, VER] == vers[e]:
+            k = _key(kind, key, v, depth, ni, nf, params, sc[ARM]) if rekey else keys[e]
+            n = _heap_push(hkey, hnode, hver, n, k, v, vers[e])
+    sc[HLEN] = n
 
 
 @nb.njit(cache=True, inline="always")
-def _push_leaf(kind, v, parent, depth, ni, nf, params, hkey, hnode, hver, sc):
-    if sc[_HLEN] == len(hkey):
-        _heap_compact(kind, depth, ni, nf, params, sc, hkey, hnode, hver, False)
-    ni[v, _VER] += 1
-    key = _key(kind, v, depth, ni, nf, params, sc)
-    _heap_push(hkey, hnode, hver, sc, key, v, ni[v, _VER])
-
-
-@nb.njit(cache=True, inline="always")
-def _victim(kind, t, parent, depth, ni, nf, params, hkey, hnode, hver, sc):
-    """An unpinned leaf to evict, or -1 when every cached block is pinned."""
-    if kind == LRU:
-        v = sc[_TAIL]
-        return v if v >= 0 else -1
-    if kind == SIEVE:
-        return _sieve_victim(ni, sc, t)
-    while sc[_HLEN] > 0:
-        v, ver = hnode[0], hver[0]
-        _heap_pop(hkey, hnode, hver, sc)
-        if ni[v, _CACHED] == 0 or ni[v, _NCHILD] != 0 or ni[v, _VER] != ver:
-            continue  # dead entry
-        if ni[v, _PIN] == t:
-            continue  # in use; pushed again when the request ends
-        return v
-    return -1
+def _push_leaf(kind, key, v, depth, ni, nf, params, hkey, hnode, hver, sc, n):
+    """Push leaf ``v`` (retiring its older entries) onto the heap of ``n`` entries, compacted
+    first when full; returns the heap's new length."""
+    if n == len(hkey):
+        sc[HLEN] = n
+        _heap_compact(kind, key, depth, ni, nf, params, sc, hkey, hnode, hver, False)
+        n = sc[HLEN]
+    ni[v, VER] += 1
+    k = _key(kind, key, v, depth, ni, nf, params, sc[ARM])
+    return _heap_push(hkey, hnode, hver, n, k, v, ni[v, VER])
 
 
 @nb.njit(cache=True, inline="always")
 def _touch(v, t, nu, ni):
     """Account one use of cached block ``v`` by request ``t``."""
-    ni[v, _HITS] += 1
-    ni[v, _LAST] = t
-    ni[v, _NU] = nu
+    ni[v, HITS] += 1
+    ni[v, LAST] = t
+    ni[v, NEXT_USE] = nu
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, inline="always")
 def _cells_update(lo, hi, nodes, parent, cells, sc, params):
     """Cell values after a request used ``nodes[lo:hi]`` (all of them, cached or not).
 
@@ -318,108 +359,180 @@ def _cells_update(lo, hi, nodes, parent, cells, sc, params):
     starts from that share: optimism where evidence is thin, from the aggregate of the
     subtree above it.
     """
-    clock = sc[_CLOCK]
+    clock = sc[CLOCK]
     for r in range(lo, hi):
         v, p = nodes[r], parent[nodes[r]]
-        first = cells[v, _CL] < 0
+        first = cells[v, CELL_CLOCK] < 0
         if first and p >= 0:
-            cells[p, _KIDS] += 1.0
-        for j in range(len(params) - _LAM0):
-            col = _S0 + j
+            cells[p, CELL_KIDS] += 1.0
+        for j in range(len(params) - LAM0):
+            col = CELL_S0 + j
             own = 0.0 if first else cells[v, col] * np.exp(
-                -params[_LAM0 + j] * (clock - cells[v, _CL]))
+                -params[LAM0 + j] * (clock - cells[v, CELL_CLOCK]))
             if p >= 0:
-                own = max(own, params[_RHO] * (cells[p, col] - 1.0) / cells[p, _KIDS])
+                own = max(own, params[RHO] * (cells[p, col] - 1.0) / cells[p, CELL_KIDS])
             cells[v, col] = own + 1.0
-        cells[v, _CL] = clock
-    sc[_CLOCK] = clock + hi - lo
+        cells[v, CELL_CLOCK] = clock
+    sc[CLOCK] = clock + hi - lo
 
 
 # ---------------------------------------------------------------- one request
 @nb.njit(cache=True)
-def _request(kind, t, lo, hi, nodes, nu, parent, depth, capacity, params, ni, nf, sc,
-             hkey, hnode, hver):
+def _lru_request(t, lo, hi, nodes, nu, parent, capacity, ni, sc):
+    """LRU's request: the victim is the free queue's front; a request's blocks join the
+    queue's end when it finishes, deepest first (the queue's ends and the cache's size in
+    locals)."""
+    size, head, tail = sc[SIZE], sc[HEAD], sc[TAIL]
     k = lo
-    while k < hi and ni[nodes[k], _CACHED] == 1:
-        v = nodes[k]
-        ni[v, _PIN] = t
-        if kind == LRU:
-            _unlink(ni, sc, v)
-        elif kind == SIEVE:
-            _visit(ni, sc, v)
+    while k < hi and ni[nodes[k], CACHED] == 1:
+        ni[nodes[k], PIN] = t
+        head, tail = _unlink(ni, head, tail, nodes[k])
         k += 1
     end = k
-    held = -1  # heap policies: a parent that just became the lowest leaf, kept off the heap
     for r in range(k, hi):
-        if sc[_SIZE] >= capacity:
-            if held >= 0:
-                u, held = held, -1
-            else:
-                u = _victim(kind, t, parent, depth, ni, nf, params, hkey, hnode, hver, sc)
-            if u < 0:
+        if size >= capacity:
+            u = tail
+            if u < 0:  # every cached block is pinned
                 break
-            after = ni[u, _LPREV]
-            if kind == SIEVE:
-                _leaf_out(ni, sc, u)
-            if kind == LRU or kind == SIEVE:
-                _unlink(ni, sc, u)
-            ni[u, _CACHED] = 0
-            sc[_SIZE] -= 1
-            p = parent[u]
-            if p >= 0:
-                ni[p, _NCHILD] -= 1
-                if ni[p, _NCHILD] == 0 and kind == SIEVE:
-                    if ni[p, _VISITED] == 1 and _passed(ni, sc, p):
-                        ni[p, _VISITED] = 0
-                    _leaf_in(ni, sc, p, _leaf_before(ni, p, after))
-                elif ni[p, _NCHILD] == 0 and ni[p, _PIN] != t and kind != LRU and kind != SIEVE:
-                    # evicting a chain tail first: when the parent's key is at most every
-                    # heap key it is the next victim, so skip its push and pop
-                    ni[p, _VER] += 1  # retires heap entries from when it was a leaf before
-                    if sc[_HLEN] == 0 or _key(kind, p, depth, ni, nf, params, sc) <= hkey[0]:
-                        held = p
-                    else:
-                        _push_leaf(kind, p, parent, depth, ni, nf, params, hkey, hnode, hver,
-                                   sc)
+            head, tail = _unlink(ni, head, tail, u)
+            ni[u, CACHED] = 0
+            size -= 1
+            if parent[u] >= 0:
+                ni[parent[u], NCHILD] -= 1
         v = nodes[r]
-        ni[v, _CACHED] = 1
-        ni[v, _PIN] = t
-        ni[v, _VISITED] = 0
-        sc[_SIZE] += 1
-        p = parent[v]
-        if kind == SIEVE:
-            ni[v, _SEQ] = sc[_SEQN]
-            sc[_SEQN] += 1
-            _push_head(ni, sc, v)
-            if p >= 0 and ni[p, _NCHILD] == 0:
-                _leaf_out(ni, sc, p)
-        else:
-            ni[v, _HITS] = 0
-        if p >= 0:
-            ni[p, _NCHILD] += 1
-        if kind == SIEVE:
-            _leaf_in(ni, sc, v, sc[_LHEAD])
+        ni[v, CACHED] = 1
+        ni[v, PIN] = t
+        ni[v, VISITED] = 0
+        ni[v, HITS] = 0
+        size += 1
+        if parent[v] >= 0:
+            ni[parent[v], NCHILD] += 1
         end = r + 1
-    if held >= 0:
-        _push_leaf(kind, held, parent, depth, ni, nf, params, hkey, hnode, hver, sc)
-    if kind == SIEVE:
-        return k - lo
     for r in range(lo, end):
         _touch(nodes[r], t, nu[r], ni)
-    if kind == LRU:
-        for r in range(end - 1, lo - 1, -1):  # freed tail first, as vLLM does
-            _push_head(ni, sc, nodes[r])
-    elif kind != SIEVE and end > lo:
-        _push_leaf(kind, nodes[end - 1], parent, depth, ni, nf, params, hkey, hnode, hver, sc)
+    for r in range(end - 1, lo - 1, -1):  # freed tail first, as vLLM does
+        head, tail = _push_head(ni, head, tail, nodes[r])
+    sc[SIZE], sc[HEAD], sc[TAIL] = size, head, tail
     return k - lo
 
 
 @nb.njit(cache=True)
-def _run(kind, t0, t1, offsets, nodes, nu, parent, depth, capacity, params, ni, nf, sc,
-         hkey, hnode, hver, reused):
-    for t in range(t0, t1):
-        reused[t] = _request(kind, t, offsets[t], offsets[t + 1], nodes, nu, parent, depth,
-                             capacity, params, ni, nf, sc, hkey, hnode, hver)
+def _heap_request(kind, key, t, lo, hi, nodes, nu, parent, depth, capacity, params, ni, nf, sc,
+                  hkey, hnode, hver):
+    """A priority policy's request: the victim is the unpinned leaf with the lowest key, from
+    a heap with lazy deletion (the heap's length and the cache's size in locals)."""
+    size, n = sc[SIZE], sc[HLEN]
+    k = lo
+    while k < hi and ni[nodes[k], CACHED] == 1:
+        ni[nodes[k], PIN] = t
+        k += 1
+    end = k
+    held = -1  # a parent that just became the lowest leaf, kept off the heap
+    for r in range(k, hi):
+        if size >= capacity:
+            u, held = held, -1
+            while u < 0 and n > 0:
+                v, ver = hnode[0], hver[0]
+                n = _heap_pop(hkey, hnode, hver, n)
+                if ni[v, CACHED] == 1 and ni[v, NCHILD] == 0 and ni[v, VER] == ver and (
+                        ni[v, PIN] != t):  # else dead, or in use (pushed when it ends)
+                    u = v
+            if u < 0:  # every cached block is pinned
+                break
+            ni[u, CACHED] = 0
+            size -= 1
+            p = parent[u]
+            if p >= 0:
+                ni[p, NCHILD] -= 1
+                if ni[p, NCHILD] == 0 and ni[p, PIN] != t:
+                    # evicting a chain tail first: when the parent's key is at most every
+                    # heap key it is the next victim, so skip its push and pop
+                    ni[p, VER] += 1  # retires heap entries from when it was a leaf before
+                    if n == 0 or _key(kind, key, p, depth, ni, nf, params, sc[ARM]) <= (
+                            hkey[0]):
+                        held = p
+                    else:
+                        n = _push_leaf(kind, key, p, depth, ni, nf, params, hkey, hnode, hver,
+                                       sc, n)
+        v = nodes[r]
+        ni[v, CACHED] = 1
+        ni[v, PIN] = t
+        ni[v, VISITED] = 0
+        ni[v, HITS] = 0
+        size += 1
+        if parent[v] >= 0:
+            ni[parent[v], NCHILD] += 1
+        end = r + 1
+    if held >= 0:
+        n = _push_leaf(kind, key, held, depth, ni, nf, params, hkey, hnode, hver, sc, n)
+    for r in range(lo, end):
+        _touch(nodes[r], t, nu[r], ni)
+    if end > lo:
+        n = _push_leaf(kind, key, nodes[end - 1], depth, ni, nf, params, hkey, hnode, hver, sc,
+                       n)
+    sc[SIZE], sc[HLEN] = size, n
+    return k - lo
+
+
+@nb.njit(cache=True)
+def _serve(kind, key, t, lo, hi, nodes, nu, parent, depth, capacity, params, ni, nf, sc, hkey,
+           hnode, hver):
+    if kind == SIEVE:
+        return _sieve_request(t, lo, hi, nodes, parent, capacity, ni, sc)
+    if kind == LRU:
+        return _lru_request(t, lo, hi, nodes, nu, parent, capacity, ni, sc)
+    return _heap_request(kind, key, t, lo, hi, nodes, nu, parent, depth, capacity, params, ni,
+                         nf, sc, hkey, hnode, hver)
+
+
+@nb.njit(cache=True)
+def request(kind, t, lo, hi, nodes, nu, parent, depth, capacity, params, nf, c):
+    """Serve request ``t``, ``nodes[lo:hi]`` (``nu``: their next uses, read by ``OPTIMAL``),
+    of a built-in policy ``kind`` in :class:`Cache` ``c``: reuse its cached prefix, insert the
+    rest, evict; returns the blocks reused."""
+    ni, sc, hkey, hnode, hver = c
+    return _serve(kind, None, t, lo, hi, nodes, nu, parent, depth, capacity, params, ni, nf,
+                  sc, hkey, hnode, hver)
+
+
+@nb.njit(cache=True)
+def request_keyed(key, t, lo, hi, nodes, nu, parent, depth, capacity, params, nf, c):
+    """:func:`request` for a policy evicting the leaf with the lowest ``key(v, ni, depth,
+    params)`` (compiled for each key function, once a process)."""
+    ni, sc, hkey, hnode, hver = c
+    return _serve(PRIORITY, key, t, lo, hi, nodes, nu, parent, depth, capacity, params, ni, nf,
+                  sc, hkey, hnode, hver)
+
+
+@nb.njit(cache=True)
+def _run(kind, key, t0, t1, offsets, nodes, nu, parent, depth, capacity, params, nf, c, reused):
+    ni, sc, hkey, hnode, hver = c
+    if kind == SIEVE:  # one loop a structure: one call a request
+        for t in range(t0, t1):
+            reused[t] = _sieve_request(t, offsets[t], offsets[t + 1], nodes, parent, capacity,
+                                       ni, sc)
+    elif kind == LRU:
+        for t in range(t0, t1):
+            reused[t] = _lru_request(t, offsets[t], offsets[t + 1], nodes, nu, parent,
+                                     capacity, ni, sc)
+    else:
+        for t in range(t0, t1):
+            reused[t] = _heap_request(kind, key, t, offsets[t], offsets[t + 1], nodes, nu,
+                                      parent, depth, capacity, params, ni, nf, sc, hkey, hnode,
+                                      hver)
+
+
+@nb.njit(cache=True)
+def _run_builtin(kind, t0, t1, offsets, nodes, nu, parent, depth, capacity, params, nf, c,
+                 reused):
+    _run(kind, None, t0, t1, offsets, nodes, nu, parent, depth, capacity, params, nf, c, reused)
+
+
+@nb.njit(cache=True)
+def _run_keyed(key, t0, t1, offsets, nodes, nu, parent, depth, capacity, params, nf, c,
+               reused):
+    _run(PRIORITY, key, t0, t1, offsets, nodes, nu, parent, depth, capacity, params, nf, c,
+         reused)
 
 
 # ---------------------------------------------------------------- canopy: arms on shadows
@@ -435,7 +548,7 @@ def _unit_hash(v, salt):
     return (z >> np.uint64(11)) * (1.0 / 9007199254740992.0)
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, inline="always")
 def _score(stats, pairs, got, gamma):
     """Fold one sampled request's shadow reuse ``got[a]`` into the discounted statistics:
     ``stats[a]`` sums reuse, ``stats[-1]`` the weights, ``pairs[0, a, b]`` and
@@ -450,7 +563,7 @@ def _score(stats, pairs, got, gamma):
             pairs[1, a, b] = gamma * pairs[1, a, b] + d * d
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, inline="always")
 def _leads(stats, pairs, a, b, z, min_n):
     """Whether arm ``a``'s discounted mean reuse exceeds arm ``b``'s by ``z`` standard errors
     of the paired difference (the weight sum ``n`` understates the effective sample size, so
@@ -465,49 +578,50 @@ def _leads(stats, pairs, a, b, z, min_n):
 
 
 @nb.njit(cache=True)
-def _run_canopy(t0, t1, offsets, nodes, parent, depth, capacity, params, ni, cells, sc, hkey,
-                hnode, hver, reused, ac, stats, pairs, got, sm, skinds, scap, sni, ssc,
-                shkey, shnode, shver):
+def _run_canopy(t0, t1, offsets, nodes, parent, depth, capacity, params, cells, c, arms,
+                reused):
     """Canopy's replay: update the cells, evict by the current arm; on a hashed sample of
     requests, replay every arm in its shadow cache, fold its reuse into discounted statistics
     and switch the main cache to the best arm once it leads the current one significantly."""
     for t in range(t0, t1):
-        reused[t] = _canopy_request(t, offsets[t], offsets[t + 1], nodes, parent, depth,
-                                    capacity, params, ni, cells, sc, hkey, hnode, hver, ac,
-                                    stats, pairs, got, sm, skinds, scap, sni, ssc, shkey,
-                                    shnode, shver)
+        reused[t] = canopy_request(t, offsets[t], offsets[t + 1], nodes, parent, depth,
+                                   capacity, params, cells, c, arms)
 
 
 @nb.njit(cache=True)
-def _canopy_request(t, lo, hi, nodes, parent, depth, capacity, params, ni, cells, sc, hkey,
-                    hnode, hver, ac, stats, pairs, got, sm, skinds, scap, sni, ssc, shkey,
-                    shnode, shver):
-    """One request of :func:`_run_canopy` (``nodes[lo:hi]``); returns the blocks it reused."""
+def canopy_request(t, lo, hi, nodes, parent, depth, capacity, params, cells, c, arms):
+    """One request of ``canopy`` (``nodes[lo:hi]``) in :class:`Cache` ``c`` with its cells and
+    its shadows (:class:`ShadowState`); returns the blocks it reused."""
+    ni, sc, hkey, hnode, hver = c
     _cells_update(lo, hi, nodes, parent, cells, sc, params)
-    reused = _request(CANOPY, t, lo, hi, nodes, nodes, parent, depth, capacity, params, ni,
-                      cells, sc, hkey, hnode, hver)
-    if _canopy_shadows(t, lo, hi, nodes, parent, depth, params, cells, sc, ac, stats, pairs,
-                       got, sm, skinds, scap, sni, ssc, shkey, shnode, shver):
-        _heap_compact(CANOPY, depth, ni, cells, params, sc, hkey, hnode, hver, True)
+    reused = _heap_request(CANOPY, None, t, lo, hi, nodes, nodes, parent, depth, capacity,
+                           params, ni, cells, sc, hkey, hnode, hver)
+    if canopy_shadows(t, lo, hi, nodes, parent, depth, params, cells, sc, arms):
+        _heap_compact(CANOPY, None, depth, ni, cells, params, sc, hkey, hnode, hver, True)
     return reused
 
 
 @nb.njit(cache=True)
-def _canopy_shadows(t, lo, hi, nodes, parent, depth, params, cells, sc, ac, stats, pairs, got,
-                    sm, skinds, scap, sni, ssc, shkey, shnode, shver):
+def canopy_shadows(t, lo, hi, nodes, parent, depth, params, cells, sc, arms):
     """When request ``nodes[lo:hi]`` is in the hashed sample, replay it in every arm's shadow
-    cache, fold the shadows' reuse into the statistics and switch ``sc[_ARM]`` to the best arm
-    once it leads significantly; returns whether the arm switched."""
+    cache (:class:`ShadowState`), fold the shadows' reuse into the statistics and switch
+    ``sc[ARM]`` to the best arm once it leads significantly; returns whether the arm
+    switched."""
+    ac, stats, pairs, got, sm, skinds, scap, sni, ssc, shkey, shnode, shver = arms
     rate, gamma, z, min_n = ac[0], ac[1], ac[2], ac[3]
     if hi == lo or _unit_hash(nodes[min(lo + 1, hi - 1)], sm[1]) >= rate:
         return False
     for a in range(len(skinds)):
-        got[a] = _request(skinds[a], t, lo, hi, nodes, nodes, parent, depth, scap, params,
-                          sni[a], cells, ssc[a], shkey[a], shnode[a], shver[a])
+        if skinds[a] == LRU:
+            got[a] = _lru_request(t, lo, hi, nodes, nodes, parent, scap, sni[a], ssc[a])
+        else:
+            got[a] = _heap_request(CANOPY, None, t, lo, hi, nodes, nodes, parent, depth, scap,
+                                   params, sni[a], cells, ssc[a], shkey[a], shnode[a],
+                                   shver[a])
     _score(stats, pairs, got, gamma)
     best = np.argmax(stats[:len(skinds)])
-    if best != sc[_ARM] and _leads(stats, pairs, best, sc[_ARM], z, min_n):
-        sc[_ARM] = best
+    if best != sc[ARM] and _leads(stats, pairs, best, sc[ARM], z, min_n):
+        sc[ARM] = best
         sm[0] += 1
         return True
     return False
@@ -515,47 +629,61 @@ def _canopy_shadows(t, lo, hi, nodes, parent, depth, params, cells, sc, ac, stat
 
 # ---------------------------------------------------------------- online: a host's cache
 @nb.njit(cache=True)
-def _observe(kind, t, nodes, parent, params, ni, cells, sc, seq):
+def observe(kind, t, nodes, parent, params, ni, cells, sc, seq):
     """Account one request admitted by a host that keeps the cache itself: ``CANOPY``'s cells
-    (:func:`_cells_update`), then each block's use as :func:`_request` accounts it (a block
+    (:func:`_cells_update`), then each block's use as :func:`request` accounts it (a block
     the host does not hold is (re)inserted: hit count restarts, SIEVE's visited bit clears and
-    ``_NU`` takes the insertion order ``seq``). Returns the next insertion order."""
+    ``NEXT_USE`` takes the insertion order ``seq``). Returns the next insertion order."""
     if kind == CANOPY:
         _cells_update(0, len(nodes), nodes, parent, cells, sc, params)
     for v in nodes:
-        if ni[v, _CACHED] == 0:
-            ni[v, _CACHED] = 1
-            ni[v, _HITS] = 0
-            ni[v, _VISITED] = 0
-            sc[_SIZE] += 1
+        if ni[v, CACHED] == 0:
+            ni[v, CACHED] = 1
+            ni[v, HITS] = 0
+            ni[v, VISITED] = 0
+            sc[SIZE] += 1
             _touch(v, t, seq, ni)
             seq += 1
         else:
-            ni[v, _VISITED] = 1
-            _touch(v, t, ni[v, _NU], ni)
+            ni[v, VISITED] = 1
+            _touch(v, t, ni[v, NEXT_USE], ni)
     return seq
 
 
 @nb.njit(cache=True)
-def _priorities(kind, nodes, depth, ni, cells, params, sc, out):
+def _rank(kind, key, nodes, depth, ni, cells, params, sc, out):
     """The eviction key of each node in ``nodes`` for a host (lower evicts first): the replay's
     heap key (``LFU``, ``CANOPY``), recency for ``LRU``, insertion order for ``SIEVE``."""
     for i in range(len(nodes)):
         v = nodes[i]
         if kind == LRU:
-            out[i] = _recency(v, depth, ni, params[_DMAX])
+            out[i] = _recency(v, depth, ni, params[DMAX])
         elif kind == SIEVE:
-            out[i] = ni[v, _NU]
+            out[i] = ni[v, NEXT_USE]
         else:
-            out[i] = _key(kind, v, depth, ni, cells, params, sc)
+            out[i] = _key(kind, key, v, depth, ni, cells, params, sc[ARM])
 
 
-def _node_table(n: int, dtype: type = np.int64, k: int | None = None) -> np.ndarray:
+@nb.njit(cache=True)
+def priorities(kind, nodes, depth, ni, cells, params, sc, out):
+    """The eviction key of each node in ``nodes`` for a host (lower evicts first) under
+    built-in policy ``kind``: the replay's heap key (``LFU``, ``CANOPY``), recency for
+    ``LRU``, insertion order for ``SIEVE``."""
+    _rank(kind, None, nodes, depth, ni, cells, params, sc, out)
+
+
+@nb.njit(cache=True)
+def priorities_keyed(key, nodes, depth, ni, cells, params, sc, out):
+    """:func:`priorities` under a policy's own key function."""
+    _rank(PRIORITY, key, nodes, depth, ni, cells, params, sc, out)
+
+
+def node_table(n: int, dtype: type = np.int64, k: int | None = None) -> np.ndarray:
     """Per-node cache state for ``n`` nodes (``k``: that many tables stacked): nothing cached,
     unpinned, unlinked (``dtype``: ``int32`` halves a replay's tables where node ids and
     request indices fit it)."""
     ni = np.zeros((n, _NI) if k is None else (k, n, _NI), dtype=dtype)
-    for column in (_PIN, _PREV, _NEXT):
+    for column in (PIN, PREV, NEXT):
         ni[..., column] = -1
     return ni
 
@@ -566,13 +694,14 @@ def shadow_heap_size(capacity: int, longest: int) -> int:
     return 8 * capacity + 2 * longest + 16
 
 
-def _scalars() -> np.ndarray:
+def scalars() -> np.ndarray:
+    """A cache's scalars (``SIZE``, ``HEAD``... ``NLEAF``) for an empty cache."""
     sc = np.full(_SC, -1, dtype=np.int64)
-    sc[[_SIZE, _HLEN, _CLOCK, _LAPS, _SEQN, _NLEAF]] = 0
+    sc[[SIZE, HLEN, CLOCK, LAPS, SEQN, NLEAF]] = 0
     return sc
 
 
-class _Shadows:
+class Shadows:
     """Metadata-only shadow caches, one per arm, over the sampled requests (see
     :class:`~canopy.apps.cache.policies.Canopy`); they read the main cache's cells."""
 
@@ -587,17 +716,18 @@ class _Shadows:
         self.pairs = np.zeros((2, k, k))
         self.got = np.zeros(k)
         self.sm = np.array([0, arms.seed], dtype=np.int64)  # switches, salt
-        self.ni = _node_table(n_nodes, dtype, k)
-        self.sc = np.stack([_scalars() for _ in range(k)])
-        self.sc[:, _ARM] = np.arange(k)  # shadow a evicts by arm a
+        self.ni = node_table(n_nodes, dtype, k)
+        self.sc = np.stack([scalars() for _ in range(k)])
+        self.sc[:, ARM] = np.arange(k)  # shadow a evicts by arm a
         heap = shadow_heap_size(arms.capacity, longest)
         self.hkey = np.zeros((k, heap), dtype=np.float64)
         self.hnode = np.zeros((k, heap), dtype=np.int64)
         self.hver = np.zeros((k, heap), dtype=np.int64)
 
-    def args(self) -> tuple:
-        return (self.ac, self.stats, self.pairs, self.got, self.sm, self.kinds, self.capacity,
-                self.ni, self.sc, self.hkey, self.hnode, self.hver)
+    def args(self) -> ShadowState:
+        """The shadows as the kernels take them."""
+        return ShadowState(self.ac, self.stats, self.pairs, self.got, self.sm, self.kinds,
+                    self.capacity, self.ni, self.sc, self.hkey, self.hnode, self.hver)
 
 
 class RadixCache:
@@ -622,15 +752,15 @@ class RadixCache:
                     else trace.nodes)  # read by the optimum only (never out of bounds)
         dtype = np.int32 if max(n, trace.n_requests) < 2**31 - 1 else np.int64
         longest = int(np.diff(trace.offsets).max(initial=0))
-        self._ni = _node_table(n, dtype)
-        self._sc = _scalars()
-        self._cells = np.zeros((1, _S0), dtype=np.float64)  # only ``CANOPY`` reads cells
+        self._ni = node_table(n, dtype)
+        self._sc = scalars()
+        self._cells = np.zeros((1, CELL_S0), dtype=np.float64)  # only ``CANOPY`` reads cells
         self._shadows = None
         if self.kind == CANOPY:
-            self._cells = np.zeros((n, len(self.params) - _LAM0 + _S0), dtype=np.float64)
-            self._cells[:, _CL] = -1.0
-            self._shadows = _Shadows(n, longest, policy, self.capacity, dtype)
-            self._sc[_ARM] = policy.start_arm
+            self._cells = np.zeros((n, len(self.params) - LAM0 + CELL_S0), dtype=np.float64)
+            self._cells[:, CELL_CLOCK] = -1.0
+            self._shadows = Shadows(n, longest, policy, self.capacity, dtype)
+            self._sc[ARM] = policy.start_arm
         heap = shadow_heap_size(self.capacity, longest)  # compacted when full
         self._hkey = np.zeros(heap, dtype=np.float64)
         self._hnode = np.zeros(heap, dtype=np.int64)
@@ -647,13 +777,14 @@ class RadixCache:
         if self._shadows is not None:
             _run_canopy(self.next_request_, stop, self.trace.offsets, self.trace.nodes,
                         self.trace.parent, self.trace.depth, self.capacity, self.params,
-                        self._ni, self._cells, self._sc, self._hkey, self._hnode, self._hver,
-                        self.reused_, *self._shadows.args())
+                        self._cells, self._state(), self._shadows.args(), self.reused_)
         else:
             nu = self._nu if self.kind == OPTIMAL else self.trace.nodes  # unused unless optimal
-            _run(self.kind, self.next_request_, stop, self.trace.offsets, self.trace.nodes, nu,
-                 self.trace.parent, self.trace.depth, self.capacity, self.params, self._ni,
-                 self._cells, self._sc, self._hkey, self._hnode, self._hver, self.reused_)
+            run, how = ((_run_builtin, self.kind) if self.kind != PRIORITY
+                        else (_run_keyed, self.policy.key))
+            run(how, self.next_request_, stop, self.trace.offsets, self.trace.nodes, nu,
+                self.trace.parent, self.trace.depth, self.capacity, self.params, self._cells,
+                self._state(), self.reused_)
         start, self.next_request_ = self.next_request_, stop
         return self.reused_[start:stop]
 
@@ -664,18 +795,27 @@ class RadixCache:
     @property
     def size(self) -> int:
         """Blocks cached now."""
-        return int(self._sc[_SIZE])
+        return int(self._sc[SIZE])
+
+    def _state(self) -> Cache:
+        return Cache(self._ni, self._sc, self._hkey, self._hnode, self._hver)
 
     @property
     def arm(self) -> int:
         """``canopy``: the arm whose priority evicts now (index into ``policy.arm_names``)."""
-        return int(self._sc[_ARM])
+        return int(self._sc[ARM])
 
     @property
     def switches(self) -> int:
         """``canopy``: how many times the evicting arm changed."""
         return 0 if self._shadows is None else int(self._shadows.sm[0])
 
+    @property
+    def table(self) -> np.ndarray:
+        """The node table: one row of cache fields (``CACHED``, ``HITS``, ``LAST``...) a
+        node; read-only for callers."""
+        return self._ni
+
     def cached(self) -> np.ndarray:
         """Node ids cached now, ascending."""
-        return np.flatnonzero(self._ni[:, _CACHED])
+        return np.flatnonzero(self._ni[:, CACHED])

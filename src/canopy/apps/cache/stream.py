@@ -60,7 +60,7 @@ def _cached_prefix(index: dict[tuple[int, Hashable], int], ni: np.ndarray,
     node, count = -1, 0
     for key in keys:
         node = index.get((node, key), -1)
-        if node < 0 or ni[node, radix._CACHED] == 0:
+        if node < 0 or ni[node, radix.CACHED] == 0:
             break
         count += 1
     return count
@@ -75,13 +75,13 @@ def _remap_links(table: np.ndarray, remap: np.ndarray, columns: Sequence[int]) -
 def _remap_heap(hkey: np.ndarray, hnode: np.ndarray, hver: np.ndarray, sc: np.ndarray,
                 remap: np.ndarray) -> None:
     """Keep the entries of nodes that survive, renumbered; a sorted array is a min-heap."""
-    n = sc[radix._HLEN]
+    n = sc[radix.HLEN]
     alive = remap[hnode[:n]] >= 0
     keys, nodes, vers = hkey[:n][alive], remap[hnode[:n][alive]], hver[:n][alive]
     order = np.argsort(keys, kind="stable")
     m = len(order)
     hkey[:m], hnode[:m], hver[:m] = keys[order], nodes[order], vers[order]
-    sc[radix._HLEN] = m
+    sc[radix.HLEN] = m
 
 
 class _Tree:
@@ -112,6 +112,10 @@ class _Tree:
         self.capacity = int(capacity)
         self.history_floor = history_floor
         self.kind, self.params = policy.kernel(_Unbounded(), self.capacity)
+        keyed = self.kind == radix.PRIORITY  # a policy's own key function
+        self._how = policy.key if keyed else self.kind
+        self._serve = radix.request_keyed if keyed else radix.request
+        self._rank = radix.priorities_keyed if keyed else radix.priorities
         self.requests = 0
         self.forgotten = 0
         self._prefix_keys = prefix_keys
@@ -120,17 +124,17 @@ class _Tree:
         self._n = 0
         self._parent = np.full(1024, -1, dtype=np.int64)
         self._depth = np.zeros(1024, dtype=np.int64)
-        self._ni = radix._node_table(1024)
-        self._sc = radix._scalars()
+        self._ni = radix.node_table(1024)
+        self._sc = radix.scalars()
         self._canopy = self.kind == radix.CANOPY
-        self._cells = np.zeros((1, radix._S0))
+        self._cells = np.zeros((1, radix.CELL_S0))
         self._shadows = None
         self._longest = 1
         if self._canopy:
-            self._cells = np.zeros((1024, len(self.params) - radix._LAM0 + radix._S0))
-            self._cells[:, radix._CL] = -1.0
-            self._shadows = radix._Shadows(1024, self._longest, policy, self.capacity)
-            self._sc[radix._ARM] = policy.start_arm
+            self._cells = np.zeros((1024, len(self.params) - radix.LAM0 + radix.CELL_S0))
+            self._cells[:, radix.CELL_CLOCK] = -1.0
+            self._shadows = radix.Shadows(1024, self._longest, policy, self.capacity)
+            self._sc[radix.ARM] = policy.start_arm
         self._hkey, self._hnode, self._hver = self._heap(radix.shadow_heap_size(
             self.capacity, self._longest))
         shadow_blocks = 0 if self._shadows is None else self._shadows.capacity * len(
@@ -142,6 +146,9 @@ class _Tree:
     def _heap(size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         return (np.zeros(size), np.zeros(size, dtype=np.int64), np.zeros(size, dtype=np.int64))
 
+    def _state(self) -> radix.Cache:
+        return radix.Cache(self._ni, self._sc, self._hkey, self._hnode, self._hver)
+
     @property
     def n_nodes(self) -> int:
         """Nodes of the prefix tree held now (cached blocks and remembered history)."""
@@ -150,7 +157,7 @@ class _Tree:
     @property
     def arm(self) -> int:
         """``canopy``: the arm whose priority evicts now (index into ``policy.arm_names``)."""
-        return int(self._sc[radix._ARM])
+        return int(self._sc[radix.ARM])
 
     def _chain(self, keys: Iterable[Hashable]) -> np.ndarray:
         out: list[int] = []
@@ -182,14 +189,14 @@ class _Tree:
         old = len(self._parent)
         self._parent = np.concatenate([self._parent, np.full(n - old, -1, dtype=np.int64)])
         self._depth = np.concatenate([self._depth, np.zeros(n - old, dtype=np.int64)])
-        self._ni = np.concatenate([self._ni, radix._node_table(n - old)])
+        self._ni = np.concatenate([self._ni, radix.node_table(n - old)])
         if self._canopy:
             fresh = np.zeros((n - old, self._cells.shape[1]))
-            fresh[:, radix._CL] = -1.0
+            fresh[:, radix.CELL_CLOCK] = -1.0
             self._cells = np.concatenate([self._cells, fresh])
             shadows = self._shadows
             shadows.ni = np.concatenate(
-                [shadows.ni, np.stack([radix._node_table(n - old)] * len(shadows.kinds))],
+                [shadows.ni, np.stack([radix.node_table(n - old)] * len(shadows.kinds))],
                 axis=1)
 
     def _fit(self, length: int) -> None:
@@ -218,13 +225,13 @@ class _Tree:
         """Drop nodes no cache holds whose every decayed count is below the floor, then
         renumber what is kept (order-preserving, so parents stay below their children)."""
         n = self._n
-        keep = self._ni[:n, radix._CACHED] == 1
+        keep = self._ni[:n, radix.CACHED] == 1
         if self._canopy:
-            keep |= (self._shadows.ni[:, :n, radix._CACHED] == 1).any(axis=0)
+            keep |= (self._shadows.ni[:, :n, radix.CACHED] == 1).any(axis=0)
             cells = self._cells[:n]
-            age = self._sc[radix._CLOCK] - cells[:, radix._CL]
-            counts = cells[:, radix._S0:] * np.exp(-np.outer(age, self.params[radix._LAM0:]))
-            keep |= (cells[:, radix._CL] >= 0) & (counts.max(axis=1) >= self.history_floor)
+            age = self._sc[radix.CLOCK] - cells[:, radix.CELL_CLOCK]
+            counts = cells[:, radix.CELL_S0:] * np.exp(-np.outer(age, self.params[radix.LAM0:]))
+            keep |= (cells[:, radix.CELL_CLOCK] >= 0) & (counts.max(axis=1) >= self.history_floor)
         _close_upward(keep, self._parent[:n])
         kept = np.flatnonzero(keep)
         remap = np.full(n, -1, dtype=np.int64)
@@ -234,23 +241,23 @@ class _Tree:
         self._parent[:m] = np.where(parent >= 0, remap[np.maximum(parent, 0)], -1)
         self._depth[:m] = self._depth[kept]
         self._ni[:m] = self._ni[kept]
-        self._ni[m:n] = radix._node_table(n - m)
+        self._ni[m:n] = radix.node_table(n - m)
         tables = [(self._ni, self._sc, self._hkey, self._hnode, self._hver)]
         if self._canopy:
             self._cells[:m] = self._cells[kept]
             self._cells[m:n] = 0.0
-            self._cells[m:n, radix._CL] = -1.0
+            self._cells[m:n, radix.CELL_CLOCK] = -1.0
             s = self._shadows
             s.ni[:, :m] = s.ni[:, kept]
-            s.ni[:, m:n] = radix._node_table(n - m)
+            s.ni[:, m:n] = radix.node_table(n - m)
             tables += [(s.ni[a], s.sc[a], s.hkey[a], s.hnode[a], s.hver[a])
                        for a in range(len(s.kinds))]
         serves_sieve = self._serves and self.kind == radix.SIEVE
-        sieve = (radix._LPREV, radix._LNEXT) if serves_sieve else ()
+        sieve = (radix.LPREV, radix.LNEXT) if serves_sieve else ()
         for ni, sc, hkey, hnode, hver in tables:
-            _remap_links(ni[:m], remap, (radix._PREV, radix._NEXT, *sieve))
+            _remap_links(ni[:m], remap, (radix.PREV, radix.NEXT, *sieve))
             sieve = ()  # only the main cache runs SIEVE; the shadows' columns are counts
-            for field in (radix._HEAD, radix._TAIL, radix._HAND, radix._LHEAD, radix._LTAIL):
+            for field in (radix.HEAD, radix.TAIL, radix.HAND, radix.LHEAD, radix.LTAIL):
                 if sc[field] >= 0:
                     sc[field] = remap[sc[field]]
             _remap_heap(hkey, hnode, hver, sc, remap)
@@ -280,7 +287,7 @@ class StreamingCache(_Tree):
     @property
     def size(self) -> int:
         """Blocks cached now."""
-        return int(self._sc[radix._SIZE])
+        return int(self._sc[radix.SIZE])
 
     def request(self, keys: Iterable[Hashable]) -> int:
         """Serve one request (its block keys, root first): reuse the longest cached prefix,
@@ -288,15 +295,13 @@ class StreamingCache(_Tree):
         path = self._chain(keys)
         t = self.requests
         if self._canopy:
-            reused = radix._canopy_request(
+            reused = radix.canopy_request(
                 t, 0, len(path), path, self._parent, self._depth, self.capacity, self.params,
-                self._ni, self._cells, self._sc, self._hkey, self._hnode, self._hver,
-                *self._shadows.args())
+                self._cells, self._state(), self._shadows.args())
         else:
-            reused = radix._request(
-                self.kind, t, 0, len(path), path, path, self._parent, self._depth,
-                self.capacity, self.params, self._ni, self._cells, self._sc, self._hkey,
-                self._hnode, self._hver)
+            reused = self._serve(
+                self._how, t, 0, len(path), path, path, self._parent, self._depth,
+                self.capacity, self.params, self._cells, self._state())
         self._after_request()
         return int(reused)
 
@@ -354,7 +359,7 @@ class OnlinePolicy(_Tree):
     @property
     def size(self) -> int:
         """Blocks the engine holds, as observed and reported."""
-        return int(self._sc[radix._SIZE])
+        return int(self._sc[radix.SIZE])
 
     def observe(self, keys: Sequence[Hashable], *, start: int = 0) -> None:
         """Learn from one admitted request: its block keys, root first (key ``i``'s parent is
@@ -365,22 +370,22 @@ class OnlinePolicy(_Tree):
         if not 0 <= start <= len(keys):
             raise ValueError(f"start must be in 0..{len(keys)}, got {start}")
         path = self._chain(keys)
-        self._seq = radix._observe(self.kind, self.requests, path[start:], self._parent,
+        self._seq = radix.observe(self.kind, self.requests, path[start:], self._parent,
                                    self.params, self._ni, self._cells, self._sc, self._seq)
         if start:
             return
         if self._canopy:
-            radix._canopy_shadows(self.requests, 0, len(path), path, self._parent,
-                                  self._depth, self.params, self._cells, self._sc,
-                                  *self._shadows.args())
+            radix.canopy_shadows(self.requests, 0, len(path), path, self._parent,
+                                 self._depth, self.params, self._cells, self._sc,
+                                 self._shadows.args())
         self._after_request()
 
     def evicted(self, key: Hashable) -> None:
         """The engine dropped block ``key`` (unknown keys are ignored)."""
         v = self._index.get(key)
-        if v is not None and self._ni[v, radix._CACHED]:
-            self._ni[v, radix._CACHED] = 0
-            self._sc[radix._SIZE] -= 1
+        if v is not None and self._ni[v, radix.CACHED]:
+            self._ni[v, radix.CACHED] = 0
+            self._sc[radix.SIZE] -= 1
 
     def priority(self, key: Hashable) -> float:
         """Eviction priority of block ``key``, lower evicts first; ``-inf`` for a key never
@@ -389,7 +394,7 @@ class OnlinePolicy(_Tree):
         if v is None:
             return -math.inf
         self._one[0] = v
-        radix._priorities(self.kind, self._one, self._depth, self._ni, self._cells,
+        self._rank(self._how, self._one, self._depth, self._ni, self._cells,
                           self.params, self._sc, self._out)
         return float(self._out[0])
 
@@ -400,7 +405,7 @@ class OnlinePolicy(_Tree):
         known = nodes >= 0
         out = np.full(len(nodes), -math.inf)
         found = np.zeros(int(known.sum()))
-        radix._priorities(self.kind, nodes[known], self._depth, self._ni, self._cells,
+        self._rank(self._how, nodes[known], self._depth, self._ni, self._cells,
                           self.params, self._sc, found)
         out[known] = found
         return out
@@ -408,23 +413,23 @@ class OnlinePolicy(_Tree):
     def visited(self, key: Hashable) -> bool:
         """``sieve``: whether block ``key`` was reused since the hand last passed it."""
         v = self._index.get(key)
-        return v is not None and bool(self._ni[v, radix._VISITED])
+        return v is not None and bool(self._ni[v, radix.VISITED])
 
     def clear_visited(self, key: Hashable) -> None:
         """``sieve``: the hand passes block ``key``."""
         v = self._index.get(key)
         if v is not None:
-            self._ni[v, radix._VISITED] = 0
+            self._ni[v, radix.VISITED] = 0
 
     def _forget(self) -> None:
-        held = np.flatnonzero(self._ni[:self._n, radix._CACHED])
+        held = np.flatnonzero(self._ni[:self._n, radix.CACHED])
         excess = len(held) - (self.capacity + self._longest)
         if excess > 0:
             keys = np.zeros(len(held))
-            radix._priorities(self.kind, held, self._depth, self._ni, self._cells,
+            self._rank(self._how, held, self._depth, self._ni, self._cells,
                               self.params, self._sc, keys)
-            self._ni[held[np.argsort(keys, kind="stable")[:excess]], radix._CACHED] = 0
-            self._sc[radix._SIZE] -= excess
+            self._ni[held[np.argsort(keys, kind="stable")[:excess]], radix.CACHED] = 0
+            self._sc[radix.SIZE] -= excess
         super()._forget()
 
 
@@ -470,4 +475,4 @@ class PlannedCache:
 
     def cached_prefix(self, keys: Iterable[Hashable]) -> int:
         """How many leading blocks of ``keys`` are cached now (nothing changes)."""
-        return _cached_prefix(self._index, self._cache._ni, keys)
+        return _cached_prefix(self._index, self._cache.table, keys)
