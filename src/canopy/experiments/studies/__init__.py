@@ -30,11 +30,13 @@ STUDIES: dict[str, str] = {
     "lowerbound": "canopy.experiments.studies.lowerbound",
     "misidentification": "canopy.experiments.studies.misidentification",
     "variancesplit": "canopy.experiments.studies.variancesplit",
+    "mathsearch": "canopy.experiments.studies.mathsearch",
 }
 
-ON_REQUEST: tuple[str, ...] = ("pyxab",)
+ON_REQUEST: tuple[str, ...] = ("pyxab", "mathsearch")
 """Studies ``canopy reproduce`` runs only when named with ``--study``: the comparison with
-PyXAB's algorithms takes hours at T = 100k (their per-round cost grows with the rounds)."""
+PyXAB's algorithms takes hours at T = 100k (their per-round cost grows with the rounds);
+``mathsearch`` needs a live model server."""
 
 
 def available() -> list[str]:
