@@ -255,3 +255,67 @@ def test_live_math500_search_on_smollm2_stays_within_budget(llm_server, data_fil
         assert client.usage.calls == 0
     assert llm_server.request_count == before
     assert first.answers == again.answers
+
+
+# ---------------------------------------------------------------------- the study
+def test_mathsearch_study_is_registered_on_request_and_validates_its_parameters():
+    from canopy.experiments.studies import ON_REQUEST, get_study
+    from canopy.experiments.studies.mathsearch import MathSearchParams
+
+    study = get_study("mathsearch")
+    assert "mathsearch" in ON_REQUEST  # `canopy reproduce` does not start a server unasked
+    assert [p.value for p in study.paper] == [0.617, 0.530, 0.087]
+    (cell,) = study.cells(MathSearchParams(budgets=(8, 4, 8)))
+    assert cell["budgets"] == [4, 8] and cell["base_url"] == ""
+    for bad, match in (({"budgets": (0,)}, "budgets"), ({"levels": (0,)}, "levels"),
+                       ({"base_url": "http://127.0.0.1:1/v1"}, "model"),
+                       ({"offset": -1}, "offset")):
+        with pytest.raises(ValueError, match=match):
+            MathSearchParams(**bad)
+
+
+def test_mathsearch_study_over_real_http_measures_each_problem(scripted_server, data_file,
+                                                               tmp_path):
+    """The study end to end through the runner against a scripted endpoint on loopback that
+    always answers the first problem's answer: a seed is a problem, so problem 0 is right for
+    every method (and reachable) and problem 1 is wrong for all, and the gap is zero."""
+    from canopy.experiments.runner import run_study
+    from canopy.experiments.studies.mathsearch import GAP, REACHABLE
+    from canopy.experiments.summary import lookup
+
+    data_file("math500", FILE)
+    scripted_server.routes["/v1/completions"] = lambda n: (
+        200, scripted_server.completion_body("Then\n\\boxed{(3, \\frac{\\pi}{2})}"), 0.0)
+    run = run_study("mathsearch", store=tmp_path / "cells", seeds=2, workers=1,
+                    overrides={"budgets": "2,3", "base_url": scripted_server.url("/v1"),
+                               "model": "m"})
+    assert run.computed == 2
+    by_seed = [m for m in run.measurements if m.metric == "accuracy"]
+    assert [m.value for m in by_seed[:10]] == [1.0] * 10  # problem 0: 5 methods x 2 budgets
+    assert [m.value for m in by_seed[10:]] == [0.0] * 10  # problem 1
+    for budget in (2.0, 3.0):
+        assert lookup(run.rows, "best_of_n", REACHABLE, budget).mean == 0.5
+        gap = lookup(run.rows, "value_guided", GAP, budget)
+        assert (gap.mean, gap.ci_low, gap.ci_high) == (0.0, 0.0, 0.0)
+        calls = lookup(run.rows, "value_guided", "calls", budget)
+        assert 1 <= calls.mean <= budget
+
+
+@pytest.mark.live
+def test_mathsearch_study_on_smollm2(llm_server, data_file, tmp_path):
+    """One level-1 problem at budget 2 through the study on the real server: measured, in
+    range, and where a best-of-N pick is right the problem is reachable."""
+    from canopy.experiments.runner import run_study
+    from canopy.experiments.studies.mathsearch import REACHABLE
+    from canopy.experiments.summary import lookup
+
+    data_file("math500", FILE)
+    run = run_study("mathsearch", store=tmp_path / "cells", seeds=1, workers=1,
+                    overrides={"budgets": "2", "max_tokens": "48", "levels": "1",
+                               "base_url": llm_server.base_url, "model": llm_server.model})
+    rows = {(r.method, r.metric): r for r in run.rows}
+    for method in ("first", "best_of_n", "majority", "weighted_vote", "value_guided"):
+        assert 1 <= rows[method, "calls"].mean <= 2
+        assert rows[method, "tokens"].mean > 0
+    reach = lookup(run.rows, "best_of_n", REACHABLE, 2.0).mean
+    assert reach >= rows["best_of_n", "accuracy"].mean

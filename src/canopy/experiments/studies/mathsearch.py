@@ -36,6 +36,7 @@ from canopy.experiments.study import (
     Headline,
     Measurement,
     Panel,
+    PaperValue,
     Row,
     Study,
     bounded,
@@ -43,7 +44,7 @@ from canopy.experiments.study import (
 from canopy.experiments.summary import lookup
 from canopy.validation import check_count
 
-__all__ = ["METHODS", "PAPER_GAP", "STUDY", "MathSearchParams"]
+__all__ = ["METHODS", "PAPER", "STUDY", "MathSearchParams"]
 
 METHODS = ("first", "best_of_n", "majority", "weighted_vote", "value_guided")
 BUDGET = "budget (calls)"
@@ -52,6 +53,9 @@ ACCURACY, REACHABLE, STATED = "accuracy", "reachable (a best-of-N rollout right)
 GAP = "gap to best_of_n (paired)"
 #: Table 1 (MATH, 300 problems, Llama-3.1-70B): value-guided 0.617, best-of-N 0.530.
 PAPER_GAP, PAPER_GUIDED, PAPER_BEST = 0.087, 0.617, 0.530
+PAPER = (PaperValue("value_guided", None, ACCURACY, PAPER_GUIDED),
+         PaperValue("best_of_n", None, ACCURACY, PAPER_BEST),
+         PaperValue("value_guided", None, GAP, PAPER_GAP))
 _LOCK = Path(tempfile.gettempdir()) / "canopy-mathsearch-server.lock"
 
 
@@ -178,6 +182,7 @@ STUDY = Study(
     quick_seeds=2,
     cells=cells,
     run_cell=run_cell,
+    paper=PAPER,
     headlines=headlines,
     panels=(Panel(ACCURACY, BUDGET, title="accuracy (95% CI over problems)"),
             Panel(REACHABLE, BUDGET, title="reachable: a best-of-N rollout is right"),
