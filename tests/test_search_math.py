@@ -319,3 +319,18 @@ def test_mathsearch_study_on_smollm2(llm_server, data_file, tmp_path):
         assert rows[method, "tokens"].mean > 0
     reach = lookup(run.rows, "best_of_n", REACHABLE, 2.0).mean
     assert reach >= rows["best_of_n", "accuracy"].mean
+
+
+def test_mathsearch_study_names_the_problem_when_the_endpoint_fails(scripted_server,
+                                                                    data_file, tmp_path):
+    """An endpoint that fails is a one-line error naming the problem (the CLI prints it and
+    exits 2); no cell is stored for that problem."""
+    from canopy.experiments.runner import run_study
+
+    data_file("math500", FILE)
+    scripted_server.routes["/v1/completions"] = lambda n: (500, b"down", 0.0)
+    with pytest.raises(ValueError, match=r"problem 0: question 0: .*HTTP 500"):
+        run_study("mathsearch", store=tmp_path / "cells", seeds=1, workers=1,
+                  overrides={"budgets": "2", "base_url": scripted_server.url("/v1"),
+                             "model": "m", "timeout": "5"})
+    assert not list((tmp_path / "cells").glob("*.json"))

@@ -117,20 +117,24 @@ def run_cell(cell: dict[str, Any], seed: int) -> list[Measurement]:
     from canopy.apps.search.live import SearchConfig, run_search
     from canopy.apps.search.math500 import FILE, load_math500
     from canopy.apps.search.tasks import MATH500
-    from canopy.llm.local import open_endpoint
+    from canopy.llm.local import LocalServerError, open_endpoint
 
     index = cell["offset"] + seed
     problem = load_math500(data.path("math500", FILE), n=1, offset=index,
                            levels=tuple(cell["levels"]))
     config = SearchConfig(max_tokens=cell["max_tokens"], temperature=cell["temperature"])
-    with _one_server_at_a_time(not cell["base_url"]), \
-            tempfile.TemporaryDirectory(prefix="canopy-mathsearch-") as cache, \
-            open_endpoint(cell["base_url"] or None, model=cell["model"] or None,
-                          cache_dir=cache, timeout=cell["timeout"]) as (client, _):
-        result = run_search(client, problem, budgets=cell["budgets"], methods=METHODS,
-                            config=config, seed=0, task=MATH500)
-    if result.error is not None:
-        raise RuntimeError(f"problem {index}: {result.error}")
+    try:
+        with _one_server_at_a_time(not cell["base_url"]), \
+                tempfile.TemporaryDirectory(prefix="canopy-mathsearch-") as cache, \
+                open_endpoint(cell["base_url"] or None, model=cell["model"] or None,
+                              cache_dir=cache, timeout=cell["timeout"]) as (client, _):
+            result = run_search(client, problem, budgets=cell["budgets"], methods=METHODS,
+                                config=config, seed=0, task=MATH500)
+    except LocalServerError as error:  # the CLI shows these as one line
+        text = f"the local model server: {error}"
+        raise (ImportError(text) if "pip install" in text else ValueError(text)) from None
+    if result.error is not None:  # the endpoint failed: one line, naming the problem
+        raise ValueError(f"problem {index}: {result.error}")
     out = []
     for b, budget in enumerate(result.budgets):
         x = float(budget)
