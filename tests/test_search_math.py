@@ -5,8 +5,11 @@ SmolLM2-135M server."""
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
+import math
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -140,11 +143,8 @@ class BoxedModel:
         self.p_a = p_a
         self.prompts: list[str] = []
 
-    def complete(self, prompt: str, *, seed: int, stop: list[str], **_: object):
-        import hashlib
-        import math
-        from types import SimpleNamespace
-
+    def complete(self, prompt: str, *, seed: int, stop: list[str], **_: object
+                 ) -> SimpleNamespace:
         step = "\n" in stop
         self.prompts.append(prompt)
         digest = hashlib.sha256(f"{prompt}|{seed}|{step}".encode()).digest()
