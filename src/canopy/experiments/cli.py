@@ -166,7 +166,8 @@ def reproduce_command(
     out: Out = Path("results"),
     only: Annotated[list[str] | None, typer.Option(
         "--study", help="Run only these studies, by name or package.module:NAME "
-                        "(repeatable; default: all but pyxab, which takes hours).")] = None,
+                        "(repeatable; default: all but pyxab, which takes hours, and "
+                        "mathsearch and mmlutrim, which need a live model server).")] = None,
 ) -> None:
     """Run every study and write OUT/report.md: each headline beside the paper's number."""
     from canopy.experiments.outputs import write_report

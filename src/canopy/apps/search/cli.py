@@ -1,5 +1,5 @@
-"""``canopy search replay`` (logged MATH answers) and ``canopy search run`` (live GSM8K search
-against an OpenAI-compatible endpoint)."""
+"""``canopy search replay`` (logged MATH answers), ``canopy search run`` (live search on GSM8K
+or MATH-500 against an OpenAI-compatible endpoint), ``code`` and ``prior``."""
 
 from __future__ import annotations
 
@@ -108,9 +108,12 @@ def parse_names(text: str, known: tuple[str, ...], option: str) -> list[str]:
 
 @search_app.command("run")
 def run_command(
+    task: Annotated[str, typer.Option("--task", help="gsm8k (test questions) or math500 "
+                                      "(MATH-500 problems, final answer in \\boxed{}).")
+                    ] = "gsm8k",
     base_url: BaseUrl = None,
     model: Model = None,
-    n: Annotated[int, typer.Option("--n", help="GSM8K test questions.")] = 5,
+    n: Annotated[int, typer.Option("--n", help="Questions or problems.")] = 5,
     offset: Offset = 0,
     budgets: LiveBudgets = "4,8",
     methods: Methods = "first,best_of_n,majority,weighted_vote,beam,value_guided",
@@ -124,10 +127,10 @@ def run_command(
     plot: Plot = None,
 ) -> None:
     """Value-guided search against best-of-N (first, highest likelihood, majority, weighted
-    vote) and beam search on GSM8K at matched generation calls, live."""
-    from canopy import data
-    from canopy.apps.search.gsm8k import load_gsm8k
+    vote) and beam search on GSM8K or MATH-500 at matched generation calls, live; with the
+    share of questions where a best-of-N rollout is right (reachable)."""
     from canopy.apps.search.live import LIVE_METHODS, SearchConfig, run_search
+    from canopy.apps.search.tasks import get_task
     from canopy.llm.local import LocalServerError, open_endpoint
 
     console = Console(stderr=True)
@@ -135,33 +138,41 @@ def run_command(
         chosen = parse_names(methods, LIVE_METHODS, "--methods")
         budget_list = [int(b) for b in parse_budgets(budgets, whole=True)]
         config = SearchConfig(max_tokens=max_tokens, temperature=temperature)
-        questions = load_gsm8k(data.path("gsm8k", "test.jsonl"), n=n, offset=offset)
+        live_task = get_task(task)
+        questions = live_task.load(n, offset)
         with open_endpoint(base_url, model=model, cache_dir=cache_dir, timeout=timeout) as (
                 client, server):
             with progress_bar("search", len(questions), enabled=not as_json) as update:
                 result = run_search(client, questions, budgets=budget_list, methods=chosen,
-                                    config=config, seed=seed, progress=update)
+                                    config=config, seed=seed, task=live_task,
+                                    progress=update)
             usage = client.usage
             requests = server.request_count if server is not None else None
     except (ValueError, FileNotFoundError, LocalServerError) as error:
         raise cli_error(error) from None
     rows = result.rows(reference=reference, seed=seed)
+    reach = result.reachability(seed=seed)
     if result.error is not None:
         console.print(f"[yellow]stopped early:[/yellow] {result.error}; "
                       f"{result.completed} of {result.n_questions} questions kept")
     if plot is not None and rows:
-        plot_accuracy(rows, plot, x="budget", title="GSM8K: accuracy vs budget",
+        plot_accuracy(rows, plot, x="budget", title=f"{live_task.label}: accuracy vs budget",
                       xlabel="generation calls per question")
         announce_plot(plot)
-    meta = {"questions": result.completed, "requested": result.n_questions,
+    meta = {"task": live_task.name, "questions": result.completed, "requested": result.n_questions,
             "error": result.error, "http_calls": usage.calls, "cache_hits": usage.cache_hits,
             "prompt_tokens": usage.prompt_tokens,
             "completion_tokens": usage.completion_tokens, "server_requests": requests}
     if as_json:
-        print_json({**meta, "rows": rows})
+        print_json({**meta, "rows": rows, "reachable": reach})
     else:
         print_table([interval_cells(row) for row in rows], _LIVE_COLUMNS,
-                    title=f"GSM8K: {result.completed} questions, delta against {reference}")
+                    title=f"{live_task.label}: {result.completed} questions, delta against "
+                          f"{reference}")
+        if reach:
+            Console().print("reachable (a best-of-N rollout is right): " + ", ".join(
+                f"budget {r['budget']} {r['reachable']:.3f} [{r['ci_low']:.3f}, "
+                f"{r['ci_high']:.3f}]" for r in reach))
         Console().print(f"HTTP calls {usage.calls}, cache hits {usage.cache_hits}, "
                         f"tokens {usage.prompt_tokens} prompt + {usage.completion_tokens} "
                         f"completion" + (f", server requests {requests}" if requests is not None

@@ -10,8 +10,8 @@ from pathlib import Path
 
 from canopy.data import bad_line, jsonl_rows
 
-__all__ = ["CHATML", "Question", "extract_answer", "is_correct", "load_gsm8k", "render_prompt",
-           "states_answer"]
+__all__ = ["CHATML", "Question", "extract_answer", "grade", "is_correct", "load_gsm8k",
+           "render_prompt", "states_answer"]
 
 # The chat template SmolLM2 (and Qwen) ship, so a completion call can continue a partial answer.
 CHATML = ("<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\n{question}<|im_end|>\n"
@@ -77,5 +77,10 @@ def states_answer(text: str) -> bool:
     return _ANSWER.search(text) is not None
 
 
+def grade(answer: str | None, gold: str) -> bool:
+    """Whether an extracted answer (``None``: none found) is the gold number."""
+    return answer is not None and answer == gold
+
+
 def is_correct(answer: str | None, question: Question) -> bool:
-    return answer is not None and answer == question.gold
+    return grade(answer, question.gold)

@@ -50,11 +50,14 @@ class _Sample(Protocol):
 
 
 class Sampler(Protocol):
-    """What the search needs of a session: rollouts, steps and the call ledger."""
+    """What the search needs of a session: rollouts, steps, the call ledger, and the task's
+    final answer of a text and its test of a line that ends an answer."""
 
     ledger: Ledger
     seed: int
     config: SearchConfig
+    answer_of: Callable[[str], str | None]
+    final: Callable[[str], bool]
 
     def rollout(self, prefix: str, seed: int) -> _Sample: ...
 
@@ -85,7 +88,8 @@ def value_guided(session: Sampler, *, probe_score: Callable[[_Sample], float] | 
     config = session.config
     shape = PrefixTree(arity=config.branching, depth=config.max_depth,
                        step_tries=config.step_tries, keep_indent=code,
-                       **({"final": lambda line: False} if code else {}))
+                       final=(lambda line: False) if code else session.final,
+                       answer_of=session.answer_of)
     score = probe_score or (lambda sample: math.exp(sample.logprob))
     agreement = 0 if leaf_value is not None else config.agreement
     policy = OptimisticDescent(spread=config.spread, lipschitz=config.lipschitz,

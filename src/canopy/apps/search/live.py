@@ -1,5 +1,6 @@
 """Live test-time search against an OpenAI-compatible endpoint (paper Section 5, "Test-time
-search"), at budgets matched in generation calls and reported in tokens.
+search"), at budgets matched in generation calls and reported in tokens, on a task of
+:mod:`canopy.apps.search.tasks` (GSM8K, MATH-500).
 
 A node is a partial answer: the prompt plus a prefix of reasoning steps (lines). Every call is
 a completion from a prefix:
@@ -21,8 +22,10 @@ Methods, all at the same budget of ``B`` calls per question:
   geometric-mean token probability, leaf evaluations grade a complete answer by its agreement
   with fresh rollouts, and steps materialise the prefixes the policy touches.
 
-Ground truth grades answers only. A failing endpoint stops the run cleanly; the questions
-finished before it keep their results (:attr:`LiveResult.error` says what happened).
+Ground truth grades answers only; it also says whether any of best-of-N's rollouts was right
+(:attr:`LiveResult.reachable`, the headroom any selector among them could reach). A failing
+endpoint stops the run cleanly; the questions finished before it keep their results
+(:attr:`LiveResult.error` says what happened).
 """
 
 from __future__ import annotations
@@ -34,15 +37,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from canopy.apps.search.budget import check_budgets
-from canopy.apps.search.gsm8k import (
-    CHATML,
-    SYSTEM,
-    Question,
-    extract_answer,
-    is_correct,
-    render_prompt,
-)
+from canopy.apps.search.gsm8k import CHATML, extract_answer, render_prompt, states_answer
 from canopy.apps.search.guided import value_guided
+from canopy.apps.search.tasks import GSM8K, Item, LiveTask
 from canopy.bootstrap import bootstrap_mean, paired_bootstrap
 from canopy.llm.client import LLMClient, LLMError
 from canopy.problem import Ledger
@@ -63,7 +60,7 @@ class SearchConfig:
     beam_width: int = 2
     beam_expand: int = 2
     template: str = CHATML
-    system: str = SYSTEM
+    system: str | None = None  # None: the task's system prompt
     # value-guided search (canopy.apps.search.guided)
     branching: int = 2  # distinct next lines per prefix (the tree's arity)
     max_depth: int = 4  # lines of a prefix at the tree's leaves
@@ -104,14 +101,15 @@ class _Sample:
 class _Session:
     """One question (or code task) under one budget: every call goes through here and is
     charged to a :class:`~canopy.problem.Ledger` (rollouts as leaf evaluations, steps as
-    probes); ``answer_of`` reads the answer of a complete text (GSM8K's number, or the
-    program a completion makes)."""
+    probes); ``answer_of`` reads the answer of a complete text (the task's final answer, or
+    the program a completion makes) and ``final`` says whether a line ends an answer."""
 
     def __init__(self, client: LLMClient, config: SearchConfig, prompt: str, budget: float,
                  seed: int, *, answer_of: Callable[[str], str | None] = extract_answer,
+                 final: Callable[[str], bool] = states_answer,
                  stop: Sequence[str] = _STOP) -> None:
         self.client, self.config, self.seed, self.prompt = client, config, seed, prompt
-        self.answer_of, self.stop = answer_of, list(stop)
+        self.answer_of, self.final, self.stop = answer_of, final, list(stop)
         self.ledger = Ledger(budget)
         self.prompt_tokens = 0
         self.completion_tokens = 0
@@ -170,9 +168,10 @@ def _plurality(answers: Sequence[str | None],
 
 
 # ---------------------------------------------------------------------- best-of-N family
-def _best_of_n_family(session: _Session,
-                      budget: int) -> dict[str, tuple[str | None, int, int]]:
-    """Answer, calls and tokens of each best-of-N variant on one shared set of rollouts."""
+def _best_of_n_family(session: _Session, budget: int
+                      ) -> tuple[dict[str, tuple[str | None, int, int]], list[str | None]]:
+    """Answer, calls and tokens of each best-of-N variant on one shared set of rollouts, and
+    the answers of all the rollouts."""
     samples = [session.rollout("", seed=i) for i in range(budget)]
     best = max(range(len(samples)), key=lambda i: (samples[i].logprob, -i))
     answers = [s.answer for s in samples]
@@ -183,7 +182,7 @@ def _best_of_n_family(session: _Session,
         "majority": (_plurality(answers), budget, tokens),
         "weighted_vote": (_plurality(answers, [math.exp(s.logprob) for s in samples]), budget,
                           tokens),
-    }
+    }, answers
 
 
 # ---------------------------------------------------------------------- beam search
@@ -209,8 +208,7 @@ def _beam(session: _Session) -> str | None:
                 line = sample.text.strip()
                 score = (beam.score * beam.steps + sample.logprob) / (beam.steps + 1)
                 candidates.append(_Beam(beam.prefix + sample.text + "\n", score,
-                                        beam.steps + 1,
-                                        not line or "answer is" in line.lower()))
+                                        beam.steps + 1, not line or session.final(line)))
         beams = sorted(candidates, key=lambda b: -b.score)[:width]
     answers: list[str | None] = []
     weights: list[float] = []
@@ -223,7 +221,7 @@ def _beam(session: _Session) -> str | None:
         weights.append(math.exp(sample.logprob))
     for beam in beams:
         if beam.finished:
-            answers.append(extract_answer(beam.prefix))
+            answers.append(session.answer_of(beam.prefix))
             weights.append(math.exp(beam.score))
     return _plurality(answers, weights)
 
@@ -232,7 +230,9 @@ def _beam(session: _Session) -> str | None:
 @dataclass
 class LiveResult:
     """Per-question outcomes of every method at every budget. Arrays are indexed
-    ``[budget, question]``; questions not reached (the run stopped early) are NaN."""
+    ``[budget, question]``; questions not reached (the run stopped early) are NaN.
+    ``reachable`` is 1 where any of the best-of-N family's rollouts is right (pass@B: what
+    any selector among them could reach), NaN where that family did not run."""
 
     budgets: tuple[int, ...]
     methods: tuple[str, ...]
@@ -241,6 +241,7 @@ class LiveResult:
     calls: dict[str, np.ndarray] = field(default_factory=dict)
     tokens: dict[str, np.ndarray] = field(default_factory=dict)
     answers: dict[str, list[list[str | None]]] = field(default_factory=dict)
+    reachable: np.ndarray = field(default_factory=lambda: np.empty((0, 0)))
     completed: int = 0
     error: str | None = None
 
@@ -248,6 +249,7 @@ class LiveResult:
     def empty(cls, budgets: Sequence[int], methods: Sequence[str], n: int) -> LiveResult:
         """A result with every outcome still NaN (not reached)."""
         result = cls(tuple(budgets), tuple(methods), n)
+        result.reachable = np.full((len(budgets), n), np.nan)
         for method in methods:
             result.correct[method] = np.full((len(budgets), n), np.nan)
             result.calls[method] = np.full((len(budgets), n), np.nan)
@@ -282,14 +284,28 @@ class LiveResult:
                 out.append(row)
         return out
 
+    def reachability(self, *, n_resamples: int = 2000, seed: int = 0
+                     ) -> list[dict[str, object]]:
+        """Per budget, the share of completed questions where a best-of-N rollout is right,
+        with its bootstrap interval (none where the best-of-N family did not run)."""
+        done = self.reachable[:, :self.completed]
+        out = []
+        for b, budget in enumerate(self.budgets):
+            if self.completed and not np.isnan(done[b]).any():
+                interval = bootstrap_mean(done[b], n_resamples=n_resamples, seed=seed)
+                out.append({"budget": budget, "reachable": interval.estimate,
+                            "ci_low": interval.low, "ci_high": interval.high})
+        return out
 
-def run_search(client: LLMClient, questions: Sequence[Question], *, budgets: Sequence[int],
+
+def run_search(client: LLMClient, questions: Sequence[Item], *, budgets: Sequence[int],
                methods: Sequence[str] = LIVE_METHODS, config: SearchConfig | None = None,
-               seed: int = 0,
+               seed: int = 0, task: LiveTask = GSM8K,
                progress: Callable[[int, int], None] | None = None) -> LiveResult:
-    """Every method at every budget on every question. Identical requests (the best-of-N
-    rollouts from the empty prefix, reused by other methods and budgets) are answered by the
-    client's cache when it has one, but each method is charged for all the calls it makes."""
+    """Every method at every budget on every question of ``task`` (its prompt, answer
+    format and grader). Identical requests (the best-of-N rollouts from the empty prefix,
+    reused by other methods and budgets) are answered by the client's cache when it has one,
+    but each method is charged for all the calls it makes."""
     config = config or SearchConfig()
     if not questions:
         raise ValueError("questions is empty")
@@ -301,12 +317,15 @@ def run_search(client: LLMClient, questions: Sequence[Question], *, budgets: Seq
     family = [m for m in methods if m in ("first", "best_of_n", "majority", "weighted_vote")]
     for q, question in enumerate(questions):
         try:
-            outcomes = _one_question(client, question, checked, methods, family, config, seed)
+            outcomes, sampled = _one_question(client, question, checked, methods, family,
+                                              config, seed, task)
         except LLMError as error:
             result.error = f"question {q}: {error}"
             break
+        for b, answers in sampled.items():
+            result.reachable[b, q] = float(any(task.grade(a, question.gold) for a in answers))
         for (method, b), (answer, calls, tokens) in outcomes.items():
-            result.correct[method][b, q] = float(is_correct(answer, question))
+            result.correct[method][b, q] = float(task.grade(answer, question.gold))
             result.calls[method][b, q] = calls
             result.tokens[method][b, q] = tokens
             result.answers[method][b][q] = answer
@@ -316,20 +335,28 @@ def run_search(client: LLMClient, questions: Sequence[Question], *, budgets: Seq
     return result
 
 
-def _one_question(client: LLMClient, question: Question, budgets: Sequence[int],
+def _one_question(client: LLMClient, question: Item, budgets: Sequence[int],
                   methods: Sequence[str], family: Sequence[str], config: SearchConfig,
-                  seed: int) -> dict[tuple[str, int], tuple[str | None, int, int]]:
+                  seed: int, task: LiveTask
+                  ) -> tuple[dict[tuple[str, int], tuple[str | None, int, int]],
+                             dict[int, list[str | None]]]:
     outcomes: dict[tuple[str, int], tuple[str | None, int, int]] = {}
-    prompt = render_prompt(question.text, template=config.template, system=config.system)
+    sampled: dict[int, list[str | None]] = {}
+    prompt = render_prompt(question.text, template=config.template,
+                           system=task.system if config.system is None else config.system)
+
+    def session(budget: int) -> _Session:
+        return _Session(client, config, prompt, budget, seed, answer_of=task.answer_of,
+                        final=task.final)
+
     for b, budget in enumerate(budgets):
         if family:
-            session = _Session(client, config, prompt, budget, seed)
-            picks = _best_of_n_family(session, budget)
+            picks, sampled[b] = _best_of_n_family(session(budget), budget)
             for method in family:
                 outcomes[method, b] = picks[method]
         for method, search in (("beam", _beam), ("value_guided", value_guided)):
             if method in methods:
-                session = _Session(client, config, prompt, budget, seed)
-                answer = search(session)
-                outcomes[method, b] = (answer, session.calls, session.tokens)
-    return outcomes
+                searching = session(budget)
+                answer = search(searching)
+                outcomes[method, b] = (answer, searching.calls, searching.tokens)
+    return outcomes, sampled

@@ -11,7 +11,8 @@ The policy runs on a complete ``arity``-ary :class:`~canopy.tree.Tree` of ``dept
   and one-line steps); a step call is spent only when fewer than ``j + 1`` are known, so a
   node is materialised the first time the policy touches it, not before;
 - a prefix whose text is a complete answer (a finished rollout, or a step whose line states
-  ``The answer is N``) is *terminal*: every node below it is that same complete answer, and
+  the final answer, the task's ``final`` line: GSM8K's ``The answer is N``, MATH's
+  ``\\boxed{...}``) is *terminal*: every node below it is that same complete answer, and
   materialising them costs nothing.
 
 The adapter makes no calls itself: it asks the caller's ``step`` function for a line when it
@@ -59,11 +60,13 @@ class PrefixTree:
         keep_indent: keep each line's indentation (code) instead of stripping it (prose).
         final: whether a step's line ends the answer (default: it states ``The answer is``;
             for code, no line does: only a finished rollout is a complete program).
+        answer_of: the final answer of a text that a step's final line completes (default:
+            GSM8K's number).
     """
 
     def __init__(self, *, arity: int, depth: int, step_tries: int = 2,
-                 keep_indent: bool = False, final: Callable[[str], bool] = states_answer
-                 ) -> None:
+                 keep_indent: bool = False, final: Callable[[str], bool] = states_answer,
+                 answer_of: Callable[[str], str | None] = extract_answer) -> None:
         if isinstance(arity, bool) or not isinstance(arity, int) or arity < 2:
             raise ValueError(f"arity must be an int >= 2, got {arity!r}")
         if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
@@ -72,7 +75,7 @@ class PrefixTree:
             raise ValueError(f"step_tries must be an int >= 1, got {step_tries!r}")
         self.tree = Tree.complete(arity, depth)
         self.arity, self.depth, self.step_tries = arity, depth, step_tries
-        self.keep_indent, self._final = keep_indent, final
+        self.keep_indent, self._final, self._answer_of = keep_indent, final, answer_of
         self._prefix: dict[int, str] = {0: ""}
         self._next_lines: dict[str, list[str]] = {}
         self._complete: dict[str, Completion] = {}
@@ -167,7 +170,7 @@ class PrefixTree:
                     self._add_line(parent, line)
                     if self._final(line):
                         text = parent + line + "\n"
-                        self._finish(text, Completion(text, extract_answer(text), score))
+                        self._finish(text, Completion(text, self._answer_of(text), score))
             self._prefix[ancestor] = self._child_prefix(parent, slot)
         return self._prefix[node]
 

@@ -30,12 +30,14 @@ STUDIES: dict[str, str] = {
     "lowerbound": "canopy.experiments.studies.lowerbound",
     "misidentification": "canopy.experiments.studies.misidentification",
     "variancesplit": "canopy.experiments.studies.variancesplit",
+    "mathsearch": "canopy.experiments.studies.mathsearch",
     "mmlutrim": "canopy.experiments.studies.mmlutrim",
 }
 
-ON_REQUEST: tuple[str, ...] = ("pyxab", "mmlutrim")
+ON_REQUEST: tuple[str, ...] = ("pyxab", "mathsearch", "mmlutrim")
 """Studies ``canopy reproduce`` runs only when named with ``--study``: the comparison with
-PyXAB's algorithms takes hours at T = 100k (their per-round cost grows with the rounds)."""
+PyXAB's algorithms takes hours at T = 100k (their per-round cost grows with the rounds);
+``mathsearch`` and ``mmlutrim`` need a live model server."""
 
 
 def available() -> list[str]:
