@@ -4,6 +4,12 @@ the cache, a scripted server of our own for errors, retries, malformed bodies an
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -172,3 +178,42 @@ def test_bad_messages_are_rejected():
         client.chat([{"role": "user"}])
     with pytest.raises(ValueError, match="stream"):
         client.complete("x", stream=True)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_local_server_dies_with_its_parent_even_while_it_ignores_sigterm(tmp_path):
+    """The local server's child is killed when the process that started it dies, even a
+    child that does not act on SIGTERM (llama.cpp's server while it loads its model)."""
+    pid_file = tmp_path / "child.pid"
+    parent = (
+        "import subprocess, sys, time\n"
+        "from canopy.llm.local import _die_with_parent\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import os, signal, sys, time; "
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+        "open(sys.argv[1], \"w\").write(str(os.getpid())); time.sleep(120)', "
+        f"{str(pid_file)!r}], preexec_fn=_die_with_parent)\n"
+        "time.sleep(120)\n")
+    started = subprocess.Popen([sys.executable, "-c", parent])
+    deadline = time.monotonic() + 60
+    while not (pid_file.exists() and pid_file.read_text()):
+        assert time.monotonic() < deadline and started.poll() is None
+        time.sleep(0.05)
+    child = int(pid_file.read_text())
+    os.kill(started.pid, signal.SIGKILL)
+    started.wait(timeout=30)
+    deadline = time.monotonic() + 30
+    try:
+        while _alive(child):
+            assert time.monotonic() < deadline, f"the child {child} outlived its parent"
+            time.sleep(0.05)
+    finally:
+        if _alive(child):
+            os.kill(child, signal.SIGKILL)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"

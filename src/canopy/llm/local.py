@@ -56,14 +56,15 @@ def find_smollm2_gguf() -> Path:
 
 
 def _die_with_parent() -> None:
-    """In the child, before exec (Linux): ask for SIGTERM when the parent dies, so a killed
-    test run or CLI leaves no server behind (the signal follows the thread that started the
-    server, so start it from a thread that outlives it). A no-op elsewhere."""
+    """In the child, before exec (Linux): ask for SIGKILL when the parent dies, so a killed
+    test run or CLI leaves no server behind (SIGKILL, since a server still loading its model
+    does not act on SIGTERM; the signal follows the thread that started the server, so start
+    it from a thread that outlives it). A no-op elsewhere."""
     if sys.platform.startswith("linux"):
         import ctypes
         import signal
 
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 def free_port() -> int:
