@@ -179,6 +179,21 @@ def test_study_on_stored_outcomes_reports_the_trade_off(mmlu, tmp_path, monkeypa
         MMLUTrimParams(lams="-1")
 
 
+def test_mmlutrim_study_names_a_failing_endpoint_in_one_line(mmlu, scripted_server, tmp_path,
+                                                             monkeypatch):
+    """An endpoint that fails while the outcomes are collected is a one-line error (the CLI
+    prints it and exits 2), and nothing is stored."""
+    from canopy.experiments.runner import run_study
+
+    monkeypatch.setenv("CANOPY_CACHE_DIR", str(tmp_path / "cache"))
+    scripted_server.routes["/v1/completions"] = lambda n: (500, b"down", 0.0)
+    with pytest.raises(ValueError, match=r"collecting MMLU trimming outcomes failed: .*500"):
+        run_study("mmlutrim", store=tmp_path / "cells", seeds=1, workers=1,
+                  overrides={"n": "2", "base_url": scripted_server.url("/v1"), "model": "m"})
+    assert not list((tmp_path / "cells").glob("*.json"))
+    assert not list((tmp_path / "cache").rglob("outcomes-*.json"))
+
+
 def test_cli_rejects_an_unknown_benchmark_or_subject_before_any_call(mmlu):
     runner = CliRunner()
     result = runner.invoke(app, ["trim", "run", "--task", "longbench"])

