@@ -120,6 +120,8 @@ class _Tree:
         self._n = 0
         self._parent = np.full(1024, -1, dtype=np.int64)
         self._depth = np.zeros(1024, dtype=np.int64)
+        self._born = np.zeros(1024, dtype=np.int64)  # stable ids: order of (re)appearance
+        self._births = 0
         self._ni = radix._node_table(1024)
         self._sc = radix._scalars()
         self._canopy = self.kind == radix.CANOPY
@@ -131,6 +133,9 @@ class _Tree:
             self._cells[:, radix._CL] = -1.0
             self._shadows = radix._Shadows(1024, self._longest, policy, self.capacity)
             self._sc[radix._ARM] = policy.start_arm
+            self._rate = float(self._shadows.ac[0])
+            self._in_sample, self._out_of_sample = (
+                np.concatenate([[rate], self._shadows.ac[1:]]) for rate in (1.0, 0.0))
         self._hkey, self._hnode, self._hver = self._heap(radix.shadow_heap_size(
             self.capacity, self._longest))
         shadow_blocks = 0 if self._shadows is None else self._shadows.capacity * len(
@@ -175,6 +180,8 @@ class _Tree:
         self._keys.append(key)
         self._parent[v] = parent
         self._depth[v] = depth
+        self._born[v] = self._births
+        self._births += 1
         self._n = v + 1
         return v
 
@@ -182,6 +189,7 @@ class _Tree:
         old = len(self._parent)
         self._parent = np.concatenate([self._parent, np.full(n - old, -1, dtype=np.int64)])
         self._depth = np.concatenate([self._depth, np.zeros(n - old, dtype=np.int64)])
+        self._born = np.concatenate([self._born, np.zeros(n - old, dtype=np.int64)])
         self._ni = np.concatenate([self._ni, radix._node_table(n - old)])
         if self._canopy:
             fresh = np.zeros((n - old, self._cells.shape[1]))
@@ -209,6 +217,18 @@ class _Tree:
                 np.concatenate([a, np.zeros((k, size - old), dtype=a.dtype)], axis=1)
                 for a in (shadows.hkey, shadows.hnode, shadows.hver))
 
+    def _shadow_args(self, path: np.ndarray) -> tuple:
+        """The shadows' kernel arguments for request ``path``, the sample decided here: by
+        the spatial hash of its first two blocks' node, as the replay's kernel does, but of
+        the node's stable id (its order of appearance, which equals the replay's node id
+        until a forgotten node comes back) rather than its index, which forgetting
+        renumbers: a request's sample would otherwise change at every compaction. The
+        kernel is told through the rate (1: sampled, 0: not)."""
+        shadows = self._shadows
+        sampled = len(path) > 0 and radix._unit_hash(
+            int(self._born[path[min(1, len(path) - 1)]]), int(shadows.sm[1])) < self._rate
+        return (self._in_sample if sampled else self._out_of_sample, *shadows.args()[1:])
+
     def _after_request(self) -> None:
         self.requests += 1
         if self.history_floor is not None and self._n >= self._limit:
@@ -233,6 +253,7 @@ class _Tree:
         parent = self._parent[kept]
         self._parent[:m] = np.where(parent >= 0, remap[np.maximum(parent, 0)], -1)
         self._depth[:m] = self._depth[kept]
+        self._born[:m] = self._born[kept]
         self._ni[:m] = self._ni[kept]
         self._ni[m:n] = radix._node_table(n - m)
         tables = [(self._ni, self._sc, self._hkey, self._hnode, self._hver)]
@@ -291,7 +312,7 @@ class StreamingCache(_Tree):
             reused = radix._canopy_request(
                 t, 0, len(path), path, self._parent, self._depth, self.capacity, self.params,
                 self._ni, self._cells, self._sc, self._hkey, self._hnode, self._hver,
-                *self._shadows.args())
+                *self._shadow_args(path))
         else:
             reused = radix._request(
                 self.kind, t, 0, len(path), path, path, self._parent, self._depth,
@@ -372,7 +393,7 @@ class OnlinePolicy(_Tree):
         if self._canopy:
             radix._canopy_shadows(self.requests, 0, len(path), path, self._parent,
                                   self._depth, self.params, self._cells, self._sc,
-                                  *self._shadows.args())
+                                  *self._shadow_args(path))
         self._after_request()
 
     def evicted(self, key: Hashable) -> None:
