@@ -331,8 +331,7 @@ class OnlinePolicy(_Tree):
     SGLang's radix cache): Canopy learns from the requests the engine admits and ranks the
     blocks the engine holds; the engine evicts. The kernels are the replay's, so an engine
     that evicts the lowest :meth:`priority` among its unpinned leaf blocks evicts what
-    :class:`~canopy.apps.cache.radix.RadixCache` evicts (block for block for ``lru`` and
-    ``lfu``; ``canopy`` switches arm one request earlier, before the engine serves it).
+    :class:`~canopy.apps.cache.radix.RadixCache` evicts, block for block.
 
     ``policy``: ``lru``, ``lfu``, ``sieve``, ``canopy`` or an online
     :class:`~canopy.apps.cache.policies.EvictionPolicy`; ``capacity``: the engine's cache size
@@ -364,6 +363,7 @@ class OnlinePolicy(_Tree):
             raise ValueError("an online policy forgets; history_floor must be in (0, 1)")
         super().__init__(policy, capacity, history_floor, prefix_keys=True)
         self._seq = 0
+        self._pending: tuple[tuple[Hashable, ...], int] | None = None
         self._one = np.zeros(1, dtype=np.int64)
         self._out = np.zeros(1)
 
@@ -382,19 +382,43 @@ class OnlinePolicy(_Tree):
         key ``i - 1``), the blocks it hits and the ones it misses. A key the engine does not
         hold counts as (re)inserted now. ``start > 0``: the request grew (a later prefill
         chunk, its output) and ``keys[:start]`` were observed with it already; only the blocks
-        after them count (the shadows replayed the request when it was first observed)."""
+        after them count.
+
+        ``canopy``'s shadows replay a request when the next one is observed, as the replay
+        runs them after serving it: the arm switches at the same request as in the replay,
+        and a request that grew before the next one arrived is replayed whole."""
         if not 0 <= start <= len(keys):
             raise ValueError(f"start must be in 0..{len(keys)}, got {start}")
+        if not start:
+            self._replay_pending()
         path = self._chain(keys)
         self._seq = radix._observe(self.kind, self.requests, path[start:], self._parent,
                                    self.params, self._ni, self._cells, self._sc, self._seq)
-        if start:
+        if not self._canopy:
+            if not start:
+                self._after_request()
             return
-        if self._canopy:
-            radix._canopy_shadows(self.requests, 0, len(path), path, self._parent,
-                                  self._depth, self.params, self._cells, self._sc,
-                                  *self._shadow_args(path))
-        self._after_request()
+        if not start:
+            self._pending = (tuple(keys), self.requests)
+            self._after_request()
+        elif self._pending is not None and self._grows(self._pending[0], keys):
+            self._pending = (tuple(keys), self._pending[1])
+
+    @staticmethod
+    def _grows(seen: Sequence[Hashable], keys: Sequence[Hashable]) -> bool:
+        """Whether ``keys`` extends ``seen`` (keys name their prefixes: equal last keys mean
+        equal chains)."""
+        return 0 < len(seen) < len(keys) and keys[len(seen) - 1] == seen[-1]
+
+    def _replay_pending(self) -> None:
+        """Replay the last observed request in the shadows (``canopy``)."""
+        if self._pending is None:
+            return
+        keys, t = self._pending
+        self._pending = None
+        path = self._chain(keys)
+        radix._canopy_shadows(t, 0, len(path), path, self._parent, self._depth, self.params,
+                              self._cells, self._sc, *self._shadow_args(path))
 
     def evicted(self, key: Hashable) -> None:
         """The engine dropped block ``key`` (unknown keys are ignored)."""
