@@ -7,7 +7,7 @@ SGLang evicts whole unlocked leaf nodes of its radix tree, lowest
 process through the ``sglang.srt.plugins`` entry point when Canopy is installed beside it),
 adds ``canopy`` to SGLang's strategy registry and to the choices of
 ``--radix-eviction-policy``, and a radix-cache backend ``canopy`` (SGLang's ``RadixCache``,
-whose inserts the strategy watches)::
+whose inserts the strategy watches, evicting page-exactly: :func:`evict_exactly`)::
 
     sglang serve --model-path ... --radix-cache-backend canopy --radix-eviction-policy canopy
 
@@ -36,13 +36,17 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import heapq
+import itertools
 import math
+import time
 from collections.abc import Callable
 from typing import Any
 
 from canopy.apps.cache.stream import OnlinePolicy
 
-__all__ = ["POLICY_NAME", "CanopyEviction", "install", "register"]
+__all__ = ["POLICY_NAME", "CanopyEviction", "evict_exactly", "install", "radix_cache_class",
+           "register"]
 
 POLICY_NAME = "canopy"
 """The name ``--radix-eviction-policy`` takes."""
@@ -196,11 +200,66 @@ def install(cache_class: type) -> None:
     _wrap(cache_class, "_delete_leaf", _on_delete)
 
 
+def evict_exactly(cache: Any, num_tokens: int,
+                  removed: Callable[[Any], None] | None = None) -> int:
+    """Free ``num_tokens`` tokens (rounded up to pages) of SGLang radix cache ``cache``'s
+    unlocked leaves, lowest ``get_priority`` first, as ``RadixCache.evict`` does, but
+    page-exactly: a victim holding more pages than are still needed is split (SGLang's
+    ``_split_node``) and only its tail goes, its head staying cached. SGLang frees the whole
+    node, losing blocks no request needed gone; Canopy's replay and its shadows evict a chain
+    deepest block first, and so does this. ``removed(node)`` follows each deletion (SGLang's
+    KV events). Returns the tokens freed."""
+    tie = itertools.count()
+    strategy = cache.eviction_strategy
+
+    def entry(node: Any) -> tuple:
+        return strategy.get_priority(node), node.last_access_time, next(tie), node
+
+    heap = [entry(node) for node in cache.evictable_leaves]
+    heapq.heapify(heap)
+    page, freed = cache.page_size, 0
+    while freed < num_tokens and heap:
+        node = heapq.heappop(heap)[-1]
+        keep = len(node.key) - -(-(num_tokens - freed) // page) * page
+        if keep > 0:
+            cache._split_node(node.key, node, keep)
+        cache.token_to_kv_pool_allocator.free_segment(node.value, start_pos=0)
+        freed += len(node.key)
+        cache._delete_leaf(node)
+        if removed is not None:
+            removed(node)
+        parent = node.parent
+        if parent is not cache.root_node and not parent.children and parent.lock_ref == 0:
+            heapq.heappush(heap, entry(parent))
+    return freed
+
+
+@functools.cache
+def radix_cache_class() -> type:
+    """SGLang's ``RadixCache`` evicting with :func:`evict_exactly`: the ``canopy``
+    radix-cache backend (needs SGLang)."""
+    from sglang.srt.mem_cache.base_prefix_cache import EvictResult
+    from sglang.srt.mem_cache.radix_cache import RadixCache
+
+    class CanopyRadixCache(RadixCache):
+        """SGLang's radix cache, evicting page-exactly."""
+
+        def evict(self, params: Any) -> Any:
+            if self.disable:
+                return EvictResult()
+            began = time.perf_counter()
+            freed = evict_exactly(self, params.num_tokens, self.kv_events.record_remove)
+            self.update_eviction_metrics(freed, began)
+            return EvictResult(num_tokens_evicted=freed)
+
+    return CanopyRadixCache
+
+
 def register() -> None:
     """Make ``canopy`` an SGLang eviction policy: its strategy registry, the choices of
     ``--radix-eviction-policy``, the radix cache's hooks, and a radix-cache backend of the
-    same name that serves with SGLang's ``RadixCache`` (its default tree in 0.5.23,
-    ``UnifiedRadixCache``, is not hooked). Idempotent."""
+    same name (:func:`radix_cache_class`: SGLang's ``RadixCache``, evicting page-exactly;
+    its default tree in 0.5.23, ``UnifiedRadixCache``, is not hooked). Idempotent."""
     from sglang.srt.arg_groups.choices import (
         RADIX_EVICTION_POLICY_CHOICES,
         add_radix_eviction_policy_choices,
@@ -212,5 +271,6 @@ def register() -> None:
     if POLICY_NAME not in RADIX_EVICTION_POLICY_CHOICES:
         add_radix_eviction_policy_choices([POLICY_NAME])
     if registry.get_radix_cache_factory(POLICY_NAME) is None:
-        registry.register_radix_cache_backend(POLICY_NAME, lambda ctx: RadixCache(ctx.params))
+        registry.register_radix_cache_backend(
+            POLICY_NAME, lambda ctx: radix_cache_class()(ctx.params))
     install(RadixCache)
