@@ -11,7 +11,10 @@ cannot be installed (it needs its CUDA stack):
 * ``evict(num_tokens)``: a heap of the unlocked leaf nodes by the strategy's
   ``get_priority``; pop, delete the *whole node* (all its tokens), push the parent when it
   is left childless and unlocked, until ``num_tokens`` are freed;
-* ``inc_lock_ref`` / ``dec_lock_ref`` lock the path to the root; sizes count tokens.
+* ``inc_lock_ref`` / ``dec_lock_ref`` lock the path to the root; sizes count tokens;
+* what :func:`canopy.integrations.sglang.evict_exactly` uses (``evictable_leaves``,
+  ``_split_node``, ``root_node``, a node's ``value``, a pool's ``free_segment``);
+  :class:`ExactRadixCache` evicts with it, as Canopy's radix-cache backend does.
 
 Strategies: LRU ``last_access_time``, LFU ``(hit_count, last_access_time)``, as in SGLang's
 ``evict_policy.py``, looked up by name in :data:`STRATEGIES` (SGLang's registry) with the
@@ -72,6 +75,10 @@ class Node:
     hit_count: int = 0
     last_access_time: int = 0
 
+    @property
+    def value(self) -> list:
+        return self.key
+
 
 class LRU:
     def get_priority(self, node: Node) -> int:
@@ -90,6 +97,7 @@ STRATEGIES: dict[str, Any] = {"lru": LRU, "lfu": LFU}
 class RadixCache:
     page_size = 1
     disable = False
+    token_to_kv_pool_allocator = SimpleNamespace(free_segment=lambda value, start_pos=0: None)
 
     def __init__(self, eviction_policy: str = "lru", config: dict | None = None) -> None:
         self.eviction_strategy = STRATEGIES[eviction_policy](**(config or {}))
@@ -103,6 +111,17 @@ class RadixCache:
 
     def protected_size(self) -> int:
         return self._protected
+
+    @property
+    def root_node(self) -> Node:
+        return self.root
+
+    @property
+    def evictable_leaves(self) -> list[Node]:
+        return [n for n in self._nodes() if self._evictable_leaf(n)]
+
+    def _split_node(self, key: list, child: Node, split_len: int) -> Node:
+        return self._split(child, split_len)
 
     def _split(self, node: Node, at: int) -> Node:
         upper = Node(key=node.key[:at], parent=node.parent, lock_ref=node.lock_ref,
@@ -195,6 +214,20 @@ class RadixCache:
             node = node.parent
 
 
+class ExactRadixCache(RadixCache):
+    """The stand-in evicting page-exactly, as Canopy's backend does."""
+
+    def evict(self, params: EvictParams) -> None:
+        from canopy.integrations.sglang import evict_exactly
+
+        evict_exactly(self, params.num_tokens)
+
+
+def simulated(policy: str = "lru", config: dict | None = None, *,
+              exact: bool = False) -> RadixCache:
+    return (ExactRadixCache if exact else RadixCache)(policy, config)
+
+
 api = SimpleNamespace(RadixKey=RadixKey, MatchPrefixParams=MatchPrefixParams,
                       InsertParams=InsertParams, EvictParams=EvictParams,
-                      simulated=RadixCache)
+                      simulated=simulated)

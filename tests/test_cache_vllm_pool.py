@@ -100,7 +100,7 @@ def test_vllm_reuses_the_blocks_the_replay_predicts(python, prompts, policy):
     reused = np.asarray(served["cached_tokens"]) // BLOCK
     chains = [full_blocks(p, BLOCK) for p in prompts]
     replay = predicted_reuse(chains, policy, replay_capacity(POOL))
-    if policy in ("lru", "lfu"):
+    if policy != "sieve":  # canopy's arm switches at the replay's request; sized as the replay
         assert np.array_equal(reused, replay)
-    else:  # exact but for ties in the order blocks of equal priority leave
+    else:  # SIEVE's hand: exact but for ties in the order blocks of equal priority leave
         assert abs(reused.sum() - replay.sum()) <= 0.02 * replay.sum()

@@ -7,7 +7,7 @@ SGLang evicts whole unlocked leaf nodes of its radix tree, lowest
 process through the ``sglang.srt.plugins`` entry point when Canopy is installed beside it),
 adds ``canopy`` to SGLang's strategy registry and to the choices of
 ``--radix-eviction-policy``, and a radix-cache backend ``canopy`` (SGLang's ``RadixCache``,
-whose inserts the strategy watches)::
+whose inserts the strategy watches, evicting page-exactly: :func:`evict_exactly`)::
 
     sglang serve --model-path ... --radix-cache-backend canopy --radix-eviction-policy canopy
 
@@ -18,9 +18,11 @@ The strategy learns from what SGLang's own radix cache does, with no trace: ever
 finishes, and counts each request once past ``inserted_len``, as its ``hit_count`` does) is
 observed as the request's chain of page keys (a page's key hashes its tokens with its
 parent's key, so it names the whole prefix), every leaf SGLang deletes is reported evicted, and
-``get_priority(node)`` is the priority of the node's deepest page under
+``get_priority(node)`` is the priority of the node's first page under
 :class:`~canopy.apps.cache.stream.OnlinePolicy` (the replay's kernels: decayed cell counts
-with the parental prior, shadow caches that pick how much to remember). Memory is bounded by
+with the parental prior, shadow caches that pick how much to remember): SGLang evicts a node
+whole, so the node is worth its most valuable page, and priorities never rise down a chain
+(a page is used whenever a page below it is). Memory is bounded by
 the policy's forgetting; a node caches its own page keys.
 
 Configuration (``--radix-eviction-policy-config``, JSON): ``policy`` (``canopy``, or ``lru``
@@ -34,13 +36,17 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import heapq
+import itertools
 import math
+import time
 from collections.abc import Callable
 from typing import Any
 
 from canopy.apps.cache.stream import OnlinePolicy
 
-__all__ = ["POLICY_NAME", "CanopyEviction", "install", "register"]
+__all__ = ["POLICY_NAME", "CanopyEviction", "evict_exactly", "install", "radix_cache_class",
+           "register"]
 
 POLICY_NAME = "canopy"
 """The name ``--radix-eviction-policy`` takes."""
@@ -104,13 +110,16 @@ class CanopyEviction:
                 self.policy.evicted(key)
 
     def get_priority(self, node: Any) -> float:
-        """The priority of the node's deepest page (lower evicts first)."""
+        """The priority of the node's first page, its most valuable (lower evicts first):
+        evicting the node loses every page of it. Ranked by its last page instead, a node
+        holding a hot prefix and a cold tail went first (conversation trace at 1,024 blocks:
+        1.51 blocks reused a request against 1.85)."""
         if self.policy is None:
             raise RuntimeError(f"the {POLICY_NAME} eviction policy learns from the inserts of "
                                "SGLang's RadixCache; this cache evicted before showing it any "
                                f"(serve with --radix-cache-backend {POLICY_NAME})")
         keys = _node_keys(node, self.page_size)
-        return self.policy.priority(keys[-1]) if keys else -math.inf
+        return self.policy.priority(keys[0]) if keys else -math.inf
 
 
 def _tokens(key: Any) -> Any:
@@ -191,11 +200,66 @@ def install(cache_class: type) -> None:
     _wrap(cache_class, "_delete_leaf", _on_delete)
 
 
+def evict_exactly(cache: Any, num_tokens: int,
+                  removed: Callable[[Any], None] | None = None) -> int:
+    """Free ``num_tokens`` tokens (rounded up to pages) of SGLang radix cache ``cache``'s
+    unlocked leaves, lowest ``get_priority`` first, as ``RadixCache.evict`` does, but
+    page-exactly: a victim holding more pages than are still needed is split (SGLang's
+    ``_split_node``) and only its tail goes, its head staying cached. SGLang frees the whole
+    node, losing blocks no request needed gone; Canopy's replay and its shadows evict a chain
+    deepest block first, and so does this. ``removed(node)`` follows each deletion (SGLang's
+    KV events). Returns the tokens freed."""
+    tie = itertools.count()
+    strategy = cache.eviction_strategy
+
+    def entry(node: Any) -> tuple:
+        return strategy.get_priority(node), node.last_access_time, next(tie), node
+
+    heap = [entry(node) for node in cache.evictable_leaves]
+    heapq.heapify(heap)
+    page, freed = cache.page_size, 0
+    while freed < num_tokens and heap:
+        node = heapq.heappop(heap)[-1]
+        keep = len(node.key) - -(-(num_tokens - freed) // page) * page
+        if keep > 0:
+            cache._split_node(node.key, node, keep)
+        cache.token_to_kv_pool_allocator.free_segment(node.value, start_pos=0)
+        freed += len(node.key)
+        cache._delete_leaf(node)
+        if removed is not None:
+            removed(node)
+        parent = node.parent
+        if parent is not cache.root_node and not parent.children and parent.lock_ref == 0:
+            heapq.heappush(heap, entry(parent))
+    return freed
+
+
+@functools.cache
+def radix_cache_class() -> type:
+    """SGLang's ``RadixCache`` evicting with :func:`evict_exactly`: the ``canopy``
+    radix-cache backend (needs SGLang)."""
+    from sglang.srt.mem_cache.base_prefix_cache import EvictResult
+    from sglang.srt.mem_cache.radix_cache import RadixCache
+
+    class CanopyRadixCache(RadixCache):
+        """SGLang's radix cache, evicting page-exactly."""
+
+        def evict(self, params: Any) -> Any:
+            if self.disable:
+                return EvictResult()
+            began = time.perf_counter()
+            freed = evict_exactly(self, params.num_tokens, self.kv_events.record_remove)
+            self.update_eviction_metrics(freed, began)
+            return EvictResult(num_tokens_evicted=freed)
+
+    return CanopyRadixCache
+
+
 def register() -> None:
     """Make ``canopy`` an SGLang eviction policy: its strategy registry, the choices of
     ``--radix-eviction-policy``, the radix cache's hooks, and a radix-cache backend of the
-    same name that serves with SGLang's ``RadixCache`` (its default tree in 0.5.23,
-    ``UnifiedRadixCache``, is not hooked). Idempotent."""
+    same name (:func:`radix_cache_class`: SGLang's ``RadixCache``, evicting page-exactly;
+    its default tree in 0.5.23, ``UnifiedRadixCache``, is not hooked). Idempotent."""
     from sglang.srt.arg_groups.choices import (
         RADIX_EVICTION_POLICY_CHOICES,
         add_radix_eviction_policy_choices,
@@ -207,5 +271,6 @@ def register() -> None:
     if POLICY_NAME not in RADIX_EVICTION_POLICY_CHOICES:
         add_radix_eviction_policy_choices([POLICY_NAME])
     if registry.get_radix_cache_factory(POLICY_NAME) is None:
-        registry.register_radix_cache_backend(POLICY_NAME, lambda ctx: RadixCache(ctx.params))
+        registry.register_radix_cache_backend(
+            POLICY_NAME, lambda ctx: radix_cache_class()(ctx.params))
     install(RadixCache)

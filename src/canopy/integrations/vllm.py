@@ -152,7 +152,7 @@ def install(name: str) -> None:
         if not enable_caching:
             return
         blocks = [b for b in self.blocks if b is not self.null_block]
-        queue = PolicyFreeQueue(blocks, _make_order(name, num_gpu_blocks - 1))
+        queue = PolicyFreeQueue(blocks, _make_order(name, max(1, num_gpu_blocks - 2)))
         queue.blocks = self.blocks  # victims are looked up by block id
         self.free_block_queue = queue
 

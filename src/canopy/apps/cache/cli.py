@@ -344,6 +344,8 @@ def _run_vllm(names: list[str], workload_of, *, model_path: Path, **options) -> 
 
 def _replay_only(names: list[str], workload_of, seed: int, repeats: int, capacity_mb: float,
                  block_tokens: int, vocab, as_json: bool, pool_blocks: int | None) -> None:
+    import numpy as np
+
     from canopy.apps.cache.engine import kv_bytes_per_token
     from canopy.apps.cache.live import (
         block_chains,
@@ -363,14 +365,20 @@ def _replay_only(names: list[str], workload_of, seed: int, repeats: int, capacit
             return block_chains(workload, vocab, block_tokens)
         return [full_blocks(p, block_tokens) for p in token_prompts(workload, vocab)]
 
-    out: dict = {"capacity_blocks": blocks, "repeats": repeats, "results": {}}
-    for r in range(repeats):
-        workload = workload_of(seed + r)
-        out["workload"] = workload.name
-        chains = chains_of(workload)
+    workloads = [workload_of(seed + r) for r in range(repeats)]
+    # llama.cpp starts a server per workload; vLLM serves a policy's workloads one after the
+    # other from one server, so its replay runs them back to back
+    runs = [[w] for w in workloads] if pool_blocks is None else [workloads]
+    out: dict = {"workload": workloads[0].name, "capacity_blocks": blocks, "repeats": repeats,
+                 "results": {}}
+    for run in runs:
+        chains = [c for w in run for c in chains_of(w)]
+        cuts = np.cumsum([0] + [len(w.prompts) for w in run])
         for name in names:
             reused = predicted_reuse(chains, "lru" if name == "vllm" else name, blocks)
-            out["results"].setdefault(name, []).append(float(reused[workload.start:].mean()))
+            out["results"].setdefault(name, []).extend(
+                float(reused[a + w.start:b].mean())
+                for w, a, b in zip(run, cuts[:-1], cuts[1:], strict=True))
     if as_json:
         typer.echo(json.dumps(out))
         return

@@ -44,7 +44,7 @@ import numpy as np
 __all__ = ["CANOPY", "LFU", "LRU", "OPTIMAL", "PRIORITY", "SIEVE", "Cache", "RadixCache",
            "ShadowState", "Shadows", "canopy_request", "canopy_shadows", "next_use",
            "node_table", "observe", "priorities", "priorities_keyed", "request",
-           "request_keyed", "scalars", "shadow_heap_size"]
+           "request_keyed", "scalars", "shadow_heap_size", "unit_hash"]
 
 LRU, LFU, SIEVE, CANOPY, OPTIMAL, PRIORITY = 0, 1, 2, 3, 4, 5
 """Kernel codes: the built-in policies, and ``PRIORITY``: a policy's own key function
@@ -537,7 +537,7 @@ def _run_keyed(key, t0, t1, offsets, nodes, nu, parent, depth, capacity, params,
 
 # ---------------------------------------------------------------- canopy: arms on shadows
 @nb.njit(cache=True, inline="always")
-def _unit_hash(v, salt):
+def unit_hash(v, salt):
     """splitmix64 of a node id (salted by the sample seed), mapped to [0, 1): the spatial
     hash that picks the sample."""
     z = np.uint64(v) + np.uint64(salt) * np.uint64(0xD1B54A32D192ED03) + np.uint64(
@@ -609,7 +609,7 @@ def canopy_shadows(t, lo, hi, nodes, parent, depth, params, cells, sc, arms):
     switched."""
     ac, stats, pairs, got, sm, skinds, scap, sni, ssc, shkey, shnode, shver = arms
     rate, gamma, z, min_n = ac[0], ac[1], ac[2], ac[3]
-    if hi == lo or _unit_hash(nodes[min(lo + 1, hi - 1)], sm[1]) >= rate:
+    if hi == lo or unit_hash(nodes[min(lo + 1, hi - 1)], sm[1]) >= rate:
         return False
     for a in range(len(skinds)):
         if skinds[a] == LRU:

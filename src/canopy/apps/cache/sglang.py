@@ -9,9 +9,10 @@ learns online from the cache's inserts). :func:`drive` replays a
 per block (page size 1, the token of a block is its node id in the trace), as the scheduler
 does: match the prefix, lock it, evict what the new blocks need, insert the request, unlock.
 :func:`sweep` does it for SGLang's real cache (without memory pools, as
-``RadixCache.create_simulated``) under several strategies and capacities, with the replay's
-metrics, so the engine can be set beside Canopy's own replay (``tests/test_cache_sglang.py``
-checks that the two agree block for block for ``lru`` and ``lfu``).
+``RadixCache.create_simulated``) under several strategies and capacities (``canopy`` in
+Canopy's backend, which evicts page-exactly), with the replay's metrics, so the engine can
+be set beside Canopy's own replay (``tests/test_cache_sglang.py`` checks that the two agree
+block for block for ``lru`` and ``lfu``).
 """
 
 from __future__ import annotations
@@ -51,13 +52,15 @@ def sglang_api() -> Any:
     from sglang.srt.mem_cache import radix_cache
     from sglang.srt.mem_cache.cache_init_params import CacheInitParams
 
-    from canopy.integrations.sglang import register
+    from canopy.integrations.sglang import radix_cache_class, register
 
     register()
 
-    def simulated(policy: str, config: dict | None = None) -> Any:
-        """A pool-less cache (as ``RadixCache.create_simulated``) with ``policy``."""
-        return radix_cache.RadixCache(CacheInitParams(
+    def simulated(policy: str, config: dict | None = None, *, exact: bool = False) -> Any:
+        """A pool-less cache (as ``RadixCache.create_simulated``) with ``policy``; ``exact``:
+        Canopy's backend (page-exact eviction) instead of SGLang's ``RadixCache``."""
+        cls = radix_cache_class() if exact else radix_cache.RadixCache
+        return cls(CacheInitParams(
             disable=False, req_to_token_pool=None, token_to_kv_pool_allocator=_NoPool(),
             page_size=1, eviction_policy=policy, eviction_policy_config=config))
 
@@ -103,7 +106,9 @@ def sweep(trace: Trace, *, policies: Sequence[str], capacities: Sequence[int],
           scenario_name: str = "stationary", before: Trace | None = None,
           ttft: TTFTModel | None = None, api: Any = None) -> list[ReplayResult]:
     """Every strategy (:data:`ENGINE_POLICIES`) at every capacity, each a fresh SGLang
-    radix cache (``api``: default :func:`sglang_api`) fed the scenario's requests."""
+    radix cache (``api``: default :func:`sglang_api`) fed the scenario's requests: as they
+    are served, SGLang's ``lru`` and ``lfu`` in its ``RadixCache``, ``canopy`` in Canopy's
+    backend (``--radix-cache-backend canopy``: the same cache, evicting page-exactly)."""
     unknown = [p for p in policies if p not in ENGINE_POLICIES]
     if unknown or not policies or not capacities:
         raise ValueError(f"the sglang engine runs the policies {', '.join(ENGINE_POLICIES)}"
@@ -114,7 +119,7 @@ def sweep(trace: Trace, *, policies: Sequence[str], capacities: Sequence[int],
     for capacity in capacities:
         for name in policies:
             config = {"capacity_blocks": int(capacity)} if name == "canopy" else None
-            cache = api.simulated(name, config)
+            cache = api.simulated(name, config, exact=name == "canopy")
             began, began_cpu = time.perf_counter(), time.thread_time()
             reused = drive(api, cache, joined, capacity)
             results.append(result(joined, name, capacity, reused, start=start, ttft=ttft,

@@ -124,6 +124,8 @@ class _Tree:
         self._n = 0
         self._parent = np.full(1024, -1, dtype=np.int64)
         self._depth = np.zeros(1024, dtype=np.int64)
+        self._born = np.zeros(1024, dtype=np.int64)  # stable ids: order of (re)appearance
+        self._births = 0
         self._ni = radix.node_table(1024)
         self._sc = radix.scalars()
         self._canopy = self.kind == radix.CANOPY
@@ -135,6 +137,9 @@ class _Tree:
             self._cells[:, radix.CELL_CLOCK] = -1.0
             self._shadows = radix.Shadows(1024, self._longest, policy, self.capacity)
             self._sc[radix.ARM] = policy.start_arm
+            self._rate = float(self._shadows.ac[0])
+            self._in_sample, self._out_of_sample = (
+                np.concatenate([[rate], self._shadows.ac[1:]]) for rate in (1.0, 0.0))
         self._hkey, self._hnode, self._hver = self._heap(radix.shadow_heap_size(
             self.capacity, self._longest))
         shadow_blocks = 0 if self._shadows is None else self._shadows.capacity * len(
@@ -182,6 +187,8 @@ class _Tree:
         self._keys.append(key)
         self._parent[v] = parent
         self._depth[v] = depth
+        self._born[v] = self._births
+        self._births += 1
         self._n = v + 1
         return v
 
@@ -189,6 +196,7 @@ class _Tree:
         old = len(self._parent)
         self._parent = np.concatenate([self._parent, np.full(n - old, -1, dtype=np.int64)])
         self._depth = np.concatenate([self._depth, np.zeros(n - old, dtype=np.int64)])
+        self._born = np.concatenate([self._born, np.zeros(n - old, dtype=np.int64)])
         self._ni = np.concatenate([self._ni, radix.node_table(n - old)])
         if self._canopy:
             fresh = np.zeros((n - old, self._cells.shape[1]))
@@ -216,6 +224,18 @@ class _Tree:
                 np.concatenate([a, np.zeros((k, size - old), dtype=a.dtype)], axis=1)
                 for a in (shadows.hkey, shadows.hnode, shadows.hver))
 
+    def _shadow_args(self, path: np.ndarray) -> radix.ShadowState:
+        """The shadows' kernel arguments for request ``path``, the sample decided here: by
+        the spatial hash of its first two blocks' node, as the replay's kernel does, but of
+        the node's stable id (its order of appearance, which equals the replay's node id
+        until a forgotten node comes back) rather than its index, which forgetting
+        renumbers: a request's sample would otherwise change at every compaction. The
+        kernel is told through the rate (1: sampled, 0: not)."""
+        shadows = self._shadows
+        sampled = len(path) > 0 and radix.unit_hash(
+            int(self._born[path[min(1, len(path) - 1)]]), int(shadows.sm[1])) < self._rate
+        return shadows.args()._replace(ac=self._in_sample if sampled else self._out_of_sample)
+
     def _after_request(self) -> None:
         self.requests += 1
         if self.history_floor is not None and self._n >= self._limit:
@@ -240,6 +260,7 @@ class _Tree:
         parent = self._parent[kept]
         self._parent[:m] = np.where(parent >= 0, remap[np.maximum(parent, 0)], -1)
         self._depth[:m] = self._depth[kept]
+        self._born[:m] = self._born[kept]
         self._ni[:m] = self._ni[kept]
         self._ni[m:n] = radix.node_table(n - m)
         tables = [(self._ni, self._sc, self._hkey, self._hnode, self._hver)]
@@ -297,7 +318,7 @@ class StreamingCache(_Tree):
         if self._canopy:
             reused = radix.canopy_request(
                 t, 0, len(path), path, self._parent, self._depth, self.capacity, self.params,
-                self._cells, self._state(), self._shadows.args())
+                self._cells, self._state(), self._shadow_args(path))
         else:
             reused = self._serve(
                 self._how, t, 0, len(path), path, path, self._parent, self._depth,
@@ -315,8 +336,7 @@ class OnlinePolicy(_Tree):
     SGLang's radix cache): Canopy learns from the requests the engine admits and ranks the
     blocks the engine holds; the engine evicts. The kernels are the replay's, so an engine
     that evicts the lowest :meth:`priority` among its unpinned leaf blocks evicts what
-    :class:`~canopy.apps.cache.radix.RadixCache` evicts (block for block for ``lru`` and
-    ``lfu``; ``canopy`` switches arm one request earlier, before the engine serves it).
+    :class:`~canopy.apps.cache.radix.RadixCache` evicts, block for block.
 
     ``policy``: ``lru``, ``lfu``, ``sieve``, ``canopy`` or an online
     :class:`~canopy.apps.cache.policies.EvictionPolicy`; ``capacity``: the engine's cache size
@@ -348,6 +368,7 @@ class OnlinePolicy(_Tree):
             raise ValueError("an online policy forgets; history_floor must be in (0, 1)")
         super().__init__(policy, capacity, history_floor, prefix_keys=True)
         self._seq = 0
+        self._pending: tuple[tuple[Hashable, ...], int] | None = None
         self._one = np.zeros(1, dtype=np.int64)
         self._out = np.zeros(1)
 
@@ -366,19 +387,43 @@ class OnlinePolicy(_Tree):
         key ``i - 1``), the blocks it hits and the ones it misses. A key the engine does not
         hold counts as (re)inserted now. ``start > 0``: the request grew (a later prefill
         chunk, its output) and ``keys[:start]`` were observed with it already; only the blocks
-        after them count (the shadows replayed the request when it was first observed)."""
+        after them count.
+
+        ``canopy``'s shadows replay a request when the next one is observed, as the replay
+        runs them after serving it: the arm switches at the same request as in the replay,
+        and a request that grew before the next one arrived is replayed whole."""
         if not 0 <= start <= len(keys):
             raise ValueError(f"start must be in 0..{len(keys)}, got {start}")
+        if not start:
+            self._replay_pending()
         path = self._chain(keys)
         self._seq = radix.observe(self.kind, self.requests, path[start:], self._parent,
                                    self.params, self._ni, self._cells, self._sc, self._seq)
-        if start:
+        if not self._canopy:
+            if not start:
+                self._after_request()
             return
-        if self._canopy:
-            radix.canopy_shadows(self.requests, 0, len(path), path, self._parent,
-                                 self._depth, self.params, self._cells, self._sc,
-                                 self._shadows.args())
-        self._after_request()
+        if not start:
+            self._pending = (tuple(keys), self.requests)
+            self._after_request()
+        elif self._pending is not None and self._grows(self._pending[0], keys):
+            self._pending = (tuple(keys), self._pending[1])
+
+    @staticmethod
+    def _grows(seen: Sequence[Hashable], keys: Sequence[Hashable]) -> bool:
+        """Whether ``keys`` extends ``seen`` (keys name their prefixes: equal last keys mean
+        equal chains)."""
+        return 0 < len(seen) < len(keys) and keys[len(seen) - 1] == seen[-1]
+
+    def _replay_pending(self) -> None:
+        """Replay the last observed request in the shadows (``canopy``)."""
+        if self._pending is None:
+            return
+        keys, t = self._pending
+        self._pending = None
+        path = self._chain(keys)
+        radix.canopy_shadows(t, 0, len(path), path, self._parent, self._depth, self.params,
+                             self._cells, self._sc, self._shadow_args(path))
 
     def evicted(self, key: Hashable) -> None:
         """The engine dropped block ``key`` (unknown keys are ignored)."""
