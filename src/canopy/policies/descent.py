@@ -239,25 +239,15 @@ class ExploredTreePolicy(Policy):
     def _split(self, row: int) -> int:
         if self._ctl[ex.M_USED] + self._max_kids > self._fs.shape[0]:
             self._grow()
-        stored = self._ctl[ex.M_STORED] + self._ist[row, ex.NKIDS]
         step = self._split_kernel(row, *self._kernel_args[:3], *self._tree_arrays)
-        if self._ctl[ex.M_STORED] != stored:  # the memory bound forgot cells (or the split
-            self._forget_dead_rows()  # waits): drop the rows that no longer hold their cell
+        # the block the memory bound forgets is the one this split reuses (the top of the
+        # free stack), so dropping the new block's rows drops every forgotten cell
         first = int(self._ist[row, ex.FIRST])
         for kid in range(first, first + self._max_kids):
-            self._drop_row(kid)  # rows of a reused block hold new cells
+            query = self._queries.pop(kid, None)
+            if query is not None and self._row_of.get(query.node) == kid:
+                del self._row_of[query.node]
         return step
-
-    def _drop_row(self, row: int) -> None:
-        query = self._queries.pop(row, None)
-        if query is not None and self._row_of.get(query.node) == row:
-            del self._row_of[query.node]
-
-    def _forget_dead_rows(self) -> None:
-        """Drop the queries of rows whose cells the memory bound forgot (``LEVEL < 0``)."""
-        levels = self._ist[:, ex.LEVEL]
-        for row in [r for r in self._queries if levels[r] < 0]:
-            self._drop_row(row)
 
     # ------------------------------------------------------------------ recommend
     def _best_root(self) -> int:
