@@ -10,7 +10,9 @@ dimension).
 Canopy plays the same objectives on :class:`~canopy.tree.LazyTree` ``(2)``: the level-``l``
 cell ``(l, i)`` is the box reached by ``l`` halvings along the dimensions in turn (the bits of
 ``i``, most significant first), and a probe of a cell is the objective at a uniform point of
-the box plus the noise. PyXAB's algorithms play the centre of a cell. Regret is the realised
+the box plus the noise. PyXAB's algorithms play the centre of a cell, and so do Canopy's
+methods labelled ``(centre probes)`` (the probe model's diagnostic); ``canopy-uncapped`` is
+the default without its memory bound (the bound's diagnostic). Regret is the realised
 one both ways, ``sum_t (f_max - f(x_t))`` over the points played (PyXAB's own ``f_max``;
 Garland's is 1, 3e-5 above its true maximum, adding at most 3 at 100k rounds).
 
@@ -26,8 +28,8 @@ loop is timed (each replays its run exactly: the same points, the same cells, ch
 PyXAB's HOO, POO and StoSOO refresh their
 whole tree every round, so their cost per round grows with the round: past
 ``slow_max_horizon`` they are not run, HOO (the slowest: ~12 ms of CPU a round at 10k
-rounds) past ``hoo_max_horizon``; Canopy's variants (all but the default and its
-centre-probe twin) past ``variants_max_horizon``.
+rounds) past ``hoo_max_horizon``; Canopy's spread and ``c`` variants past
+``variants_max_horizon``.
 """
 
 from __future__ import annotations
@@ -67,15 +69,22 @@ OBJECTIVES: dict[str, tuple[str, str, tuple[tuple[float, float], ...]]] = {
     "Himmelblau": ("Himmelblau", "Himmelblau_Normalized", ((-5.0, 5.0), (-5.0, 5.0))),
 }
 
-CENTRE = "canopy-default (centre probes)"
+#: a Canopy method whose label ends so plays cell centres (PyXAB's points), not uniform points
+CENTRE_PROBES = " (centre probes)"
+CENTRE = DEFAULT + CENTRE_PROBES
+#: no memory bound in practice (the default's cap is ``2 b ceil(log_b T) + 1`` rows)
+UNCAPPED = {"max_nodes": 10**7}
 #: Canopy's methods: label -> MemoryBoundedDescent keywords (the defaults, the two data-driven
-#: spreads, the former default c = 1, and the default on PyXAB's probes: cell centres)
+#: spreads, the former default c = 1, the default on PyXAB's probes, cell centres, and, as
+#: diagnostics of the memory bound, both without it)
 CANOPY_METHODS: dict[str, dict[str, Any]] = {
     DEFAULT: {},
     "canopy-certified": {"spread": "certified"},
     "canopy-estimated": {"spread": "estimated"},
     "canopy-c=1": {"c": 1.0},
     CENTRE: {},
+    "canopy-uncapped": UNCAPPED,
+    "canopy-uncapped" + CENTRE_PROBES: UNCAPPED,
 }
 
 #: Canopy's methods beside the default, run to ``variants_max_horizon`` (CPU time is scarce)
@@ -251,7 +260,7 @@ def _replay_canopy(policy: Any, spec: ProblemSpec, told: list[float]) -> tuple[l
 def _run_canopy(cell: dict[str, Any], seed: int) -> tuple[float, float]:
     target, domain = objective(cell["objective"])
     rounds = int(cell["T"])
-    centre = cell["method"] == CENTRE
+    centre = cell["method"].endswith(CENTRE_PROBES)
     # a warm-up run first: the compiled kernels load once a process
     _play(make_policy(cell), BoxCells(target, domain, cell["sigma"], centre=centre), 64, seed)
     problem = BoxCells(target, domain, cell["sigma"], centre=centre)
