@@ -208,6 +208,28 @@ def test_memory_bounded_on_infinite_depth():
     assert problem.mu_star - problem.value(tuple(cell)) < 0.1
 
 
+def test_memory_bound_forgets_the_told_row_map_with_the_cells():
+    """A told node maps to its row by one lookup: the map must hold only rows that still
+    hold their cell, through every forget and reuse of a tight cap."""
+    problem = infinite_depth(3)
+    policy = MemoryBoundedDescent(c=0.05, max_nodes=10).start(problem.spec, budget=4_000.0,
+                                                              seed=0)
+    rng = np.random.default_rng(3)
+    def cells() -> set[tuple[int, int]]:
+        used = int(policy._ctl[ex.M_USED])
+        return set(zip(policy._ist[:used, ex.LEVEL].tolist(),
+                       policy._ist[:used, ex.NODE].tolist(), strict=True))
+
+    forgets = 0
+    while (query := policy.ask()) is not None:
+        before = cells()
+        policy.tell(query, problem.probe(query.node, rng))
+        forgets += bool(before - cells())
+        for (level, index), row in policy._row_of.items():
+            assert (policy._ist[row, ex.LEVEL], policy._ist[row, ex.NODE]) == (level, index)
+    assert forgets >= 10 and policy.max_stored_ <= 10
+
+
 def test_memory_bounded_default_cap_and_certified_spread():
     problem = infinite_depth(3)
     for spread in ("assumed", "estimated", "certified"):

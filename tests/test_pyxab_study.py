@@ -10,7 +10,14 @@ import pytest
 
 from canopy.experiments.runner import run_study
 from canopy.experiments.studies import get_study
-from canopy.experiments.studies.pyxab import BoxCells, PyXABParams, objective
+from canopy.experiments.studies.pyxab import (
+    CANOPY_METHODS,
+    BoxCells,
+    PyXABParams,
+    cells,
+    objective,
+    run_cell,
+)
 from canopy.experiments.summary import lookup
 from conftest import IN_CI
 
@@ -58,6 +65,26 @@ def test_default_descent_beats_the_former_default_and_hct_and_is_faster(tmp_path
     assert former.ci_low > hct.mean  # which the former default missed
     speed = row("pyxab-HCT", "us per round").mean / row("canopy-default", "us per round").mean
     assert speed > 3.0  # ~10x on an idle machine at this horizon; a margin for load
+
+
+def _mean_regret(method: str, target: str, horizon: int, seeds: int = 3) -> float:
+    params = PyXABParams(objectives=(target,), horizons=(horizon,), canopy=(method,), pyxab=())
+    (cell,) = cells(params)
+    return float(np.mean([run_cell(cell, seed)[0].value for seed in range(seeds)]))
+
+
+def test_the_probe_model_and_the_memory_bound_each_decide_a_cell():
+    """The two diagnostics the docs rest on (3 seeds): centre probes cut the default's regret
+    on DifficultFunc (a uniform probe pays its cell's mean, ~sqrt(width) beside the peak), and
+    on Himmelblau (four equal maxima) the default's memory bound costs the centre probes."""
+    assert set(CANOPY_METHODS) >= {"canopy-default (centre probes)",
+                                   "canopy-uncapped (centre probes)"}
+    uniform = _mean_regret("canopy-default", "DifficultFunc", 2000)
+    centre = _mean_regret("canopy-default (centre probes)", "DifficultFunc", 2000)
+    assert centre < 0.7 * uniform
+    capped = _mean_regret("canopy-default (centre probes)", "Himmelblau", 10000)
+    uncapped = _mean_regret("canopy-uncapped (centre probes)", "Himmelblau", 10000)
+    assert uncapped < 0.7 * capped
 
 
 def test_bad_configuration_fails_before_work():

@@ -88,9 +88,6 @@ class ExploredTreePolicy(Policy):
     :meth:`_start`; a forest of ``len(schedules)`` explored trees (one root per schedule)
     serves POO."""
 
-    n_stored_: int
-    max_stored_: int
-
     # ------------------------------------------------------------------ setup
     def _begin(self, *, schedules: Sequence[tuple[float, float | None]], spread: str,
                expand: str, max_depth: int | None, path_stats: bool, c: float,
@@ -166,16 +163,19 @@ class ExploredTreePolicy(Policy):
         self._row_of: dict[object, int] = {}  # one tree: a node's row is unique
         self._queries: dict[int, Query] = {}
         self._next = 0
-        self._sync_counts()
 
     def _bind_kernel(self) -> None:
-        """The compiled observe kernel for this run's arrays (a numba closure, so it is not
-        pickled but bound again on unpickling: the state itself is the arrays)."""
+        """The compiled observe and split kernels for this run's arrays (numba closures, so
+        they are not pickled but bound again on unpickling: the state itself is the
+        arrays)."""
         self._observe_kernel = ex.entry_point(ex.observe, 0, 0.0, *self._kernel_args)
+        self._split_kernel = ex.entry_point(ex.split, 0, *self._kernel_args[:3],
+                                            *self._tree_arrays)
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
         state.pop("_observe_kernel", None)
+        state.pop("_split_kernel", None)
         return state
 
     def __setstate__(self, state: dict) -> None:
@@ -183,9 +183,15 @@ class ExploredTreePolicy(Policy):
         if "_kernel_args" in state:
             self._bind_kernel()
 
-    def _sync_counts(self) -> None:
-        self.n_stored_ = int(self._ctl[ex.M_STORED])
-        self.max_stored_ = int(self._ctl[ex.M_PEAK])
+    @property
+    def n_stored_(self) -> int:
+        """Explored rows stored now (children are allocated as a block)."""
+        return int(self._ctl[ex.M_STORED])
+
+    @property
+    def max_stored_(self) -> int:
+        """The peak of :attr:`n_stored_` over the run."""
+        return int(self._ctl[ex.M_PEAK])
 
     def _grow(self) -> None:
         capacity = 2 * self._fs.shape[0]
@@ -197,8 +203,9 @@ class ExploredTreePolicy(Policy):
         self._kernel_args = (self._fs, self._ist, self._ctl, self._lambdas)
 
     # ------------------------------------------------------------------ ask / tell
-    # The per-round path is kept short: one tree without a memory bound (the common case)
-    # maps a told node straight to its row, and the kernel's arrays travel as one tuple.
+    # The per-round path is kept short: on one tree a told node maps straight to its row
+    # (``_row_of`` holds only rows that still hold their node: entries of cells the memory
+    # bound forgets leave it at once), and the kernel's arrays travel as one tuple.
     def _next_query(self) -> Query | None:
         row = self._next
         query = self._queries.get(row) or self._new_query(row)
@@ -207,46 +214,40 @@ class ExploredTreePolicy(Policy):
         return query
 
     def _new_query(self, row: int) -> Query:
-        node, level, is_leaf = (int(x) for x in self._ist[row, (ex.NODE, ex.LEVEL, ex.ISLEAF)])
+        fields = self._ist[row].tolist()
+        node, level, is_leaf = fields[ex.NODE], fields[ex.LEVEL], fields[ex.ISLEAF]
         query = Query("leaf" if is_leaf else "probe", (level, node) if self._lazy else node)
         self._queries[row] = query
         self._row_of[query.node] = row
         return query
 
     def _observe(self, query: Query, value: float) -> None:
-        row = self._row_of[query.node] if self._plain else self._told_row(query)
+        row = self._told_row(query) if self._forest else self._row_of.get(query.node, -1)
         if row < 0:
             return  # its cell was forgotten by the memory bound while the query was out
         step = self._observe_kernel(row, value, *self._kernel_args)
         self._next = step if step >= 0 else self._split(row)
 
     def _told_row(self, query: Query) -> int:
-        """The row a told query was asked for in a forest (POO) or on a lazy tree, or -1 if
-        the memory bound forgot that cell meanwhile."""
-        if self._forest:
-            rows = self._asked[query.node]
-            row = rows.pop()
-            if not rows:
-                del self._asked[query.node]
-        else:
-            row = self._row_of[query.node]
-        if self._lazy and not self._row_holds(row, query.node):
-            return -1
+        """The row a told query was asked for in a forest (POO; no memory bound)."""
+        rows = self._asked[query.node]
+        row = rows.pop()
+        if not rows:
+            del self._asked[query.node]
         return row
 
     def _split(self, row: int) -> int:
         if self._ctl[ex.M_USED] + self._max_kids > self._fs.shape[0]:
             self._grow()
-        step = ex.split(row, *self._kernel_args[:3], *self._tree_arrays)
+        step = self._split_kernel(row, *self._kernel_args[:3], *self._tree_arrays)
+        # the block the memory bound forgets is the one this split reuses (the top of the
+        # free stack), so dropping the new block's rows drops every forgotten cell
         first = int(self._ist[row, ex.FIRST])
         for kid in range(first, first + self._max_kids):
-            self._queries.pop(kid, None)  # rows of a reused block hold new cells
-        self._sync_counts()
+            query = self._queries.pop(kid, None)
+            if query is not None and self._row_of.get(query.node) == kid:
+                del self._row_of[query.node]
         return step
-
-    def _row_holds(self, row: int, node: tuple[int, int]) -> bool:
-        return (int(self._ist[row, ex.LEVEL]) == node[0]
-                and int(self._ist[row, ex.NODE]) == node[1])
 
     # ------------------------------------------------------------------ recommend
     def _best_root(self) -> int:
@@ -524,9 +525,6 @@ class MemoryBoundedDescent(ExploredTreePolicy):
     name = "memory-bounded"
     query_kinds = ("probe",)
 
-    depth_reached_: int
-    tree_nodes_: int
-
     def __init__(self, *, lipschitz: float = 1.0, rho: float | None = None,
                  c: float | None = None, spread: str = "assumed", max_nodes: int | None = None,
                  delta: float = 0.05, z: float = 3.0, certificate: str = DEFAULT_METHOD) -> None:
@@ -559,7 +557,12 @@ class MemoryBoundedDescent(ExploredTreePolicy):
                     c=radius_scale(self.c, self.spec_),
                     delta=self.delta, z=self.z, max_nodes=cap, certificate=self.certificate)
 
-    def _sync_counts(self) -> None:
-        super()._sync_counts()
-        self.depth_reached_ = int(self._ctl[ex.M_DEEPEST])
-        self.tree_nodes_ = self.spec_.tree.n_nodes_to_level(self.depth_reached_)
+    @property
+    def depth_reached_(self) -> int:
+        """The deepest level the explored tree has reached."""
+        return int(self._ctl[ex.M_DEEPEST])
+
+    @property
+    def tree_nodes_(self) -> int:
+        """``LazyTree.n_nodes_to_level(depth_reached_)``: the tree that depth spans."""
+        return self.spec_.tree.n_nodes_to_level(self.depth_reached_)

@@ -10,7 +10,9 @@ dimension).
 Canopy plays the same objectives on :class:`~canopy.tree.LazyTree` ``(2)``: the level-``l``
 cell ``(l, i)`` is the box reached by ``l`` halvings along the dimensions in turn (the bits of
 ``i``, most significant first), and a probe of a cell is the objective at a uniform point of
-the box plus the noise. PyXAB's algorithms play the centre of a cell. Regret is the realised
+the box plus the noise. PyXAB's algorithms play the centre of a cell, and so do Canopy's
+methods labelled ``(centre probes)`` (the probe model's diagnostic); ``canopy-uncapped`` is
+the default without its memory bound (the bound's diagnostic). Regret is the realised
 one both ways, ``sum_t (f_max - f(x_t))`` over the points played (PyXAB's own ``f_max``;
 Garland's is 1, 3e-5 above its true maximum, adding at most 3 at 100k rounds).
 
@@ -18,15 +20,16 @@ Rewards are ``f(x) + N(0, sigma^2)`` from the seed's stream. Objectives: ``Garla
 ``DoubleSine``, ``DifficultFunc`` (on [0, 1]) and ``Himmelblau`` (PyXAB's normalised version,
 ``/890``, on [-5, 5]^2, so that its values share the noise's scale).
 
-Time per round: process CPU time of the policy's own calls, the objective's evaluation
-excluded (PyXAB's ``pull`` + ``receive_reward``; Canopy's ``ask`` + ``tell``), in
-microseconds, each driven by a plain loop (PyXAB's calls timed one by one: the clock reads,
-about 1 us a round, are under 2% of its time; Canopy's by the loop's total less a replay of
-its probes). PyXAB's HOO, POO and StoSOO refresh their
+Time per round: process CPU time of the policy's own calls (PyXAB's ``pull`` +
+``receive_reward``; Canopy's ``ask`` + ``tell``), in microseconds, both measured the same way:
+after the run, the algorithm is run again from the same seed on the run's recorded
+observations, in a plain loop with nothing else in it (no objective, no clock read), and that
+loop is timed (each replays its run exactly: the same points, the same cells, checked).
+PyXAB's HOO, POO and StoSOO refresh their
 whole tree every round, so their cost per round grows with the round: past
 ``slow_max_horizon`` they are not run, HOO (the slowest: ~12 ms of CPU a round at 10k
-rounds) past ``hoo_max_horizon``; Canopy's variants (all but the default and its
-centre-probe twin) past ``variants_max_horizon``.
+rounds) past ``hoo_max_horizon``; Canopy's spread and ``c`` variants past
+``variants_max_horizon``.
 """
 
 from __future__ import annotations
@@ -66,15 +69,22 @@ OBJECTIVES: dict[str, tuple[str, str, tuple[tuple[float, float], ...]]] = {
     "Himmelblau": ("Himmelblau", "Himmelblau_Normalized", ((-5.0, 5.0), (-5.0, 5.0))),
 }
 
-CENTRE = "canopy-default (centre probes)"
+#: a Canopy method whose label ends so plays cell centres (PyXAB's points), not uniform points
+CENTRE_PROBES = " (centre probes)"
+CENTRE = DEFAULT + CENTRE_PROBES
+#: no memory bound in practice (the default's cap is ``2 b ceil(log_b T) + 1`` rows)
+UNCAPPED = {"max_nodes": 10**7}
 #: Canopy's methods: label -> MemoryBoundedDescent keywords (the defaults, the two data-driven
-#: spreads, the former default c = 1, and the default on PyXAB's probes: cell centres)
+#: spreads, the former default c = 1, the default on PyXAB's probes, cell centres, and, as
+#: diagnostics of the memory bound, both without it)
 CANOPY_METHODS: dict[str, dict[str, Any]] = {
     DEFAULT: {},
     "canopy-certified": {"spread": "certified"},
     "canopy-estimated": {"spread": "estimated"},
     "canopy-c=1": {"c": 1.0},
     CENTRE: {},
+    "canopy-uncapped": UNCAPPED,
+    "canopy-uncapped" + CENTRE_PROBES: UNCAPPED,
 }
 
 #: Canopy's methods beside the default, run to ``variants_max_horizon`` (CPU time is scarce)
@@ -119,7 +129,7 @@ class PyXABParams:
 
 class BoxCells:
     """A PyXAB objective on the cells of ``LazyTree(2)`` (see the module docstring); keeps
-    the noise-free value of every point it plays. A probe is at a
+    the cell and the noise-free value of every point it plays. A probe is at a
     uniform point of the cell (an unbiased sample of the cell's mean, Eq. 1), or at its centre
     with ``centre=True`` (PyXAB's point; the certified and estimated spreads then lose their
     footing, the assumed one does not)."""
@@ -131,6 +141,7 @@ class BoxCells:
         self.domain = np.asarray(domain, dtype=float)
         self.spec = ProblemSpec(LazyTree(2), float(sigma), 1.0, 1.0)
         self.played: list[float] = []
+        self.nodes: list[tuple[int, int]] = []
 
     def box(self, node: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
         """The box of cell ``(level, index)``: halvings along the dimensions in turn."""
@@ -150,6 +161,7 @@ class BoxCells:
         share = 0.5 if self.centre else rng.random(len(low))
         value = float(self.objective.f(list(low + (high - low) * share)))
         self.played.append(value)
+        self.nodes.append(node)
         return value + self.spec.sigma * rng.standard_normal()
 
     def evaluate(self, leaf: int, rng: np.random.Generator) -> float:
@@ -186,55 +198,78 @@ def _pyxab_algorithm(method: str, rounds: int, domain: list[list[float]]) -> Any
 def _run_pyxab(cell: dict[str, Any], seed: int) -> tuple[float, float]:
     target, domain = objective(cell["objective"])
     rounds = int(cell["T"])
-    np.random.seed(seed % 2**32)  # noqa: NPY002 - PyXAB draws from numpy's global stream
-    algorithm = _pyxab_algorithm(cell["method"], rounds, [list(d) for d in domain])
     rng = np.random.default_rng(np.random.SeedSequence([seed, 0x9A8]))
     noise = cell["sigma"] * rng.standard_normal(rounds)
-    regret, seconds = 0.0, 0.0
+
+    def algorithm() -> Any:
+        np.random.seed(seed % 2**32)  # noqa: NPY002 - PyXAB draws from numpy's global stream
+        return _pyxab_algorithm(cell["method"], rounds, [list(d) for d in domain])
+
+    played, rewards, regret = algorithm(), [], 0.0
+    points = []
     for t in range(1, rounds + 1):
-        start = time.process_time()
-        point = algorithm.pull(t)
-        seconds += time.process_time() - start
+        point = played.pull(t)
         value = float(target.f(point))
         regret += target.fmax - value
-        start = time.process_time()
-        algorithm.receive_reward(t, value + noise[t - 1])
-        seconds += time.process_time() - start
-    return regret, seconds
+        points.append(list(point))
+        rewards.append(value + noise[t - 1])
+        played.receive_reward(t, rewards[-1])
+    return regret, _replay_pyxab(algorithm(), rewards, points)
 
 
-def _play(policy: Any, problem: BoxCells, rounds: int, seed: int) -> float:
+def _replay_pyxab(algorithm: Any, rewards: list[float], points: list[list[float]]) -> float:
+    """CPU seconds of ``pull`` + ``receive_reward`` alone: the run again on the same global
+    seed, fed its recorded rewards (it then pulls the same points, checked after)."""
+    pulled = []
+    start = time.process_time()
+    for t, reward in enumerate(rewards, 1):
+        pulled.append(algorithm.pull(t))
+        algorithm.receive_reward(t, reward)
+    seconds = time.process_time() - start
+    if [list(point) for point in pulled] != points:
+        raise RuntimeError("PyXAB's replay pulled other points than its run")
+    return seconds
+
+
+def _play(policy: Any, problem: BoxCells, rounds: int, seed: int) -> list[float]:
     """Regret play of ``rounds`` probes in the user's own ask/tell loop (as PyXAB's is
-    driven); returns the CPU seconds of ``ask`` and ``tell`` alone: the loop's time less that
-    of replaying its probes on a twin problem (no clock read inside the loop, whose cost
-    would be a fifth of the policy's)."""
+    driven); returns the observations told, in order."""
     policy_seed, noise_seed = np.random.SeedSequence([seed, 0xC40]).spawn(2)
     policy.start(problem.spec, budget=float(rounds), seed=np.random.default_rng(policy_seed))
     rng = np.random.default_rng(noise_seed)
-    nodes = []
+    told = []
+    while (query := policy.ask()) is not None:
+        told.append(problem.probe(query.node, rng))
+        policy.tell(query, told[-1])
+    return told
+
+
+def _replay_canopy(policy: Any, spec: ProblemSpec, told: list[float]) -> tuple[list, float]:
+    """The queried nodes and the CPU seconds of ``ask`` + ``tell`` alone: a fresh policy
+    fed the recorded observations (the descent makes no random choice, so it asks the same
+    queries)."""
+    policy.start(spec, budget=float(len(told)), seed=0)
+    observations, nodes = iter(told), []
     start = time.process_time()
     while (query := policy.ask()) is not None:
         nodes.append(query.node)
-        policy.tell(query, problem.probe(query.node, rng))
-    seconds = time.process_time() - start
-    twin, rng = BoxCells(problem.objective, problem.domain, problem.spec.sigma,
-                         centre=problem.centre), np.random.default_rng(noise_seed)
-    start = time.process_time()
-    for node in nodes:
-        twin.probe(node, rng)
-    return max(seconds - (time.process_time() - start), 0.0)
+        policy.tell(query, next(observations))
+    return nodes, time.process_time() - start
 
 
 def _run_canopy(cell: dict[str, Any], seed: int) -> tuple[float, float]:
     target, domain = objective(cell["objective"])
     rounds = int(cell["T"])
-    centre = cell["method"] == CENTRE
+    centre = cell["method"].endswith(CENTRE_PROBES)
     # a warm-up run first: the compiled kernels load once a process
     _play(make_policy(cell), BoxCells(target, domain, cell["sigma"], centre=centre), 64, seed)
     problem = BoxCells(target, domain, cell["sigma"], centre=centre)
-    seconds = _play(make_policy(cell), problem, rounds, seed)
+    told = _play(make_policy(cell), problem, rounds, seed)
     if len(problem.played) != rounds:
         raise RuntimeError(f"{cell['method']} played {len(problem.played)} of {rounds} rounds")
+    nodes, seconds = _replay_canopy(make_policy(cell), problem.spec, told)
+    if nodes != problem.nodes:
+        raise RuntimeError(f"{cell['method']}'s replay asked other cells than its run")
     return float(target.fmax * rounds - np.sum(problem.played)), seconds
 
 
