@@ -66,13 +66,16 @@ def llm_client(llm_server, tmp_path) -> Iterator[LLMClient]:
 class _StoppableServer(ThreadingHTTPServer):
     """A threading HTTP server with a real server's listen backlog (the standard library's
     default, 5, drops connections a 32-way load opens at once) that, closed, also ends the
-    keep-alive connections it is serving, as a stopped process would."""
+    keep-alive connections it is serving, as a stopped process would: from :meth:`stop` on,
+    a request on a connection still open gets no answer (the serving loop takes up to half
+    a second to end, long enough for a fast load to finish on pooled connections)."""
 
     request_queue_size = 128
     daemon_threads = True
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)
+        self.stopped = False
         self._open: set[socket.socket] = set()
         self._open_lock = threading.Lock()
 
@@ -86,8 +89,9 @@ class _StoppableServer(ThreadingHTTPServer):
             self._open.discard(request)
         super().shutdown_request(request)
 
-    def server_close(self) -> None:
-        super().server_close()
+    def stop(self) -> None:
+        """Refuse every request from now on, end the open connections, stop listening."""
+        self.stopped = True
         with self._open_lock:
             serving = list(self._open)
         for connection in serving:
@@ -95,6 +99,8 @@ class _StoppableServer(ThreadingHTTPServer):
                 connection.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass  # already closed by its client
+        self.shutdown()
+        self.server_close()
 
 
 # A scripted reply: (status, body bytes, seconds to wait first).
@@ -146,6 +152,9 @@ class ScriptedServer:
             protocol_version = "HTTP/1.1"
 
             def do_POST(self) -> None:
+                if self.server.stopped:  # a stopped process answers nothing
+                    self.close_connection = True
+                    return
                 length = int(self.headers.get("Content-Length") or 0)
                 raw = self.rfile.read(length)
                 try:
@@ -178,8 +187,7 @@ class ScriptedServer:
         return self
 
     def close(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+        self._server.stop()
 
 
 @pytest.fixture

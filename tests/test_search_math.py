@@ -198,10 +198,11 @@ def test_math_task_grades_boxed_answers_and_value_guided_beats_best_of_n():
     assert result.reachability()[0]["reachable"] > 0.9
 
 
-def test_search_run_cli_on_math500_over_real_http(scripted_server):
+def test_search_run_cli_on_math500_over_real_http(scripted_server, data_file):
     """``canopy search run --task math500`` against a scripted endpoint on loopback: the
     prompt is a MATH-500 problem with the box instruction, the rows and the reachable share
     come back, and an unknown task is one line and exit code 2."""
+    data_file("math500", FILE)
     scripted_server.routes["/v1/completions"] = lambda n: (
         200, scripted_server.completion_body("So it is\n$\\boxed{\\left( 3, \\frac{\\pi}{2}"
                                              " \\right)}$"), 0.0)

@@ -1,5 +1,5 @@
 """The variance split behind the routing prior (paper Appendix D, "From the rate to the data",
-fig:theorylink right panel), on a mirrored stand-in for RouterBench: RouteLLM's logged MMLU
+Figure 7 right panel), on a mirrored stand-in for RouterBench: RouteLLM's logged MMLU
 outcomes (14,042 questions x Mixtral-8x7B and GPT-4-1106, correct or not), whose category
 tree is MMLU's own (Hendrycks et al.: 4 categories > 17 subcategories > 57 subjects).
 
@@ -44,7 +44,7 @@ PROMPT, REGION = "per-prompt variance explained by subjects", \
     "subject-value variance explained by subcategories"
 PROMPT_CHANCE, REGION_CHANCE = "chance level (subjects)", "chance level (subcategories)"
 
-#: App. D "From the rate to the data", fig:theorylink right panel (RouterBench).
+#: App. D "From the rate to the data", Figure 7 right panel (RouterBench).
 PAPER = (PaperValue(METHOD, None, PROMPT, 0.31), PaperValue(METHOD, None, REGION, 0.53))
 
 
@@ -109,7 +109,7 @@ def headlines(rows: Sequence[Row]) -> list[Headline]:
 STUDY = Study(
     name="variancesplit",
     title="variance of the routing value explained by the category tree (App. D, "
-          "fig:theorylink right)",
+          "Figure 7 right)",
     module=__name__,
     params=VarianceSplitParams(),
     quick_params=VarianceSplitParams(),
