@@ -2,7 +2,8 @@
 SGLang's own environment: SGLang pins a CUDA build of torch that cannot share an environment
 with the rest of the project, so ``.ci/sglang.sh`` makes ``.venv-sglang`` (or the folder
 ``CANOPY_SGLANG_VENV`` names) and this test runs them there, with ``CANOPY_SGLANG=required``
-so that none of them may skip. Without that environment it skips, and fails in CI."""
+so that none of them may skip for want of SGLang (in CI none may skip at all). Without that
+environment it skips, and fails in CI."""
 
 from __future__ import annotations
 
@@ -40,5 +41,7 @@ def test_the_sglang_tests_pass_inside_sglangs_environment(tmp_path):
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800, check=False)
     report = (tmp_path / "sglang.xml").read_text() if (tmp_path / "sglang.xml").exists() else ""
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
-    assert 'skipped="0"' in report and 'failures="0"' in report, report[:2000]
+    assert 'failures="0"' in report and 'tests="0"' not in report, report[:2000]
+    if IN_CI:  # elsewhere a test that needs the data mirror may skip without it
+        assert 'skipped="0"' in report, report[:2000]
     print("\n" + run.stdout.strip().splitlines()[-1])
