@@ -9,7 +9,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
@@ -184,6 +183,8 @@ def test_bad_messages_are_rejected():
 def test_a_local_server_dies_with_its_parent_even_while_it_ignores_sigterm(tmp_path):
     """The local server's child is killed when the process that started it dies, even a
     child that does not act on SIGTERM (llama.cpp's server while it loads its model)."""
+    from canopy.apps.cache.vllm_server import _alive
+
     pid_file = tmp_path / "child.pid"
     parent = (
         "import subprocess, sys, time\n"
@@ -210,10 +211,3 @@ def test_a_local_server_dies_with_its_parent_even_while_it_ignores_sigterm(tmp_p
         if _alive(child):
             os.kill(child, signal.SIGKILL)
 
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
-    except FileNotFoundError:
-        return False
-    return state != "Z"
