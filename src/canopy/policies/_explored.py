@@ -248,7 +248,8 @@ def observe(v: int, x: float, fs: np.ndarray, ist: np.ndarray, ctl: np.ndarray,
             lambdas: np.ndarray) -> int:
     """Fold observation ``x`` of row ``v`` into the explored tree and descend for the next
     round. Returns the row to play next, or ``-1`` when ``v`` is to be split first (call
-    :func:`split`)."""
+    :func:`split`; a split the memory bound makes wait is finished here, as :func:`split`
+    would)."""
     ctl[INST0 + 3 * ist[v, INST] + 2] += 1.0
     ctl[M_ROUNDS] += 1.0
     path_stats = ctl[P_PATH] > 0
@@ -269,17 +270,16 @@ def observe(v: int, x: float, fs: np.ndarray, ist: np.ndarray, ctl: np.ndarray,
     elif fs.shape[1] > N_FLOAT:
         welford_push(fs[v, N_FLOAT:], x, lambdas, ctl[P_SIGMA], ctl[P_Z])
     fs[v, SPREAD] = _spread(v, fs, ctl, lambdas)
-    if _wants_split(v, fs, ist, ctl):
+    if _wants_split(v, fs, ist, ctl) and not _split_waits(v, fs, ist, ctl):
         return -1
     return _finish(v, fs, ist, ctl)
 
 
 @kernel
-def _prune_one(keep: int, fs: np.ndarray, ist: np.ndarray, ctl: np.ndarray) -> bool:
-    """Memory bound: forget the children of the explored node of lowest ``B`` whose children
-    are all explored leaves (never ``keep``, the parent of the row being split). The pruned
-    node becomes an explored leaf again with its own statistics. Returns whether one was
-    found."""
+def _prune_target(keep: int, fs: np.ndarray, ist: np.ndarray, ctl: np.ndarray) -> int:
+    """The explored node whose children the memory bound forgets next: of lowest ``B`` among
+    those whose children are all explored leaves, never ``keep`` (the parent of the row being
+    split); ``-1`` if there is none."""
     target = -1
     lowest = np.inf
     for p in range(int(ctl[M_USED])):
@@ -294,6 +294,23 @@ def _prune_one(keep: int, fs: np.ndarray, ist: np.ndarray, ctl: np.ndarray) -> b
         if all_leaves and (target < 0 or fs[p, BVAL] < lowest):
             target = p
             lowest = fs[p, BVAL]
+    return target
+
+
+@kernel
+def _split_waits(v: int, fs: np.ndarray, ist: np.ndarray, ctl: np.ndarray) -> bool:
+    """Whether :func:`split` of row ``v`` would wait: the memory cap is reached and nothing can
+    be forgotten (it would then only finish the round)."""
+    max_nodes = ctl[P_MAXNODES]
+    return (max_nodes > 0 and ctl[M_STORED] + ist[v, NKIDS] > max_nodes
+            and _prune_target(ist[v, PARENT], fs, ist, ctl) < 0)
+
+
+@kernel
+def _prune_one(keep: int, fs: np.ndarray, ist: np.ndarray, ctl: np.ndarray) -> bool:
+    """Memory bound: forget the children of :func:`_prune_target`. The pruned node becomes an
+    explored leaf again with its own statistics. Returns whether there was one."""
+    target = _prune_target(keep, fs, ist, ctl)
     if target < 0:
         return False
     first = ist[target, FIRST]
