@@ -4,6 +4,7 @@ the memory bound, budgets, determinism and validation."""
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -361,18 +362,17 @@ def test_names():
 
 
 def _short_and_base_path_runs(make, problem, budget):
-    """The same run twice: told with the very query asked and a float (the short path), and
-    told with an equal rebuilt query and a numpy float (the base class's path)."""
+    """The same run three times: told with the very query asked and a float, or a numpy float
+    (the short path), and with an equal rebuilt query (the base class's path)."""
     runs = []
-    for rebuild in (False, True):
+    for told in (lambda q, x: (q, x), lambda q, x: (q, np.float64(x)),
+                 lambda q, x: (Query(*q), x)):
         policy = make().start(problem.spec, budget=budget, seed=0)
         rng = np.random.default_rng(1)
         asked = []
         while (query := policy.ask()) is not None:
             asked.append(query)
-            value = problem.probe(query.node, rng)
-            policy.tell(Query(*query) if rebuild else query,
-                        np.float64(value) if rebuild else value)
+            policy.tell(*told(query, problem.probe(query.node, rng)))
         runs.append((asked, policy.recommend(2).tolist(), policy.ledger_.spent,
                      policy._fs.tobytes()))  # the explored tree's statistics, bit for bit
     return runs
@@ -384,8 +384,8 @@ def test_the_short_ask_tell_path_plays_as_the_base_class_path(lazy):
         problem, make = infinite_depth(2), MemoryBoundedDescent
     else:
         problem, make = tree_lipschitz(2, 6, seed=0), OptimisticDescent
-    short, base = _short_and_base_path_runs(make, problem, 300.0)
-    assert short == base
+    short, short_numpy, base = _short_and_base_path_runs(make, problem, 300.0)
+    assert short == short_numpy == base
     assert len(short[0]) == 300
 
 
@@ -402,10 +402,14 @@ def test_the_short_ask_tell_path_keeps_every_error(lazy):
     query = policy.ask()
     for value, error, match in ((math.nan, ValueError, "not finite"),
                                 (math.inf, ValueError, "not finite"),
+                                (np.float64(-math.inf), ValueError, "not finite"),
                                 (1.5, ValueError, "outside the declared range"),
+                                (np.float64(-0.5), ValueError, "outside the declared range"),
                                 ("0.5", TypeError, "real number")):
-        with pytest.raises(error, match=match):
-            policy.tell(query, value)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # and no numpy warning on the way
+            with pytest.raises(error, match=match):
+                policy.tell(query, value)
     other = Query("probe", (9, 3) if lazy else 5)
     with pytest.raises(ValueError, match="not asked"):
         policy.tell(other, 0.5)

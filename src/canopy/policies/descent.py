@@ -207,7 +207,7 @@ class ExploredTreePolicy(Policy):
     # hands out ``_ready``, the query of the row to play next (built by the previous round),
     # and keeps it in ``_out`` instead of the base class's outstanding record; its ``tell``
     # folds the observation into the row it was asked for. Anything else (a second query out,
-    # an equal copy told, an observation that is not a finite float in range, a batch,
+    # an equal copy told, an observation that is not a finite (numpy) float in range, a batch,
     # ``abandon``, a forest) first moves ``_out`` into the outstanding record (:meth:`_settle`)
     # and takes the base class's path, errors and all. Elsewhere a told node maps straight to
     # its row (``_row_of`` holds only rows that still hold their node: entries of cells the
@@ -229,9 +229,10 @@ class ExploredTreePolicy(Policy):
 
     def tell(self, query: Query, value: float) -> None:
         out = self._out
-        # NaN and +-inf give a non-zero difference (the base class's check, without a call)
-        if (query is not out or out is None or type(value) is not float
-                or value - value != 0.0 or not self._low <= value <= self._high):
+        # a Python or numpy float, finite (NaN fails every comparison) and in range
+        if (query is not out or out is None
+                or (type(value) is not float and type(value) is not np.float64)
+                or not (-math.inf < value < math.inf and self._low <= value <= self._high)):
             self._settle()
             super().tell(query, value)
             return
