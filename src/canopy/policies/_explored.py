@@ -71,10 +71,10 @@ REFINE, ALWAYS, FIXED = 0, 1, 2
 
 def entry_point(kernel: numba.core.registry.CPUDispatcher, *example: object) -> object:
     """The compiled entry point of ``kernel`` for the argument types of ``example``: calling it
-    skips numba's per-call type resolution, about 40% of a call's dispatch cost (most of the
-    descent's own per-round overhead). Only for arguments of exactly those types (the
-    policies' own arrays, an ``int`` row and a ``float`` observation). Falls back to the
-    dispatcher itself if this numba does not expose its overloads."""
+    skips numba's per-call type resolution, about 40% of a call's dispatch cost. Only for
+    arguments of exactly those types (the policies' own arrays, an ``int`` row and a ``float``
+    observation, which a numpy float also passes as). Falls back to the dispatcher itself if
+    this numba does not expose its overloads."""
     signature = tuple(numba.typeof(arg) for arg in example)
     kernel.compile(signature)
     overload = getattr(kernel, "overloads", {}).get(signature)
