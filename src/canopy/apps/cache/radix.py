@@ -131,85 +131,103 @@ def _push_head(ni, head, tail, v):
 
 
 # ---------------------------------------------------------------- SIEVE's hand over leaves
+@nb.njit(cache=True, inline="always")
+def _sieve_join(a, n, lhead, ni, sc):
+    """Link leaves ``a`` and ``n`` (-1: an end of the list) as neighbours, dropping what was
+    between them; returns the newest leaf (``lhead`` unless ``n`` is -1)."""
+    if a >= 0:
+        ni[a, LNEXT] = n
+    else:
+        sc[LTAIL] = n
+    if n >= 0:
+        ni[n, LPREV] = a
+        return lhead
+    return a
+
+
+@nb.njit(cache=True, inline="always")
+def _sieve_hand(t, u, ni, sc):
+    """The hand's walk from leaf ``u`` (-1: past the newest) over the leaves, oldest to newest
+    and around, clearing visited bits, to the first unvisited unpinned leaf, which it returns
+    (-1: every leaf is pinned; the walk cleared every bit in two laps and the hand stays)."""
+    laps0, hpos0 = sc[LAPS], sc[HPOS]
+    laps, hpos = laps0, hpos0
+    while True:
+        if u < 0:
+            laps += 1
+            if laps > laps0 + 2:  # a leaf it may evict is found within two laps
+                sc[LAPS], sc[HPOS] = laps0 + 2, hpos0
+                return -1
+            hpos = -1
+            u = sc[LTAIL]
+        if ni[u, PIN] != t and ni[u, VISITED] == 0:
+            sc[LAPS], sc[HPOS] = laps, hpos
+            return u
+        ni[u, VISITED] = 0
+        hpos = ni[u, SEQ] + 1
+        u = ni[u, LNEXT]
+
+
 @nb.njit(cache=True)
 def _sieve_request(t, lo, hi, nodes, parent, capacity, ni, sc):
-    """SIEVE's request: :func:`request`'s steps with the hand over the leaf list, its state
-    in locals (written back at the end)."""
-    size, hand, hpos, laps = sc[SIZE], sc[HAND], sc[HPOS], sc[LAPS]
-    lhead, ltail, nleaf, seqn = sc[LHEAD], sc[LTAIL], sc[NLEAF], sc[SEQN]
+    """SIEVE's request: :func:`request`'s steps with the hand over the leaf list. What every
+    block reads (the size, the hand, the newest leaf, the next insertion order) is in locals,
+    written back at the end; the rest (the hand's position and laps, the oldest leaf) stays
+    in ``sc``, read where the hand wraps, a block is reused or a parent's bit is checked."""
+    size, hand, lhead, seqn = sc[SIZE], sc[HAND], sc[LHEAD], sc[SEQN]
     k = lo
-    while k < hi and ni[nodes[k], CACHED] == 1:
-        v = nodes[k]
-        ni[v, PIN] = t
-        ni[v, VISITED] = 1  # the lap of the hand's next pass over v
-        ni[v, LAP] = laps if ni[v, SEQ] >= hpos else laps + 1
-        k += 1
+    if k < hi and ni[nodes[k], CACHED] == 1:
+        hpos, laps = sc[HPOS], sc[LAPS]
+        while k < hi and ni[nodes[k], CACHED] == 1:
+            v = nodes[k]
+            ni[v, PIN] = t
+            ni[v, VISITED] = 1  # the lap of the hand's next pass over v
+            ni[v, LAP] = laps if ni[v, SEQ] >= hpos else laps + 1
+            k += 1
     for r in range(k, hi):
         if size >= capacity:
-            # the hand walks the leaves oldest to newest and around, clearing visited bits,
-            # to the first unvisited unpinned leaf (none: every bit cleared, two laps)
-            u, laps0, hpos0, hand0 = hand, laps, hpos, hand
-            found = False
-            for _ in range(2 * nleaf + 2):
-                if u < 0:
-                    laps += 1
-                    hpos = -1
-                    u = ltail
-                if ni[u, PIN] != t and ni[u, VISITED] == 0:
-                    found = True
+            u = hand
+            if u < 0 or ni[u, PIN] == t or ni[u, VISITED] != 0:  # mostly it rests on one
+                u = _sieve_hand(t, u, ni, sc)
+                if u < 0:  # every leaf pinned: the rest of the request is not cached
                     break
-                ni[u, VISITED] = 0
-                hpos = ni[u, SEQ] + 1
-                u = ni[u, LNEXT]
-            if not found:  # every leaf pinned: the rest of the request is not cached
-                laps, hpos, hand = laps0 + 2, hpos0, hand0
-                break
             after, n = ni[u, LPREV], ni[u, LNEXT]
             if n < 0:  # the newest block (the newest is a leaf): the hand starts over
-                laps += 1
-                hpos = -1
-                hand = ltail if ltail != u else n
+                sc[LAPS] += 1
+                sc[HPOS] = -1
+                hand = sc[LTAIL] if sc[LTAIL] != u else n
             else:
-                hpos = ni[u, SEQ] + 1
+                sc[HPOS] = ni[u, SEQ] + 1
                 hand = n
-            if after >= 0:  # out of the leaf list
-                ni[after, LNEXT] = n
-            else:
-                ltail = n
-            if n >= 0:
-                ni[n, LPREV] = after
-            else:
-                lhead = after
-            ni[u, LPREV] = -1
-            ni[u, LNEXT] = -1
-            nleaf -= 1
-            ni[u, CACHED] = 0
+            ni[u, CACHED] = 0  # its list links are left stale: only leaves' are read
             size -= 1
             p = parent[u]
             if p >= 0:
                 ni[p, NCHILD] -= 1
-                if ni[p, NCHILD] == 0:  # p becomes a leaf, after the newest older leaf
-                    s = ni[p, SEQ]
-                    if ni[p, VISITED] == 1 and (laps > ni[p, LAP] or (
-                            laps == ni[p, LAP] and hpos > s)):
-                        ni[p, VISITED] = 0  # the hand passed p since its bit was set
-                    a = after
-                    while a >= 0 and ni[a, SEQ] > s:
-                        a = ni[a, LPREV]
-                    n = ltail if a < 0 else ni[a, LNEXT]
-                    ni[p, LPREV] = a
-                    ni[p, LNEXT] = n
-                    if a >= 0:
-                        ni[a, LNEXT] = p
-                    else:
-                        ltail = p
-                    if n >= 0:
-                        ni[n, LPREV] = p
-                    else:
-                        lhead = p
-                    nleaf += 1
-                    if s >= hpos and (hand < 0 or s < ni[hand, SEQ]):
-                        hand = p  # the hand rests on the first leaf at or after hpos
+            if p < 0 or ni[p, NCHILD] > 0:
+                lhead = _sieve_join(after, n, lhead, ni, sc)
+            else:  # p becomes a leaf, after the newest older leaf: mostly in u's place
+                s = ni[p, SEQ]
+                if ni[p, VISITED] == 1 and (sc[LAPS] > ni[p, LAP] or (
+                        sc[LAPS] == ni[p, LAP] and sc[HPOS] > s)):
+                    ni[p, VISITED] = 0  # the hand passed p since its bit was set
+                if after >= 0 and ni[after, SEQ] > s:
+                    lhead = _sieve_join(after, n, lhead, ni, sc)
+                    while after >= 0 and ni[after, SEQ] > s:
+                        after = ni[after, LPREV]
+                    n = sc[LTAIL] if after < 0 else ni[after, LNEXT]
+                ni[p, LPREV] = after
+                ni[p, LNEXT] = n
+                if after >= 0:
+                    ni[after, LNEXT] = p
+                else:
+                    sc[LTAIL] = p
+                if n >= 0:
+                    ni[n, LPREV] = p
+                else:
+                    lhead = p
+                if s >= sc[HPOS] and (hand < 0 or s < ni[hand, SEQ]):
+                    hand = p  # the hand rests on the first leaf at or after HPOS
         v = nodes[r]
         ni[v, CACHED] = 1
         ni[v, PIN] = t
@@ -218,37 +236,28 @@ def _sieve_request(t, lo, hi, nodes, parent, capacity, ni, sc):
         seqn += 1
         size += 1
         p = parent[v]
-        a = lhead
         if p >= 0:
-            if ni[p, NCHILD] == 0:  # p is no longer a leaf
-                if hand == p:
-                    hand = ni[p, LNEXT]
-                pp, pn = ni[p, LPREV], ni[p, LNEXT]
-                if pp >= 0:
-                    ni[pp, LNEXT] = pn
-                else:
-                    ltail = pn
-                if pn >= 0:
-                    ni[pn, LPREV] = pp
-                else:
-                    lhead = pp
-                ni[p, LPREV] = -1
-                ni[p, LNEXT] = -1
-                nleaf -= 1
-                a = lhead
             ni[p, NCHILD] += 1
-        ni[v, LPREV] = a  # the newest leaf
+            if ni[p, NCHILD] == 1:  # p is no longer a leaf: out of the list
+                if hand == p:
+                    hand = v
+                if p == lhead:  # mostly: v extends the chain p ended
+                    lhead = ni[p, LPREV]
+                else:
+                    pn = ni[p, LNEXT]
+                    _sieve_join(ni[p, LPREV], pn, lhead, ni, sc)
+                    if hand == v:
+                        hand = pn
+        ni[v, LPREV] = lhead  # the newest leaf
         ni[v, LNEXT] = -1
-        if a >= 0:
-            ni[a, LNEXT] = v
+        if lhead >= 0:
+            ni[lhead, LNEXT] = v
         else:
-            ltail = v
+            sc[LTAIL] = v
         lhead = v
-        nleaf += 1
         if hand < 0:
             hand = v
-    sc[SIZE], sc[HAND], sc[HPOS], sc[LAPS] = size, hand, hpos, laps
-    sc[LHEAD], sc[LTAIL], sc[NLEAF], sc[SEQN] = lhead, ltail, nleaf, seqn
+    sc[SIZE], sc[HAND], sc[LHEAD], sc[SEQN] = size, hand, lhead, seqn
     return k - lo
 
 
