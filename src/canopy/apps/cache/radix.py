@@ -65,10 +65,9 @@ CELL_CLOCK, CELL_KIDS, CELL_S0 = range(3)
 # scalars (``sc``): blocks cached, list ends, SIEVE's hand leaf, heap length, blocks
 # referenced so far, the arm whose priority orders the heap (``CANOPY``: 0 recency, ``j >= 1``
 # decayed arm j), SIEVE's leaf list ends, the hand's position (the insertion order it examines
-# next) and laps, the next insertion order, and the number of leaves
-(SIZE, HEAD, TAIL, HAND, HLEN, CLOCK, ARM, LHEAD, LTAIL, HPOS, LAPS, SEQN,
- NLEAF) = range(13)
-_SC = 13
+# next) and laps, and the next insertion order
+SIZE, HEAD, TAIL, HAND, HLEN, CLOCK, ARM, LHEAD, LTAIL, HPOS, LAPS, SEQN = range(12)
+_SC = 12
 Cache = namedtuple("Cache", "ni sc hkey hnode hver")
 """One cache's state, as the kernels take it: the node table (one row of the columns above a
 node), the scalars, and the heap of the priority policies (keys, nodes, versions)."""
@@ -132,40 +131,19 @@ def _push_head(ni, head, tail, v):
 
 # ---------------------------------------------------------------- SIEVE's hand over leaves
 @nb.njit(cache=True, inline="always")
-def _sieve_join(a, n, lhead, ni, sc):
+def _sieve_join(ni, a, n, lhead, ltail):
     """Link leaves ``a`` and ``n`` (-1: an end of the list) as neighbours, dropping what was
-    between them; returns the newest leaf (``lhead`` unless ``n`` is -1)."""
+    between them; returns the list's ends (newest, oldest). (It takes the node table alone:
+    an inlined helper that takes two arrays, or loops, costs reference counting per call.)"""
     if a >= 0:
         ni[a, LNEXT] = n
     else:
-        sc[LTAIL] = n
+        ltail = n
     if n >= 0:
         ni[n, LPREV] = a
-        return lhead
-    return a
-
-
-@nb.njit(cache=True, inline="always")
-def _sieve_hand(t, u, ni, sc):
-    """The hand's walk from leaf ``u`` (-1: past the newest) over the leaves, oldest to newest
-    and around, clearing visited bits, to the first unvisited unpinned leaf, which it returns
-    (-1: every leaf is pinned; the walk cleared every bit in two laps and the hand stays)."""
-    laps0, hpos0 = sc[LAPS], sc[HPOS]
-    laps, hpos = laps0, hpos0
-    while True:
-        if u < 0:
-            laps += 1
-            if laps > laps0 + 2:  # a leaf it may evict is found within two laps
-                sc[LAPS], sc[HPOS] = laps0 + 2, hpos0
-                return -1
-            hpos = -1
-            u = sc[LTAIL]
-        if ni[u, PIN] != t and ni[u, VISITED] == 0:
-            sc[LAPS], sc[HPOS] = laps, hpos
-            return u
-        ni[u, VISITED] = 0
-        hpos = ni[u, SEQ] + 1
-        u = ni[u, LNEXT]
+    else:
+        lhead = a
+    return lhead, ltail
 
 
 @nb.njit(cache=True)
@@ -173,7 +151,12 @@ def _sieve_request(t, lo, hi, nodes, parent, capacity, ni, sc):
     """SIEVE's request: :func:`request`'s steps with the hand over the leaf list. What every
     block reads (the size, the hand, the newest leaf, the next insertion order) is in locals,
     written back at the end; the rest (the hand's position and laps, the oldest leaf) stays
-    in ``sc``, read where the hand wraps, a block is reused or a parent's bit is checked."""
+    in ``sc``, read where the hand wraps, a block is reused or a parent's bit is checked.
+
+    The blocks a request inserts form a chain (a request is a root-first path) whose newest
+    block is its only leaf: the list holds the chain's first block in its place until the
+    request ends (pinned, the hand only passes it, as it would the chain's end).
+    """
     size, hand, lhead, seqn = sc[SIZE], sc[HAND], sc[LHEAD], sc[SEQN]
     k = lo
     if k < hi and ni[nodes[k], CACHED] == 1:
@@ -184,50 +167,74 @@ def _sieve_request(t, lo, hi, nodes, parent, capacity, ni, sc):
             ni[v, VISITED] = 1  # the lap of the hand's next pass over v
             ni[v, LAP] = laps if ni[v, SEQ] >= hpos else laps + 1
             k += 1
+    w = -1  # the newest block inserted
     for r in range(k, hi):
         if size >= capacity:
             u = hand
-            if u < 0 or ni[u, PIN] == t or ni[u, VISITED] != 0:  # mostly it rests on one
-                u = _sieve_hand(t, u, ni, sc)
-                if u < 0:  # every leaf pinned: the rest of the request is not cached
+            if u < 0 or ni[u, PIN] == t or ni[u, VISITED] != 0:
+                # mostly the hand rests on a leaf to evict; else it walks the leaves oldest
+                # to newest and around, clearing visited bits, to the first unvisited
+                # unpinned leaf, found within two laps (none: every leaf is pinned, every
+                # bit cleared, the hand stays and the rest of the request is not cached)
+                laps0, hpos0 = sc[LAPS], sc[HPOS]
+                laps, hpos = laps0, hpos0
+                while laps <= laps0 + 2:
+                    if u < 0:
+                        laps += 1
+                        hpos = -1
+                        u = sc[LTAIL]
+                    elif ni[u, PIN] != t and ni[u, VISITED] == 0:
+                        break
+                    else:
+                        ni[u, VISITED] = 0
+                        hpos = ni[u, SEQ] + 1
+                        u = ni[u, LNEXT]
+                if laps > laps0 + 2:
+                    sc[LAPS], sc[HPOS] = laps0 + 2, hpos0
                     break
+                sc[LAPS], sc[HPOS] = laps, hpos
             after, n = ni[u, LPREV], ni[u, LNEXT]
-            if n < 0:  # the newest block (the newest is a leaf): the hand starts over
-                sc[LAPS] += 1
-                sc[HPOS] = -1
-                hand = sc[LTAIL] if sc[LTAIL] != u else n
-            else:
-                sc[HPOS] = ni[u, SEQ] + 1
-                hand = n
-            ni[u, CACHED] = 0  # its list links are left stale: only leaves' are read
+            ni[u, CACHED] = 0  # its list links go stale: only leaves' are read
             size -= 1
             p = parent[u]
             if p >= 0:
                 ni[p, NCHILD] -= 1
-            if p < 0 or ni[p, NCHILD] > 0:
-                lhead = _sieve_join(after, n, lhead, ni, sc)
-            else:  # p becomes a leaf, after the newest older leaf: mostly in u's place
-                s = ni[p, SEQ]
-                if ni[p, VISITED] == 1 and (sc[LAPS] > ni[p, LAP] or (
-                        sc[LAPS] == ni[p, LAP] and sc[HPOS] > s)):
+                if ni[p, NCHILD] > 0:
+                    p = -1  # p is not a leaf yet
+            if p >= 0 and n >= 0 and (after < 0 or ni[after, SEQ] < ni[p, SEQ]):
+                # mostly: p becomes a leaf in u's place and the hand moves on, past it
+                sc[HPOS] = ni[u, SEQ] + 1
+                hand = n
+                if ni[p, VISITED] == 1 and sc[LAPS] >= ni[p, LAP]:
                     ni[p, VISITED] = 0  # the hand passed p since its bit was set
-                if after >= 0 and ni[after, SEQ] > s:
-                    lhead = _sieve_join(after, n, lhead, ni, sc)
-                    while after >= 0 and ni[after, SEQ] > s:
-                        after = ni[after, LPREV]
-                    n = sc[LTAIL] if after < 0 else ni[after, LNEXT]
                 ni[p, LPREV] = after
                 ni[p, LNEXT] = n
+                ni[n, LPREV] = p
                 if after >= 0:
                     ni[after, LNEXT] = p
                 else:
                     sc[LTAIL] = p
-                if n >= 0:
-                    ni[n, LPREV] = p
+            else:  # u out of the list and the hand past it; p after the newest older leaf
+                if n < 0:  # the newest leaf (the newest block is a leaf): the hand starts over
+                    sc[LAPS] += 1
+                    sc[HPOS] = -1
+                    hand = sc[LTAIL] if sc[LTAIL] != u else n
                 else:
-                    lhead = p
-                if s >= sc[HPOS] and (hand < 0 or s < ni[hand, SEQ]):
-                    hand = p  # the hand rests on the first leaf at or after HPOS
+                    sc[HPOS] = ni[u, SEQ] + 1
+                    hand = n
+                lhead, sc[LTAIL] = _sieve_join(ni, after, n, lhead, sc[LTAIL])
+                if p >= 0:
+                    s = ni[p, SEQ]
+                    if ni[p, VISITED] == 1 and (sc[LAPS] > ni[p, LAP] or (
+                            sc[LAPS] == ni[p, LAP] and sc[HPOS] > s)):
+                        ni[p, VISITED] = 0
+                    while after >= 0 and ni[after, SEQ] > s:
+                        after = ni[after, LPREV]
+                    n = sc[LTAIL] if after < 0 else ni[after, LNEXT]
+                    lhead, sc[LTAIL] = _sieve_join(ni, after, p, lhead, sc[LTAIL])
+                    lhead, sc[LTAIL] = _sieve_join(ni, p, n, lhead, sc[LTAIL])
+                    if s >= sc[HPOS] and (hand < 0 or s < ni[hand, SEQ]):
+                        hand = p  # the hand rests on the first leaf at or after HPOS
         v = nodes[r]
         ni[v, CACHED] = 1
         ni[v, PIN] = t
@@ -235,28 +242,35 @@ def _sieve_request(t, lo, hi, nodes, parent, capacity, ni, sc):
         ni[v, SEQ] = seqn
         seqn += 1
         size += 1
+        if w >= 0:  # v extends the chain (its parent is w)
+            ni[w, NCHILD] = 1
+            w = v
+            continue
+        w = v
         p = parent[v]
         if p >= 0:
             ni[p, NCHILD] += 1
             if ni[p, NCHILD] == 1:  # p is no longer a leaf: out of the list
                 if hand == p:
                     hand = v
-                if p == lhead:  # mostly: v extends the chain p ended
+                if p == lhead:
                     lhead = ni[p, LPREV]
                 else:
                     pn = ni[p, LNEXT]
-                    _sieve_join(ni[p, LPREV], pn, lhead, ni, sc)
                     if hand == v:
                         hand = pn
-        ni[v, LPREV] = lhead  # the newest leaf
-        ni[v, LNEXT] = -1
-        if lhead >= 0:
-            ni[lhead, LNEXT] = v
-        else:
-            sc[LTAIL] = v
+                    lhead, sc[LTAIL] = _sieve_join(ni, ni[p, LPREV], pn, lhead, sc[LTAIL])
+        lhead, sc[LTAIL] = _sieve_join(ni, lhead, v, lhead, sc[LTAIL])  # the newest leaf
         lhead = v
+        ni[v, LNEXT] = -1
         if hand < 0:
             hand = v
+    if w >= 0 and w != lhead:  # the chain's end takes its first block's place
+        if hand == lhead:
+            hand = w
+        lhead, sc[LTAIL] = _sieve_join(ni, ni[lhead, LPREV], w, lhead, sc[LTAIL])
+        lhead = w
+        ni[w, LNEXT] = -1
     sc[SIZE], sc[HAND], sc[LHEAD], sc[SEQN] = size, hand, lhead, seqn
     return k - lo
 
@@ -704,9 +718,9 @@ def shadow_heap_size(capacity: int, longest: int) -> int:
 
 
 def scalars() -> np.ndarray:
-    """A cache's scalars (``SIZE``, ``HEAD``... ``NLEAF``) for an empty cache."""
+    """A cache's scalars (``SIZE``, ``HEAD``... ``SEQN``) for an empty cache."""
     sc = np.full(_SC, -1, dtype=np.int64)
-    sc[[SIZE, HLEN, CLOCK, LAPS, SEQN, NLEAF]] = 0
+    sc[[SIZE, HLEN, CLOCK, LAPS, SEQN]] = 0
     return sc
 
 
