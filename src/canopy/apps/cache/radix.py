@@ -56,8 +56,9 @@ LRU, LFU, SIEVE, CANOPY, OPTIMAL, PRIORITY = 0, 1, 2, 3, 4, 5
 CACHED, NCHILD, PIN, VER, PREV, NEXT, HITS, LAST, VISITED, NEXT_USE = range(10)
 _NI = 10
 # SIEVE has no heap and counts nothing in the replay: its leaf list, the lap of the hand's
-# next pass over a node whose visited bit is set, and its insertion order reuse those columns
-LPREV, LNEXT, LAP, SEQ = VER, HITS, LAST, NEXT_USE
+# next pass over a node whose visited bit is set, its insertion order and its parent (in the
+# row the eviction reads anyway, not in a line of the trace's parent array) reuse those columns
+LPREV, LNEXT, LAP, SEQ, PAR = VER, HITS, LAST, NEXT_USE, PREV
 # ``CANOPY`` cell statistics (columns of ``cells``, one row a node of the prefix tree, cached
 # or not): clock at the last use (-1: never used), children seen, then one discounted use
 # count (as of the last use) per decayed arm
@@ -196,7 +197,7 @@ def _sieve_request(t, lo, hi, nodes, parent, capacity, ni, sc):
             after, n = ni[u, LPREV], ni[u, LNEXT]
             ni[u, CACHED] = 0  # its list links go stale: only leaves' are read
             size -= 1
-            p = parent[u]
+            p = ni[u, PAR]
             if p >= 0:
                 ni[p, NCHILD] -= 1
                 if ni[p, NCHILD] > 0:
@@ -243,11 +244,13 @@ def _sieve_request(t, lo, hi, nodes, parent, capacity, ni, sc):
         seqn += 1
         size += 1
         if w >= 0:  # v extends the chain (its parent is w)
+            ni[v, PAR] = w
             ni[w, NCHILD] = 1
             w = v
             continue
         w = v
         p = parent[v]
+        ni[v, PAR] = p
         if p >= 0:
             ni[p, NCHILD] += 1
             if ni[p, NCHILD] == 1:  # p is no longer a leaf: out of the list
