@@ -16,7 +16,9 @@ in local variables (paper Section 4, "Serving systems": the prefix tree is the c
   2024) walking it that skips pinned leaves and clears visited bits, so an eviction is
   O(1), as LRU's is. Inner nodes' bits are cleared lazily (a bit set before the hand's next
   pass over the node's position is cleared when the node becomes a leaf), which evicts
-  exactly what a walk over every node would;
+  exactly what a walk over every node would. A parent that becomes a leaf mostly takes its
+  evicted child's place in the list, and the chain of blocks a request inserts is linked in
+  once, when the request ends (only its newest block is a leaf);
 * the priority policies (``LFU``, ``CANOPY``, ``OPTIMAL`` and ``PRIORITY``: any
   :class:`~canopy.apps.cache.policies.PriorityPolicy` with its own key function) keep a binary
   min-heap of evictable leaves with lazy deletion (per-node versions); a node is pushed when
