@@ -240,52 +240,67 @@ def _stream_vllm(client: Any, model: str, prompt: list[int], max_tokens: int
     return first, time.perf_counter() - began, cached
 
 
-def run_vllm_policy(policy: str, workloads: Sequence[Workload], *, blocks: int,
-                    block_tokens: int, n_threads: int, max_tokens: int, folder: Path,
-                    dummy: bool, vocab: Any,
-                    progress: Callable[[int], None] | None = None) -> list[LiveRun]:
-    """:func:`run_policy` on vLLM (:class:`~canopy.apps.cache.vllm_server.VLLMServer`):
-    one server start per policy (vLLM starts in minutes), the workloads sent one after the
-    other (their words differ, so no block is shared between them); prompts sent as token
-    ids; each request's reuse from the cached tokens vLLM reports; the hit rate of the
-    counted requests from vLLM's own prefix-cache counters."""
+def run_vllm_policies(policies: Sequence[str], workloads: Sequence[Workload], *,
+                      blocks: int, block_tokens: int, n_threads: int, max_tokens: int,
+                      folder: Path, dummy: bool, vocab: Any,
+                      progress: Callable[[int], None] | None = None
+                      ) -> dict[str, list[LiveRun]]:
+    """:func:`run_policy` on vLLM (:class:`~canopy.apps.cache.vllm_server.VLLMServer`): one
+    server a policy, all up at once, every prompt sent to each server in turn (the order
+    rotating by request), so that the policies meet the same machine load request for request
+    and a time-to-first-token difference is the cache's, not the load's; the workloads one
+    after the other (their words differ, so no block is shared between them); prompts as
+    token ids; each request's reuse from the cached tokens vLLM reports; the hit rate of the
+    counted requests from vLLM's own prefix-cache counters. A run's ``wall_s`` is the time
+    its own requests took."""
+    from contextlib import ExitStack
+
     import httpx
 
     from canopy.apps.cache.vllm_server import VLLMServer
 
     prompts = [token_prompts(w, vocab) for w in workloads]
     longest = max(len(p) for per in prompts for p in per) + max_tokens + block_tokens
-    runs = []
-    with VLLMServer(folder, policy=policy, blocks=blocks, block_tokens=block_tokens,
-                    max_model_len=longest, threads=n_threads, dummy=dummy) as server, \
-            httpx.Client(base_url=f"{server.url}/v1", timeout=600.0,
-                         headers=server.headers) as client:
-        _stream_vllm(client, server.model, [1, 2, 3], 1)  # warm-up: shorter than a block
+    runs: dict[str, list[LiveRun]] = {policy: [] for policy in policies}
+    with ExitStack() as stack:
+        servers, clients = {}, {}
+        for policy in policies:
+            server = stack.enter_context(VLLMServer(
+                folder, policy=policy, blocks=blocks, block_tokens=block_tokens,
+                max_model_len=longest, threads=n_threads, dummy=dummy))
+            servers[policy], clients[policy] = server, stack.enter_context(httpx.Client(
+                base_url=f"{server.url}/v1", timeout=600.0, headers=server.headers))
+            _stream_vllm(clients[policy], server.model, [1, 2, 3], 1)  # shorter than a block
         for workload, sent in zip(workloads, prompts, strict=True):
-            run = LiveRun(policy, workload.start)
-            reused: list[int] = []
-            before, began = server.metrics(), time.perf_counter()
+            current = {policy: LiveRun(policy, workload.start) for policy in policies}
+            reused: dict[str, list[int]] = {policy: [] for policy in policies}
+            before = {}
             for i, prompt in enumerate(sent):
-                if i == workload.start:
-                    before, began = server.metrics(), time.perf_counter()
-                ttft, total, cached = _stream_vllm(client, server.model, prompt, max_tokens)
-                run.ttft_s.append(ttft)
-                run.total_s.append(total)
-                reused.append(cached // block_tokens)
-                if progress is not None:
-                    progress(1)
-            run.wall_s = time.perf_counter() - began
-            after = server.metrics()
-            queries, hits = (after.get(f"vllm:prefix_cache_{name}_total", 0.0) - before.get(
-                f"vllm:prefix_cache_{name}_total", 0.0) for name in ("queries", "hits"))
-            run.server = {"policy": policy, "capacity_blocks": replay_capacity(blocks),
-                          "pool_blocks": blocks, "block_tokens": block_tokens,
-                          "reused_blocks": reused,
-                          "prompt_blocks": [len(p) // block_tokens for p in sent],
-                          "prompt_tokens": [len(p) for p in sent], "unbacked": 0,
-                          "state_bytes": 0,
-                          "prefix_cache_hit_rate": hits / queries if queries else 0.0}
-            runs.append(run)
+                if i == workload.start or i == 0:
+                    before = {policy: servers[policy].metrics() for policy in policies}
+                for k in range(len(policies)):
+                    policy = policies[(i + k) % len(policies)]
+                    ttft, total, cached = _stream_vllm(clients[policy], servers[policy].model,
+                                                       prompt, max_tokens)
+                    current[policy].ttft_s.append(ttft)
+                    current[policy].total_s.append(total)
+                    reused[policy].append(cached // block_tokens)
+                    if progress is not None:
+                        progress(1)
+            for policy, run in current.items():
+                after = servers[policy].metrics()
+                queries, hits = (after.get(f"vllm:prefix_cache_{name}_total", 0.0)
+                                 - before[policy].get(f"vllm:prefix_cache_{name}_total", 0.0)
+                                 for name in ("queries", "hits"))
+                run.wall_s = float(sum(run.total_s[workload.start:]))
+                run.server = {"policy": policy, "capacity_blocks": replay_capacity(blocks),
+                              "pool_blocks": blocks, "block_tokens": block_tokens,
+                              "reused_blocks": reused[policy],
+                              "prompt_blocks": [len(p) // block_tokens for p in sent],
+                              "prompt_tokens": [len(p) for p in sent], "unbacked": 0,
+                              "state_bytes": 0,
+                              "prefix_cache_hit_rate": hits / queries if queries else 0.0}
+                runs[policy].append(run)
     return runs
 
 
@@ -299,10 +314,10 @@ def run_live_vllm(policies: Sequence[str], workload_of: Callable[[int], Workload
     (a prefix-hash chain per prompt, the workloads one after the other as the server saw
     them) at the blocks vLLM can cache (:func:`replay_capacity`)."""
     workloads = [workload_of(seed + r) for r in range(repeats)]
-    runs = {policy: run_vllm_policy(
-        policy, workloads, blocks=blocks, block_tokens=block_tokens, n_threads=n_threads,
+    runs = run_vllm_policies(
+        policies, workloads, blocks=blocks, block_tokens=block_tokens, n_threads=n_threads,
         max_tokens=max_tokens, folder=folder, dummy=weights == "dummy", vocab=vocab,
-        progress=progress) for policy in policies}
+        progress=progress)
     fitted, r2 = calibrate([run for per in runs.values() for run in per])
     model = fitted if calibration is None else calibration
     capacity = replay_capacity(blocks)
