@@ -80,9 +80,9 @@ ShadowState = namedtuple("ShadowState",
 per arm (stacked on the first axis) its kernel code and a :class:`Cache` of ``capacity``
 blocks."""
 
-# decayed-count configuration (``params``): prior weight, deepest depth, one decay rate
-# (per referenced block) per decayed arm
-RHO, DMAX, LAM0 = range(3)
+# decayed-count configuration (``params``): prior weight, deepest depth, the cells' epoch
+# length in referenced blocks, one decay rate (per referenced block) per decayed arm
+RHO, DMAX, PERIOD, LAM0 = range(4)
 
 
 @nb.njit(cache=True)
@@ -299,7 +299,9 @@ def _key(kind, key, v, depth, ni, nf, params, arm):
         return -(ni[v, NEXT_USE] * params[0] + depth[v])
     if arm == 0:  # CANOPY; ``nf`` holds the cell statistics
         return _recency(v, depth, ni, params[DMAX])
-    return np.log(nf[v, CELL_S0 + arm - 1]) + params[LAM0 + arm - 1] * nf[v, CELL_CLOCK]
+    period = params[PERIOD]  # the cell is scaled to its epoch's start (see _cells_update)
+    return np.log(nf[v, CELL_S0 + arm - 1]) + params[LAM0 + arm - 1] * period * np.floor(
+        nf[v, CELL_CLOCK] / period)
 
 
 @nb.njit(cache=True, inline="always")
@@ -345,35 +347,60 @@ def _touch(v, t, nu, ni):
 
 
 @nb.njit(cache=True, inline="always")
-def _cells_update(lo, hi, nodes, parent, cells, sc, params):
+def _cells_update(lo, hi, nodes, parent, cells, sc, params, now):
     """Cell values after a request used ``nodes[lo:hi]`` (all of them, cached or not).
 
     For each decayed arm ``j``, ``S_j(v)`` is ``v``'s use count discounted by
-    ``2^{-(c - c_i) lam_j / ln 2}`` (``c``: blocks referenced so far), as of its last use
-    ``c_last``; the heap key ``log S_j + lam_j * c_last`` orders blocks by their discounted
-    count at any common later time, so keys never need rescaling. The statistics are of the
-    request stream, not of a cache: a block that is evicted and comes back resumes its
-    history, and the main cache and every shadow read the same cells. A cell with less
-    evidence of its own than its parent's share, ``rho * (S_j(parent) - 1) /
-    children(parent)`` (the parent's count before this use, split over the children seen),
-    starts from that share: optimism where evidence is thin, from the aggregate of the
-    subtree above it.
+    ``2^{-(c - c_i) lam_j / ln 2}`` (``c``: blocks referenced so far). A cell stores it as of
+    its last use ``c_last``, scaled by ``e^{lam_j (c_last - b)}`` where ``b`` is the start of
+    ``c_last``'s epoch (a multiple of ``params[PERIOD]``): within an epoch a use adds
+    ``e^{lam_j (c - b)}`` to the stored value, one exponential a request and arm rather than
+    one a block, and only a cell last used in an older epoch is rescaled. The heap key
+    ``log S_j + lam_j * c_last`` (:func:`_key`) orders blocks by their discounted count at any
+    common later time, so keys never need rescaling. The statistics are of the request
+    stream, not of a cache: a block that is evicted and comes back resumes its history, and
+    the main cache and every shadow read the same cells. A cell with less evidence of its own
+    than its parent's share, ``rho * (S_j(parent) - 1) / children(parent)`` (the parent's
+    count before this use, split over the children seen), starts from that share: optimism
+    where evidence is thin, from the aggregate of the subtree above it. ``now``: scratch, one
+    entry a decayed arm.
     """
-    clock = sc[CLOCK]
+    clock, period, rho = sc[CLOCK], params[PERIOD], params[RHO]
+    base = period * np.floor(clock / period)
+    for j in range(len(now)):  # one use, in the epoch's scale
+        now[j] = np.exp(params[LAM0 + j] * (clock - base))
     for r in range(lo, hi):
-        v, p = nodes[r], parent[nodes[r]]
-        first = cells[v, CELL_CLOCK] < 0
-        if first and p >= 0:
+        v = nodes[r]
+        p = parent[v]
+        last = cells[v, CELL_CLOCK]
+        if last < 0 and p >= 0:
             cells[p, CELL_KIDS] += 1.0
-        for j in range(len(params) - LAM0):
+        for j in range(len(now)):
             col = CELL_S0 + j
-            own = 0.0 if first else cells[v, col] * np.exp(
-                -params[LAM0 + j] * (clock - cells[v, CELL_CLOCK]))
+            own = cells[v, col]
+            if last < 0:
+                own = 0.0
+            elif last < base:  # last used in an older epoch
+                own *= np.exp(-params[LAM0 + j] * (base - period * np.floor(last / period)))
             if p >= 0:
-                own = max(own, params[RHO] * (cells[p, col] - 1.0) / cells[p, CELL_KIDS])
-            cells[v, col] = own + 1.0
+                if r > lo:  # the parent, updated just before: in this epoch's scale
+                    share = cells[p, col] - now[j]
+                else:  # a parent observed with an earlier request: its count as stored
+                    at = cells[p, CELL_CLOCK]
+                    share = (cells[p, col] * np.exp(-params[LAM0 + j] * (
+                        at - period * np.floor(at / period))) - 1.0) * now[j]
+                own = max(own, rho * share / cells[p, CELL_KIDS])
+            cells[v, col] = own + now[j]
         cells[v, CELL_CLOCK] = clock
     sc[CLOCK] = clock + hi - lo
+
+
+def cell_counts(cells: np.ndarray, clock: float, params: np.ndarray) -> np.ndarray:
+    """Each cell's discounted counts ``S_j`` at ``clock`` (one column a decayed arm), from
+    the scaled values :func:`_cells_update` stores."""
+    last = cells[:, CELL_CLOCK]
+    base = params[PERIOD] * np.floor(np.maximum(last, 0.0) / params[PERIOD])
+    return cells[:, CELL_S0:] * np.exp(-np.outer(clock - base, params[LAM0:]))
 
 
 # ---------------------------------------------------------------- one request
@@ -583,22 +610,95 @@ def _run_canopy(t0, t1, offsets, nodes, parent, depth, capacity, params, cells, 
     """Canopy's replay: update the cells, evict by the current arm; on a hashed sample of
     requests, replay every arm in its shadow cache, fold its reuse into discounted statistics
     and switch the main cache to the best arm once it leads the current one significantly."""
-    for t in range(t0, t1):
-        reused[t] = canopy_request(t, offsets[t], offsets[t + 1], nodes, parent, depth,
-                                   capacity, params, cells, c, arms)
+    _canopy_loop(t0, t1, 0, offsets, nodes, parent, depth, capacity, params, cells, c, arms,
+                 reused)
 
 
 @nb.njit(cache=True)
 def canopy_request(t, lo, hi, nodes, parent, depth, capacity, params, cells, c, arms):
     """One request of ``canopy`` (``nodes[lo:hi]``) in :class:`Cache` ``c`` with its cells and
     its shadows (:class:`ShadowState`); returns the blocks it reused."""
+    reused = np.zeros(1, dtype=np.int64)
+    _canopy_loop(t, t + 1, t, np.array([lo, hi]), nodes, parent, depth, capacity, params,
+                 cells, c, arms, reused)
+    return reused[0]
+
+
+@nb.njit(cache=True)
+def _canopy_loop(t0, t1, first, offsets, nodes, parent, depth, capacity, params, cells, c,
+                 arms, reused):
+    """Requests ``t0..t1 - 1`` of ``canopy``, request ``t`` being ``nodes[offsets[t - first]:
+    offsets[t - first + 1]]``, its reuse stored in ``reused[t - first]``.
+
+    On the recency arm the main cache is LRU's queue (:func:`_lru_request`): its front is the
+    unpinned block with the lowest recency key, a leaf, so it evicts what the recency key's
+    heap would, at LRU's cost; a decayed arm evicts from the heap. A switch builds the other
+    structure once. The states are unpacked out of the loop and the hot calls made from it
+    directly: a tuple unpacked, or a call with every state passed, per request costs more
+    than a recency request."""
     ni, sc, hkey, hnode, hver = c
-    _cells_update(lo, hi, nodes, parent, cells, sc, params)
-    reused = _heap_request(CANOPY, None, t, lo, hi, nodes, nodes, parent, depth, capacity,
-                           params, ni, cells, sc, hkey, hnode, hver)
-    if canopy_shadows(t, lo, hi, nodes, parent, depth, params, cells, sc, arms):
-        _heap_compact(CANOPY, None, depth, ni, cells, params, sc, hkey, hnode, hver, True)
-    return reused
+    ac, stats, pairs, got, sm, skinds, scap, sni, ssc, shkey, shnode, shver = arms
+    rate, salt = ac[0], sm[1]
+    now = np.empty(len(params) - LAM0)
+    for t in range(t0, t1):
+        lo, hi = offsets[t - first], offsets[t - first + 1]
+        _cells_update(lo, hi, nodes, parent, cells, sc, params, now)
+        arm = sc[ARM]
+        if arm == 0:
+            reused[t - first] = _lru_request(t, lo, hi, nodes, nodes, parent, capacity, ni, sc)
+        else:
+            reused[t - first] = _heap_request(CANOPY, None, t, lo, hi, nodes, nodes, parent,
+                                              depth, capacity, params, ni, cells, sc, hkey,
+                                              hnode, hver)
+        if hi > lo and unit_hash(nodes[min(lo + 1, hi - 1)], salt) < rate and _shadows_step(
+                t, lo, hi, nodes, parent, depth, params, cells, sc, ac, stats, pairs, got, sm,
+                skinds, scap, sni, ssc, shkey, shnode, shver):
+            if sc[ARM] == 0:
+                _queue_from_heap(parent, depth, ni, params, sc, hnode, hver)
+            elif arm == 0:
+                _heap_from_queue(depth, ni, cells, params, sc, hkey, hnode, hver)
+            else:
+                _heap_compact(CANOPY, None, depth, ni, cells, params, sc, hkey, hnode, hver,
+                              True)
+
+
+@nb.njit(cache=True)
+def _heap_from_queue(depth, ni, nf, params, sc, hkey, hnode, hver):
+    """The heap of a cache leaving the recency arm: its leaves (every block is in LRU's queue
+    between requests) keyed by the new arm."""
+    n = 0
+    v = sc[TAIL]
+    while v >= 0:
+        if ni[v, NCHILD] == 0:
+            ni[v, VER] += 1
+            n = _heap_push(hkey, hnode, hver, n, _key(CANOPY, None, v, depth, ni, nf, params,
+                                                      sc[ARM]), v, ni[v, VER])
+        v = ni[v, NEXT]
+    sc[HLEN] = n
+
+
+@nb.njit(cache=True)
+def _queue_from_heap(parent, depth, ni, params, sc, hnode, hver):
+    """LRU's queue of a cache returning to the recency arm: every cached block (the heap's
+    live leaves and their ancestors, marked by ``NEXT = -2`` as they are found) in recency
+    order, oldest at the front."""
+    held = np.empty(sc[SIZE], dtype=np.int64)
+    m = 0
+    for e in range(sc[HLEN]):
+        v = hnode[e]
+        if ni[v, CACHED] == 1 and ni[v, NCHILD] == 0 and ni[v, VER] == hver[e]:
+            while v >= 0 and ni[v, NEXT] != -2:
+                ni[v, NEXT] = -2
+                held[m] = v
+                m += 1
+                v = parent[v]
+    keys = np.empty(m)
+    for i in range(m):
+        keys[i] = _recency(held[i], depth, ni, params[DMAX])
+    head, tail = -1, -1
+    for i in np.argsort(keys):
+        head, tail = _push_head(ni, head, tail, held[i])
+    sc[HEAD], sc[TAIL] = head, tail
 
 
 @nb.njit(cache=True)
@@ -608,9 +708,16 @@ def canopy_shadows(t, lo, hi, nodes, parent, depth, params, cells, sc, arms):
     ``sc[ARM]`` to the best arm once it leads significantly; returns whether the arm
     switched."""
     ac, stats, pairs, got, sm, skinds, scap, sni, ssc, shkey, shnode, shver = arms
-    rate, gamma, z, min_n = ac[0], ac[1], ac[2], ac[3]
-    if hi == lo or unit_hash(nodes[min(lo + 1, hi - 1)], sm[1]) >= rate:
+    if hi == lo or unit_hash(nodes[min(lo + 1, hi - 1)], sm[1]) >= ac[0]:
         return False
+    return _shadows_step(t, lo, hi, nodes, parent, depth, params, cells, sc, ac, stats, pairs,
+                         got, sm, skinds, scap, sni, ssc, shkey, shnode, shver)
+
+
+@nb.njit(cache=True, inline="always")
+def _shadows_step(t, lo, hi, nodes, parent, depth, params, cells, sc, ac, stats, pairs, got,
+                  sm, skinds, scap, sni, ssc, shkey, shnode, shver):
+    """:func:`canopy_shadows` on a sampled request, the shadows' state unpacked."""
     for a in range(len(skinds)):
         if skinds[a] == LRU:
             got[a] = _lru_request(t, lo, hi, nodes, nodes, parent, scap, sni[a], ssc[a])
@@ -618,9 +725,9 @@ def canopy_shadows(t, lo, hi, nodes, parent, depth, params, cells, sc, arms):
             got[a] = _heap_request(CANOPY, None, t, lo, hi, nodes, nodes, parent, depth, scap,
                                    params, sni[a], cells, ssc[a], shkey[a], shnode[a],
                                    shver[a])
-    _score(stats, pairs, got, gamma)
+    _score(stats, pairs, got, ac[1])
     best = np.argmax(stats[:len(skinds)])
-    if best != sc[ARM] and _leads(stats, pairs, best, sc[ARM], z, min_n):
+    if best != sc[ARM] and _leads(stats, pairs, best, sc[ARM], ac[2], ac[3]):
         sc[ARM] = best
         sm[0] += 1
         return True
@@ -635,7 +742,8 @@ def observe(kind, t, nodes, parent, params, ni, cells, sc, seq):
     the host does not hold is (re)inserted: hit count restarts, SIEVE's visited bit clears and
     ``NEXT_USE`` takes the insertion order ``seq``). Returns the next insertion order."""
     if kind == CANOPY:
-        _cells_update(0, len(nodes), nodes, parent, cells, sc, params)
+        _cells_update(0, len(nodes), nodes, parent, cells, sc, params,
+                      np.empty(len(params) - LAM0))
     for v in nodes:
         if ni[v, CACHED] == 0:
             ni[v, CACHED] = 1
