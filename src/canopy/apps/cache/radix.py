@@ -80,6 +80,11 @@ ShadowState = namedtuple("ShadowState",
 per arm (stacked on the first axis) its kernel code and a :class:`Cache` of ``capacity``
 blocks."""
 
+# shadows' counters (``sm``): switches so far, the sample's hash salt, and whether the recency
+# shadow rides on the main cache (1: at full rate and capacity, while the main cache has only
+# evicted by recency, shadow 0 *is* the main cache and is not replayed)
+SWITCHES, SALT, RIDES = range(3)
+
 # decayed-count configuration (``params``): prior weight, deepest depth, the cells' epoch
 # length in referenced blocks, one decay rate (per referenced block) per decayed arm
 RHO, DMAX, PERIOD, LAM0 = range(4)
@@ -326,15 +331,14 @@ def _heap_compact(kind, key, depth, ni, nf, params, sc, hkey, hnode, hver, rekey
 
 
 @nb.njit(cache=True, inline="always")
-def _push_leaf(kind, key, v, depth, ni, nf, params, hkey, hnode, hver, sc, n):
-    """Push leaf ``v`` (retiring its older entries) onto the heap of ``n`` entries, compacted
-    first when full; returns the heap's new length."""
+def _push_leaf(kind, key, v, k, depth, ni, nf, params, hkey, hnode, hver, sc, n):
+    """Push leaf ``v`` with key ``k`` (retiring its older entries) onto the heap of ``n``
+    entries, compacted first when full; returns the heap's new length."""
     if n == len(hkey):
         sc[HLEN] = n
         _heap_compact(kind, key, depth, ni, nf, params, sc, hkey, hnode, hver, False)
         n = sc[HLEN]
     ni[v, VER] += 1
-    k = _key(kind, key, v, depth, ni, nf, params, sc[ARM])
     return _heap_push(hkey, hnode, hver, n, k, v, ni[v, VER])
 
 
@@ -373,24 +377,24 @@ def _cells_update(lo, hi, nodes, parent, cells, sc, params, now):
         v = nodes[r]
         p = parent[v]
         last = cells[v, CELL_CLOCK]
-        if last < 0 and p >= 0:
-            cells[p, CELL_KIDS] += 1.0
-        for j in range(len(now)):
-            col = CELL_S0 + j
-            own = cells[v, col]
+        share = 0.0
+        if p >= 0:
             if last < 0:
-                own = 0.0
-            elif last < base:  # last used in an older epoch
+                cells[p, CELL_KIDS] += 1.0
+            share = rho / cells[p, CELL_KIDS]
+        for j in range(len(now)):
+            own = 0.0 if last < 0 else cells[v, CELL_S0 + j]
+            if 0 <= last < base:  # last used in an older epoch: rescaled to this one
                 own *= np.exp(-params[LAM0 + j] * (base - period * np.floor(last / period)))
             if p >= 0:
                 if r > lo:  # the parent, updated just before: in this epoch's scale
-                    share = cells[p, col] - now[j]
+                    above = cells[p, CELL_S0 + j] - now[j]
                 else:  # a parent observed with an earlier request: its count as stored
                     at = cells[p, CELL_CLOCK]
-                    share = (cells[p, col] * np.exp(-params[LAM0 + j] * (
-                        at - period * np.floor(at / period))) - 1.0) * now[j]
-                own = max(own, rho * share / cells[p, CELL_KIDS])
-            cells[v, col] = own + now[j]
+                    above = now[j] * (cells[p, CELL_S0 + j] * np.exp(-params[LAM0 + j] * (
+                        at - period * np.floor(at / period))) - 1.0)
+                own = max(own, share * above)
+            cells[v, CELL_S0 + j] = own + now[j]
         cells[v, CELL_CLOCK] = clock
     sc[CLOCK] = clock + hi - lo
 
@@ -454,7 +458,7 @@ def _heap_request(kind, key, t, lo, hi, nodes, nu, parent, depth, capacity, para
         ni[nodes[k], PIN] = t
         k += 1
     end = k
-    held = -1  # a parent that just became the lowest leaf, kept off the heap
+    held, kheld = -1, 0.0  # a parent that just became the lowest leaf, kept off the heap
     for r in range(k, hi):
         if size >= capacity:
             u, held = held, -1
@@ -475,12 +479,12 @@ def _heap_request(kind, key, t, lo, hi, nodes, nu, parent, depth, capacity, para
                     # evicting a chain tail first: when the parent's key is at most every
                     # heap key it is the next victim, so skip its push and pop
                     ni[p, VER] += 1  # retires heap entries from when it was a leaf before
-                    if n == 0 or _key(kind, key, p, depth, ni, nf, params, sc[ARM]) <= (
-                            hkey[0]):
-                        held = p
+                    kp = _key(kind, key, p, depth, ni, nf, params, sc[ARM])
+                    if n == 0 or kp <= hkey[0]:
+                        held, kheld = p, kp  # not used by this request: its key holds
                     else:
-                        n = _push_leaf(kind, key, p, depth, ni, nf, params, hkey, hnode, hver,
-                                       sc, n)
+                        n = _push_leaf(kind, key, p, kp, depth, ni, nf, params, hkey, hnode,
+                                       hver, sc, n)
         v = nodes[r]
         ni[v, CACHED] = 1
         ni[v, PIN] = t
@@ -491,12 +495,13 @@ def _heap_request(kind, key, t, lo, hi, nodes, nu, parent, depth, capacity, para
             ni[parent[v], NCHILD] += 1
         end = r + 1
     if held >= 0:
-        n = _push_leaf(kind, key, held, depth, ni, nf, params, hkey, hnode, hver, sc, n)
+        n = _push_leaf(kind, key, held, kheld, depth, ni, nf, params, hkey, hnode, hver, sc, n)
     for r in range(lo, end):
         _touch(nodes[r], t, nu[r], ni)
     if end > lo:
-        n = _push_leaf(kind, key, nodes[end - 1], depth, ni, nf, params, hkey, hnode, hver, sc,
-                       n)
+        v = nodes[end - 1]
+        n = _push_leaf(kind, key, v, _key(kind, key, v, depth, ni, nf, params, sc[ARM]), depth,
+                       ni, nf, params, hkey, hnode, hver, sc, n)
     sc[SIZE], sc[HLEN] = size, n
     return k - lo
 
@@ -638,10 +643,13 @@ def _canopy_loop(t0, t1, first, offsets, nodes, parent, depth, capacity, params,
     than a recency request."""
     ni, sc, hkey, hnode, hver = c
     ac, stats, pairs, got, sm, skinds, scap, sni, ssc, shkey, shnode, shver = arms
-    rate, salt = ac[0], sm[1]
+    rate, salt = ac[0], sm[SALT]
     now = np.empty(len(params) - LAM0)
     for t in range(t0, t1):
         lo, hi = offsets[t - first], offsets[t - first + 1]
+        sampled = hi > lo and unit_hash(nodes[min(lo + 1, hi - 1)], salt) < rate
+        if sm[RIDES] == 1 and not sampled:  # the recency shadow leaves the main cache
+            _unride(ni, sc, sm, sni, ssc)
         _cells_update(lo, hi, nodes, parent, cells, sc, params, now)
         arm = sc[ARM]
         if arm == 0:
@@ -650,9 +658,11 @@ def _canopy_loop(t0, t1, first, offsets, nodes, parent, depth, capacity, params,
             reused[t - first] = _heap_request(CANOPY, None, t, lo, hi, nodes, nodes, parent,
                                               depth, capacity, params, ni, cells, sc, hkey,
                                               hnode, hver)
-        if hi > lo and unit_hash(nodes[min(lo + 1, hi - 1)], salt) < rate and _shadows_step(
-                t, lo, hi, nodes, parent, depth, params, cells, sc, ac, stats, pairs, got, sm,
-                skinds, scap, sni, ssc, shkey, shnode, shver):
+        if sampled and _shadows_step(t, lo, hi, nodes, parent, depth, params, cells, sc, ac,
+                                     stats, pairs, got, sm, skinds, scap, sni, ssc, shkey,
+                                     shnode, shver, reused[t - first]):
+            if sm[RIDES] == 1:
+                _unride(ni, sc, sm, sni, ssc)
             if sc[ARM] == 0:
                 _queue_from_heap(parent, depth, ni, params, sc, hnode, hver)
             elif arm == 0:
@@ -660,6 +670,16 @@ def _canopy_loop(t0, t1, first, offsets, nodes, parent, depth, capacity, params,
             else:
                 _heap_compact(CANOPY, None, depth, ni, cells, params, sc, hkey, hnode, hver,
                               True)
+
+
+@nb.njit(cache=True)
+def _unride(ni, sc, sm, sni, ssc):
+    """Give the recency shadow its own state: until now it was the main cache (the same
+    kernel, capacity and requests), from now on it is not."""
+    sni[0][:] = ni
+    ssc[0][:] = sc
+    ssc[0][ARM] = 0
+    sm[RIDES] = 0
 
 
 @nb.njit(cache=True)
@@ -708,18 +728,21 @@ def canopy_shadows(t, lo, hi, nodes, parent, depth, params, cells, sc, arms):
     ``sc[ARM]`` to the best arm once it leads significantly; returns whether the arm
     switched."""
     ac, stats, pairs, got, sm, skinds, scap, sni, ssc, shkey, shnode, shver = arms
-    if hi == lo or unit_hash(nodes[min(lo + 1, hi - 1)], sm[1]) >= ac[0]:
+    if hi == lo or unit_hash(nodes[min(lo + 1, hi - 1)], sm[SALT]) >= ac[0]:
         return False
     return _shadows_step(t, lo, hi, nodes, parent, depth, params, cells, sc, ac, stats, pairs,
-                         got, sm, skinds, scap, sni, ssc, shkey, shnode, shver)
+                         got, sm, skinds, scap, sni, ssc, shkey, shnode, shver, 0)
 
 
 @nb.njit(cache=True, inline="always")
 def _shadows_step(t, lo, hi, nodes, parent, depth, params, cells, sc, ac, stats, pairs, got,
-                  sm, skinds, scap, sni, ssc, shkey, shnode, shver):
-    """:func:`canopy_shadows` on a sampled request, the shadows' state unpacked."""
+                  sm, skinds, scap, sni, ssc, shkey, shnode, shver, main_reused):
+    """:func:`canopy_shadows` on a sampled request, the shadows' state unpacked;
+    ``main_reused``: the main cache's reuse, the recency shadow's while it rides on it."""
     for a in range(len(skinds)):
-        if skinds[a] == LRU:
+        if a == 0 and sm[RIDES] == 1:
+            got[a] = main_reused
+        elif skinds[a] == LRU:
             got[a] = _lru_request(t, lo, hi, nodes, nodes, parent, scap, sni[a], ssc[a])
         else:
             got[a] = _heap_request(CANOPY, None, t, lo, hi, nodes, nodes, parent, depth, scap,
@@ -729,7 +752,7 @@ def _shadows_step(t, lo, hi, nodes, parent, depth, params, cells, sc, ac, stats,
     best = np.argmax(stats[:len(skinds)])
     if best != sc[ARM] and _leads(stats, pairs, best, sc[ARM], ac[2], ac[3]):
         sc[ARM] = best
-        sm[0] += 1
+        sm[SWITCHES] += 1
         return True
     return False
 
@@ -811,10 +834,13 @@ def scalars() -> np.ndarray:
 
 class Shadows:
     """Metadata-only shadow caches, one per arm, over the sampled requests (see
-    :class:`~canopy.apps.cache.policies.Canopy`); they read the main cache's cells."""
+    :class:`~canopy.apps.cache.policies.Canopy`); they read the main cache's cells.
+    ``rides``: the main cache is served by :func:`canopy_request` (not a host's own), so at
+    full rate and capacity the recency shadow rides on it until the main cache leaves recency
+    (:data:`RIDES`)."""
 
     def __init__(self, n_nodes: int, longest: int, policy, capacity: int,
-                 dtype: type = np.int64) -> None:
+                 dtype: type = np.int64, rides: bool = False) -> None:
         arms = policy.arms(capacity)
         self.capacity = arms.capacity
         self.ac = np.array([arms.rate, arms.gamma, arms.z, arms.min_evidence])
@@ -823,7 +849,9 @@ class Shadows:
         self.stats = np.zeros(k + 1)
         self.pairs = np.zeros((2, k, k))
         self.got = np.zeros(k)
-        self.sm = np.array([0, arms.seed], dtype=np.int64)  # switches, salt
+        rides = (rides and arms.rate >= 1.0 and arms.capacity == capacity
+                 and arms.kinds[0] == LRU and policy.start_arm == 0)
+        self.sm = np.array([0, arms.seed, int(rides)], dtype=np.int64)  # SWITCHES, SALT, RIDES
         self.ni = node_table(n_nodes, dtype, k)
         self.sc = np.stack([scalars() for _ in range(k)])
         self.sc[:, ARM] = np.arange(k)  # shadow a evicts by arm a
@@ -867,7 +895,7 @@ class RadixCache:
         if self.kind == CANOPY:
             self._cells = np.zeros((n, len(self.params) - LAM0 + CELL_S0), dtype=np.float64)
             self._cells[:, CELL_CLOCK] = -1.0
-            self._shadows = Shadows(n, longest, policy, self.capacity, dtype)
+            self._shadows = Shadows(n, longest, policy, self.capacity, dtype, rides=True)
             self._sc[ARM] = policy.start_arm
         heap = shadow_heap_size(self.capacity, longest)  # compacted when full
         self._hkey = np.zeros(heap, dtype=np.float64)
@@ -916,7 +944,7 @@ class RadixCache:
     @property
     def switches(self) -> int:
         """``canopy``: how many times the evicting arm changed."""
-        return 0 if self._shadows is None else int(self._shadows.sm[0])
+        return 0 if self._shadows is None else int(self._shadows.sm[SWITCHES])
 
     @property
     def table(self) -> np.ndarray:
