@@ -21,7 +21,9 @@ in local variables (paper Section 4, "Serving systems": the prefix tree is the c
   :class:`~canopy.apps.cache.policies.PriorityPolicy` with its own key function) keep a binary
   min-heap of evictable leaves with lazy deletion (per-node versions); a node is pushed when
   it becomes a leaf or a leaf is used. A key changes only when its node is used, so the heap
-  is exact; ``CANOPY`` re-keys the whole heap when it switches arms.
+  is exact. ``CANOPY``'s main cache is LRU's queue while it evicts by recency (the same
+  victims as the recency key's heap) and builds its heap, or re-keys it, when it switches
+  arms.
 
 A cache's state travels as a :class:`Cache` (node table, scalars, heap), ``CANOPY``'s shadows
 as a :class:`ShadowState`; hosts (:mod:`canopy.apps.cache.stream`) call the public kernels
@@ -42,7 +44,8 @@ import numba as nb
 import numpy as np
 
 __all__ = ["CANOPY", "LFU", "LRU", "OPTIMAL", "PRIORITY", "SIEVE", "Cache", "RadixCache",
-           "ShadowState", "Shadows", "canopy_request", "canopy_shadows", "next_use",
+           "ShadowState", "Shadows", "canopy_request", "canopy_shadows", "cell_counts",
+           "next_use",
            "node_table", "observe", "priorities", "priorities_keyed", "request",
            "request_keyed", "scalars", "shadow_heap_size", "unit_hash"]
 
