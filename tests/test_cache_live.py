@@ -192,6 +192,34 @@ def test_live_plot_is_written(tmp_path):
     assert file.stat().st_size > 1000
 
 
+def test_gain_over_lru_is_paired_by_request():
+    """A policy 10 ms faster than LRU on every request, under noise shared by the pair (the
+    same prompt at the same position): the paired gain is 10 ms with a tight interval, while
+    the noise (200 ms across requests) would swamp an unpaired comparison."""
+    from canopy.apps.cache.live import LiveRun, summarize
+    from canopy.apps.cache.ttft import TTFTModel
+
+    rng = np.random.default_rng(0)
+
+    def run(ttft: np.ndarray) -> LiveRun:
+        n = len(ttft)
+        return LiveRun("p", start=10, ttft_s=list(ttft), total_s=list(ttft), wall_s=1.0,
+                       server={"reused_blocks": [1] * n, "prompt_blocks": [2] * n,
+                               "block_tokens": 16, "state_bytes": 0, "unbacked": 0})
+
+    shared = [rng.uniform(0.1, 0.5, 200) for _ in range(3)]
+    lru = [run(s + rng.normal(0, 0.001, 200)) for s in shared]
+    fast = [run(s - 0.010 + rng.normal(0, 0.001, 200)) for s in shared]
+    predicted = [np.ones(200)] * 3
+    model = TTFTModel(ms_per_token=1.0, overhead_ms=0.0)
+    gain = summarize(fast, predicted, None, model, lru)["ttft_vs_lru_s"]
+    assert gain["mean"] == pytest.approx(0.010, abs=5e-4)
+    low, high = gain["ci95"]
+    assert low < 0.010 < high and high - low < 0.001
+    assert len(gain["per_repeat"]) == 3 and gain["ci95_repeats"][0] > 0
+    assert "ttft_vs_lru_s" not in summarize(lru, predicted, None, model, lru)
+
+
 def _engine_pids(parent: int) -> list[int]:
     from canopy.apps.cache.vllm_server import descendants
 

@@ -4,6 +4,7 @@ the memory bound, budgets, determinism and validation."""
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -18,7 +19,7 @@ from canopy.policies.descent import (
     MemoryBoundedDescent,
     OptimisticDescent,
 )
-from canopy.problem import LeafMeans, ProblemSpec
+from canopy.problem import LeafMeans, ProblemSpec, Query
 from canopy.run import run
 from canopy.tree import LazyTree, Tree
 
@@ -358,3 +359,65 @@ def test_names():
     assert OptimisticDescent(spread="hybrid").name == "descent-hybrid"
     assert OptimisticDescent(spread="estimated").name == "descent-estimated"
     assert MemoryBoundedDescent.name == "memory-bounded"
+
+
+def _short_and_base_path_runs(make, problem, budget):
+    """The same run three times: told with the very query asked and a float, or a numpy float
+    (the short path), and with an equal rebuilt query (the base class's path)."""
+    runs = []
+    for told in (lambda q, x: (q, x), lambda q, x: (q, np.float64(x)),
+                 lambda q, x: (Query(*q), x)):
+        policy = make().start(problem.spec, budget=budget, seed=0)
+        rng = np.random.default_rng(1)
+        asked = []
+        while (query := policy.ask()) is not None:
+            asked.append(query)
+            policy.tell(*told(query, problem.probe(query.node, rng)))
+        runs.append((asked, policy.recommend(2).tolist(), policy.ledger_.spent,
+                     policy._fs.tobytes()))  # the explored tree's statistics, bit for bit
+    return runs
+
+
+@pytest.mark.parametrize("lazy", [False, True])
+def test_the_short_ask_tell_path_plays_as_the_base_class_path(lazy):
+    if lazy:
+        problem, make = infinite_depth(2), MemoryBoundedDescent
+    else:
+        problem, make = tree_lipschitz(2, 6, seed=0), OptimisticDescent
+    short, short_numpy, base = _short_and_base_path_runs(make, problem, 300.0)
+    assert short == short_numpy == base
+    assert len(short[0]) == 300
+
+
+@pytest.mark.parametrize("lazy", [False, True])
+def test_the_short_ask_tell_path_keeps_every_error(lazy):
+    tree = LazyTree(2) if lazy else Tree.complete(2, 4)
+    spec = ProblemSpec(tree, 0.1, 1.0, 1.0, value_range=(0.0, 1.0))
+    make = MemoryBoundedDescent if lazy else OptimisticDescent
+    with pytest.raises(RuntimeError, match="start"):
+        make().ask()
+    with pytest.raises(RuntimeError, match="start"):
+        make().tell(Query("probe", 0), 0.5)
+    policy = make().start(spec, budget=10.0, seed=0)
+    query = policy.ask()
+    for value, error, match in ((math.nan, ValueError, "not finite"),
+                                (math.inf, ValueError, "not finite"),
+                                (np.float64(-math.inf), ValueError, "not finite"),
+                                (1.5, ValueError, "outside the declared range"),
+                                (np.float64(-0.5), ValueError, "outside the declared range"),
+                                ("0.5", TypeError, "real number")):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # and no numpy warning on the way
+            with pytest.raises(error, match=match):
+                policy.tell(query, value)
+    other = Query("probe", (9, 3) if lazy else 5)
+    with pytest.raises(ValueError, match="not asked"):
+        policy.tell(other, 0.5)
+    policy.tell(query, 0.5)  # still outstanding after every refusal
+    with pytest.raises(ValueError, match="already told"):
+        policy.tell(query, 0.5)
+    query = policy.ask()
+    policy.abandon(query, refund=True)
+    with pytest.raises(ValueError, match="not asked"):
+        policy.tell(query, 0.5)
+    assert policy.ledger_.spent == 1.0

@@ -54,6 +54,13 @@ N_PARAMS = 14
 M_USED, M_STORED, M_PEAK, M_NFREE, M_ROUNDS, M_DEEPEST = range(N_PARAMS, N_PARAMS + 6)
 INST0 = N_PARAMS + 6  # then (L, rho, t) per schedule
 
+#: how every kernel here is compiled: cached, and without numba's reference counting
+#: (``_nrt=False``, as numba compiles its own allocation-free helpers). The kernels allocate
+#: nothing and every array they touch belongs to the calling policy, so the atomic increment
+#: and decrement numba otherwise wraps around each use of an array (most of a round's time in
+#: the kernel) guard nothing; the arrays' unboxing on each call is cheaper too.
+kernel = numba.njit(cache=True, _nrt=False)
+
 ASSUMED, CERTIFIED, HYBRID, ESTIMATED = 0, 1, 2, 3
 # own probes a node needs before ``spread="estimated"`` trusts its own within-cell sd (and
 # before it may be split): the sample variance's relative standard error sqrt(2 / (n - 1)) is
@@ -64,17 +71,17 @@ REFINE, ALWAYS, FIXED = 0, 1, 2
 
 def entry_point(kernel: numba.core.registry.CPUDispatcher, *example: object) -> object:
     """The compiled entry point of ``kernel`` for the argument types of ``example``: calling it
-    skips numba's per-call type resolution, about 40% of a call's dispatch cost (most of the
-    descent's own per-round overhead). Only for arguments of exactly those types (the
-    policies' own arrays, an ``int`` row and a ``float`` observation). Falls back to the
-    dispatcher itself if this numba does not expose its overloads."""
+    skips numba's per-call type resolution, about 40% of a call's dispatch cost. Only for
+    arguments of exactly those types (the policies' own arrays, an ``int`` row and a ``float``
+    observation, which a numpy float also passes as). Falls back to the dispatcher itself if
+    this numba does not expose its overloads."""
     signature = tuple(numba.typeof(arg) for arg in example)
     kernel.compile(signature)
     overload = getattr(kernel, "overloads", {}).get(signature)
     return getattr(overload, "entry_point", kernel)
 
 
-@numba.njit(cache=True)
+@kernel
 def spread_lower(state: np.ndarray, sigma: float, delta: float, z: float) -> float:
     """Lower confidence bound on the noise-deconvolved within-cell standard deviation from a
     packed certificate state; the same quantity as ``Certificate.spread_lower``."""
@@ -88,7 +95,7 @@ def spread_lower(state: np.ndarray, sigma: float, delta: float, z: float) -> flo
     return math.sqrt(max(std_low * std_low - sigma * sigma, 0.0))
 
 
-@numba.njit(cache=True)
+@kernel
 def _estimated(v: int, fs: np.ndarray, sigma: float) -> float:
     """Section 3.3's data-driven bonus ``sigma_w sqrt(2 log m)`` with the plug-in
     ``sigma_w = sqrt(max(var(own probes) - sigma^2, 0))``, capped at 1 (the values' range).
@@ -104,7 +111,7 @@ def _estimated(v: int, fs: np.ndarray, sigma: float) -> float:
     return bonus
 
 
-@numba.njit(cache=True)
+@kernel
 def _spread(v: int, fs: np.ndarray, ctl: np.ndarray, lambdas: np.ndarray) -> float:
     """The bias bonus of row ``v`` (see :class:`~canopy.policies.descent.OptimisticDescent`)."""
     mode = int(ctl[P_SPREAD])
@@ -131,12 +138,12 @@ def _spread(v: int, fs: np.ndarray, ctl: np.ndarray, lambdas: np.ndarray) -> flo
     return floor
 
 
-@numba.njit(cache=True)
+@kernel
 def _log_t(v: int, ist: np.ndarray, ctl: np.ndarray) -> float:
     return math.log(max(ctl[INST0 + 3 * ist[v, INST] + 2], 1.0))
 
 
-@numba.njit(cache=True)
+@kernel
 def _upper(v: int, fs: np.ndarray, ctl: np.ndarray, log_t: float) -> float:
     """Eq. (4)'s ``U(v)``."""
     count = fs[v, COUNT]
@@ -146,7 +153,7 @@ def _upper(v: int, fs: np.ndarray, ctl: np.ndarray, log_t: float) -> float:
     return upper
 
 
-@numba.njit(cache=True)
+@kernel
 def _refresh_b(v: int, fs: np.ndarray, ist: np.ndarray) -> None:
     """Eq. (4): ``B(v) = min(U(v), max_children B)``; ``U(v)`` for an explored leaf."""
     first = ist[v, FIRST]
@@ -159,7 +166,7 @@ def _refresh_b(v: int, fs: np.ndarray, ist: np.ndarray) -> None:
     fs[v, BVAL] = min(fs[v, UPPER], best)
 
 
-@numba.njit(cache=True)
+@kernel
 def descend(root: int, fs: np.ndarray, ist: np.ndarray) -> int:
     """Follow the child of largest ``B`` (first on ties) from ``root`` to an explored leaf."""
     v = root
@@ -175,7 +182,7 @@ def descend(root: int, fs: np.ndarray, ist: np.ndarray) -> int:
     return v
 
 
-@numba.njit(cache=True)
+@kernel
 def _finish(v: int, fs: np.ndarray, ist: np.ndarray, ctl: np.ndarray) -> int:
     """Refresh ``U`` and ``B`` from ``v`` up to its root, then descend for the next round
     (schedules take rounds in turn). Returns the row to play next."""
@@ -189,7 +196,7 @@ def _finish(v: int, fs: np.ndarray, ist: np.ndarray, ctl: np.ndarray) -> int:
     return descend(int(ctl[M_ROUNDS]) % n_inst, fs, ist)
 
 
-@numba.njit(cache=True)
+@kernel
 def _wants_split(v: int, fs: np.ndarray, ist: np.ndarray, ctl: np.ndarray) -> bool:
     """The expand rule: ``always``/``fixed`` split a played explored leaf at once (``fixed``
     stops at ``max_depth``, folded into ``NKIDS``); ``refine`` is Eq. (6)."""
@@ -206,7 +213,7 @@ def _wants_split(v: int, fs: np.ndarray, ist: np.ndarray, ctl: np.ndarray) -> bo
     return fs[v, COUNT] >= c * c * _log_t(v, ist, ctl) / (spread * spread)
 
 
-@numba.njit(cache=True)
+@kernel
 def _compose(a: int, fs: np.ndarray, ist: np.ndarray, ctl: np.ndarray) -> None:
     """Composed bounds of row ``a`` from its own and its explored children's
     (:func:`canopy.certified_tree.combine`); children weigh ``m_c / m_a`` (``1 / arity`` on a
@@ -224,7 +231,7 @@ def _compose(a: int, fs: np.ndarray, ist: np.ndarray, ctl: np.ndarray) -> None:
     fs[a, CUP], fs[a, CLOW] = combine(fs[a, OUP], fs[a, OLOW], kid_up, kid_low)
 
 
-@numba.njit(cache=True)
+@kernel
 def _compose_path(v: int, fs: np.ndarray, ist: np.ndarray, ctl: np.ndarray,
                   setup: np.ndarray) -> None:
     """Refresh the composed bounds, and the certified spreads, of ``v``'s ancestors."""
@@ -236,12 +243,13 @@ def _compose_path(v: int, fs: np.ndarray, ist: np.ndarray, ctl: np.ndarray,
         a = ist[a, PARENT]
 
 
-@numba.njit(cache=True)
+@kernel
 def observe(v: int, x: float, fs: np.ndarray, ist: np.ndarray, ctl: np.ndarray,
             lambdas: np.ndarray) -> int:
     """Fold observation ``x`` of row ``v`` into the explored tree and descend for the next
     round. Returns the row to play next, or ``-1`` when ``v`` is to be split first (call
-    :func:`split`)."""
+    :func:`split`; a split the memory bound makes wait is finished here, as :func:`split`
+    would)."""
     ctl[INST0 + 3 * ist[v, INST] + 2] += 1.0
     ctl[M_ROUNDS] += 1.0
     path_stats = ctl[P_PATH] > 0
@@ -262,17 +270,16 @@ def observe(v: int, x: float, fs: np.ndarray, ist: np.ndarray, ctl: np.ndarray,
     elif fs.shape[1] > N_FLOAT:
         welford_push(fs[v, N_FLOAT:], x, lambdas, ctl[P_SIGMA], ctl[P_Z])
     fs[v, SPREAD] = _spread(v, fs, ctl, lambdas)
-    if _wants_split(v, fs, ist, ctl):
+    if _wants_split(v, fs, ist, ctl) and not _split_waits(v, fs, ist, ctl):
         return -1
     return _finish(v, fs, ist, ctl)
 
 
-@numba.njit(cache=True)
-def _prune_one(keep: int, fs: np.ndarray, ist: np.ndarray, ctl: np.ndarray) -> bool:
-    """Memory bound: forget the children of the explored node of lowest ``B`` whose children
-    are all explored leaves (never ``keep``, the parent of the row being split). The pruned
-    node becomes an explored leaf again with its own statistics. Returns whether one was
-    found."""
+@kernel
+def _prune_target(keep: int, fs: np.ndarray, ist: np.ndarray, ctl: np.ndarray) -> int:
+    """The explored node whose children the memory bound forgets next: of lowest ``B`` among
+    those whose children are all explored leaves, never ``keep`` (the parent of the row being
+    split); ``-1`` if there is none."""
     target = -1
     lowest = np.inf
     for p in range(int(ctl[M_USED])):
@@ -287,6 +294,23 @@ def _prune_one(keep: int, fs: np.ndarray, ist: np.ndarray, ctl: np.ndarray) -> b
         if all_leaves and (target < 0 or fs[p, BVAL] < lowest):
             target = p
             lowest = fs[p, BVAL]
+    return target
+
+
+@kernel
+def _split_waits(v: int, fs: np.ndarray, ist: np.ndarray, ctl: np.ndarray) -> bool:
+    """Whether :func:`split` of row ``v`` would wait: the memory cap is reached and nothing can
+    be forgotten (it would then only finish the round)."""
+    max_nodes = ctl[P_MAXNODES]
+    return (max_nodes > 0 and ctl[M_STORED] + ist[v, NKIDS] > max_nodes
+            and _prune_target(ist[v, PARENT], fs, ist, ctl) < 0)
+
+
+@kernel
+def _prune_one(keep: int, fs: np.ndarray, ist: np.ndarray, ctl: np.ndarray) -> bool:
+    """Memory bound: forget the children of :func:`_prune_target`. The pruned node becomes an
+    explored leaf again with its own statistics. Returns whether there was one."""
+    target = _prune_target(keep, fs, ist, ctl)
     if target < 0:
         return False
     first = ist[target, FIRST]
@@ -309,7 +333,7 @@ def _prune_one(keep: int, fs: np.ndarray, ist: np.ndarray, ctl: np.ndarray) -> b
     return True
 
 
-@numba.njit(cache=True)
+@kernel
 def _kid_node(v: int, ist: np.ndarray, arity: int, child_ptr: np.ndarray,
               child_ids: np.ndarray, j: int) -> int:
     if arity > 0:
@@ -317,7 +341,7 @@ def _kid_node(v: int, ist: np.ndarray, arity: int, child_ptr: np.ndarray,
     return child_ids[child_ptr[ist[v, NODE]] + j]
 
 
-@numba.njit(cache=True)
+@kernel
 def split(v: int, fs: np.ndarray, ist: np.ndarray, ctl: np.ndarray, child_ptr: np.ndarray,
           child_ids: np.ndarray, leaf_lo: np.ndarray,
           leaf_hi: np.ndarray) -> int:

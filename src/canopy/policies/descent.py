@@ -43,7 +43,7 @@ from canopy.certificate import (
 )
 from canopy.policies import _explored as ex
 from canopy.policies.base import Policy, check_k
-from canopy.problem import ProblemSpec, Query
+from canopy.problem import ProblemSpec, Query, QueryBatch
 from canopy.tree import LazyTree, Tree
 from canopy.validation import check_open_unit, check_positive
 
@@ -157,20 +157,21 @@ class ExploredTreePolicy(Policy):
                                         0.0, root_log_m, 0.0, 1.0, 0.0, 1.0, 0.0)
         self._forest = n_inst > 1
         self._plain = not (self._forest or lazy)
-        self._kernel_args = (self._fs, self._ist, ctl, self._lambdas)
         self._bind_kernel()
         self._asked: dict[object, list[int]] = {}  # forest: rows asked per node, by schedule
         self._row_of: dict[object, int] = {}  # one tree: a node's row is unique
         self._queries: dict[int, Query] = {}
+        self._out = None
         self._next = 0
+        self._ready = None if self._forest else self._new_query(0)
 
     def _bind_kernel(self) -> None:
         """The compiled observe and split kernels for this run's arrays (numba closures, so
         they are not pickled but bound again on unpickling: the state itself is the
         arrays)."""
-        self._observe_kernel = ex.entry_point(ex.observe, 0, 0.0, *self._kernel_args)
-        self._split_kernel = ex.entry_point(ex.split, 0, *self._kernel_args[:3],
-                                            *self._tree_arrays)
+        arrays = (self._fs, self._ist, self._ctl)
+        self._observe_kernel = ex.entry_point(ex.observe, 0, 0.0, *arrays, self._lambdas)
+        self._split_kernel = ex.entry_point(ex.split, 0, *arrays, *self._tree_arrays)
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
@@ -180,7 +181,7 @@ class ExploredTreePolicy(Policy):
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
-        if "_kernel_args" in state:
+        if "_fs" in state:
             self._bind_kernel()
 
     @property
@@ -200,12 +201,59 @@ class ExploredTreePolicy(Policy):
             new = np.zeros((capacity, *old.shape[1:]), dtype=old.dtype)
             new[:old.shape[0]] = old
             setattr(self, name, new)
-        self._kernel_args = (self._fs, self._ist, self._ctl, self._lambdas)
 
     # ------------------------------------------------------------------ ask / tell
-    # The per-round path is kept short: on one tree a told node maps straight to its row
-    # (``_row_of`` holds only rows that still hold their node: entries of cells the memory
-    # bound forgets leave it at once), and the kernel's arrays travel as one tuple.
+    # The common loop (ask, then tell that very query) takes a short path on one tree: ``ask``
+    # hands out ``_ready``, the query of the row to play next (built by the previous round),
+    # and keeps it in ``_out`` instead of the base class's outstanding record; its ``tell``
+    # folds the observation into the row it was asked for. Anything else (a second query out,
+    # an equal copy told, an observation that is not a finite (numpy) float in range, a batch,
+    # ``abandon``, a forest) first moves ``_out`` into the outstanding record (:meth:`_settle`)
+    # and takes the base class's path, errors and all. Elsewhere a told node maps straight to
+    # its row (``_row_of`` holds only rows that still hold their node: entries of cells the
+    # memory bound forgets leave it at once).
+    _out: Query | None = None  # asked by the short path, not yet told
+    _ready: Query | None = None  # the next query (one tree, started)
+
+    def ask(self) -> Query | None:
+        query = self._ready
+        if query is None or self._out is not None or self._held is not None:
+            self._settle()
+            return super().ask()
+        kind = query[0]
+        if not self.ledger_.try_charge(kind, self._probe_cost if kind == "probe"
+                                       else self._leaf_cost):
+            return None
+        self._out = query
+        return query
+
+    def tell(self, query: Query, value: float) -> None:
+        out = self._out
+        # a Python or numpy float, finite (NaN fails every comparison) and in range
+        if (query is not out or out is None
+                or (type(value) is not float and type(value) is not np.float64)
+                or not (-math.inf < value < math.inf and self._low <= value <= self._high)):
+            self._settle()
+            super().tell(query, value)
+            return
+        self._out = None
+        self._play(self._next, value)
+
+    def abandon(self, query: Query, *, refund: bool = False) -> None:
+        self._settle()
+        super().abandon(query, refund=refund)
+
+    def _take_outstanding(self, batch: QueryBatch) -> None:
+        self._settle()
+        super()._take_outstanding(batch)
+
+    def _settle(self) -> None:
+        """Move the short path's outstanding query into the base class's record."""
+        out = self._out
+        if out is not None:
+            self._out = None
+            self._outstanding[out] = self._outstanding.get(out, 0) + 1
+
     def _next_query(self) -> Query | None:
         row = self._next
         query = self._queries.get(row) or self._new_query(row)
@@ -223,10 +271,16 @@ class ExploredTreePolicy(Policy):
 
     def _observe(self, query: Query, value: float) -> None:
         row = self._told_row(query) if self._forest else self._row_of.get(query.node, -1)
-        if row < 0:
-            return  # its cell was forgotten by the memory bound while the query was out
-        step = self._observe_kernel(row, value, *self._kernel_args)
-        self._next = step if step >= 0 else self._split(row)
+        if row >= 0:  # else its cell was forgotten by the memory bound while the query was out
+            self._play(row, value)
+
+    def _play(self, row: int, value: float) -> None:
+        """Fold ``value`` into ``row`` (the kernels), and choose the next row and, on one
+        tree, its query."""
+        step = self._observe_kernel(row, value, self._fs, self._ist, self._ctl, self._lambdas)
+        self._next = step = step if step >= 0 else self._split(row)
+        if not self._forest:
+            self._ready = self._queries.get(step) or self._new_query(step)
 
     def _told_row(self, query: Query) -> int:
         """The row a told query was asked for in a forest (POO; no memory bound)."""
@@ -239,7 +293,7 @@ class ExploredTreePolicy(Policy):
     def _split(self, row: int) -> int:
         if self._ctl[ex.M_USED] + self._max_kids > self._fs.shape[0]:
             self._grow()
-        step = self._split_kernel(row, *self._kernel_args[:3], *self._tree_arrays)
+        step = self._split_kernel(row, self._fs, self._ist, self._ctl, *self._tree_arrays)
         # the block the memory bound forgets is the one this split reuses (the top of the
         # free stack), so dropping the new block's rows drops every forgotten cell
         first = int(self._ist[row, ex.FIRST])

@@ -399,19 +399,27 @@ def _live_table(out: dict) -> None:
                         f"({out['capacity_blocks']} cached blocks of {out['block_tokens']} "
                         f"tokens), {out['repeats']} repeat(s)")
     for column in ("policy", "TTFT p50 s", "TTFT mean s", "hit rate", "req/s", "saved s",
-                   "replay saved s"):
+                   "replay saved s", "vs LRU s (95%)"):
         table.add_column(column, justify="right")
     for policy, r in out["results"].items():
         saved = r.get("ttft_saved_s", {}).get("mean")
         table.add_row(policy, f"{r['ttft_p50_s']:.3f}", f"{r['ttft_mean_s']:.3f}",
                       f"{r['hit_rate']:.3f}", f"{r['throughput_rps']:.2f}",
                       "-" if saved is None else f"{saved:.3f}",
-                      f"{r['predicted_ttft_saved_s']:.3f}")
+                      f"{r['predicted_ttft_saved_s']:.3f}", _versus(r.get("ttft_vs_lru_s")))
     console = Console()
     console.print(table)
     console.print(f"TTFT model ({fit['source']}): {fit['overhead_ms']:.1f} ms + "
                   f"{fit['ms_per_token']:.2f} ms per uncached token "
                   f"(fit on these runs: R^2 {fit['fitted_r2']:.3f})")
+
+
+def _versus(gain: dict | None) -> str:
+    """TTFT gained over LRU, paired by request, with its interval."""
+    if gain is None:
+        return "-"
+    low_high = "" if gain["ci95"] is None else " [{:.4f}, {:.4f}]".format(*gain["ci95"])
+    return f"{gain['mean']:.4f}{low_high}"
 
 
 def _plot_live(out: dict, file: Path) -> None:

@@ -16,7 +16,9 @@ in local variables (paper Section 4, "Serving systems": the prefix tree is the c
   2024) walking it that skips pinned leaves and clears visited bits, so an eviction is
   O(1), as LRU's is. Inner nodes' bits are cleared lazily (a bit set before the hand's next
   pass over the node's position is cleared when the node becomes a leaf), which evicts
-  exactly what a walk over every node would;
+  exactly what a walk over every node would. A parent that becomes a leaf mostly takes its
+  evicted child's place in the list, and the chain of blocks a request inserts is linked in
+  once, when the request ends (only its newest block is a leaf);
 * the priority policies (``LFU``, ``CANOPY``, ``OPTIMAL`` and ``PRIORITY``: any
   :class:`~canopy.apps.cache.policies.PriorityPolicy` with its own key function) keep a binary
   min-heap of evictable leaves with lazy deletion (per-node versions); a node is pushed when
@@ -59,8 +61,9 @@ LRU, LFU, SIEVE, CANOPY, OPTIMAL, PRIORITY = 0, 1, 2, 3, 4, 5
 CACHED, NCHILD, PIN, VER, PREV, NEXT, HITS, LAST, VISITED, NEXT_USE = range(10)
 _NI = 10
 # SIEVE has no heap and counts nothing in the replay: its leaf list, the lap of the hand's
-# next pass over a node whose visited bit is set, and its insertion order reuse those columns
-LPREV, LNEXT, LAP, SEQ = VER, HITS, LAST, NEXT_USE
+# next pass over a node whose visited bit is set, its insertion order and its parent (in the
+# row the eviction reads anyway, not in a line of the trace's parent array) reuse those columns
+LPREV, LNEXT, LAP, SEQ, PAR = VER, HITS, LAST, NEXT_USE, PREV
 # ``CANOPY`` cell statistics (columns of ``cells``, one row a node of the prefix tree, cached
 # or not): clock at the last use (-1: never used), children seen, then one discounted use
 # count (as of the last use) per decayed arm
@@ -68,10 +71,9 @@ CELL_CLOCK, CELL_KIDS, CELL_S0 = range(3)
 # scalars (``sc``): blocks cached, list ends, SIEVE's hand leaf, heap length, blocks
 # referenced so far, the arm whose priority orders the heap (``CANOPY``: 0 recency, ``j >= 1``
 # decayed arm j), SIEVE's leaf list ends, the hand's position (the insertion order it examines
-# next) and laps, the next insertion order, and the number of leaves
-(SIZE, HEAD, TAIL, HAND, HLEN, CLOCK, ARM, LHEAD, LTAIL, HPOS, LAPS, SEQN,
- NLEAF) = range(13)
-_SC = 13
+# next) and laps, and the next insertion order
+SIZE, HEAD, TAIL, HAND, HLEN, CLOCK, ARM, LHEAD, LTAIL, HPOS, LAPS, SEQN = range(12)
+_SC = 12
 Cache = namedtuple("Cache", "ni sc hkey hnode hver")
 """One cache's state, as the kernels take it: the node table (one row of the columns above a
 node), the scalars, and the heap of the priority policies (keys, nodes, versions)."""
@@ -139,85 +141,111 @@ def _push_head(ni, head, tail, v):
 
 
 # ---------------------------------------------------------------- SIEVE's hand over leaves
+@nb.njit(cache=True, inline="always")
+def _sieve_join(ni, a, n, lhead, ltail):
+    """Link leaves ``a`` and ``n`` (-1: an end of the list) as neighbours, dropping what was
+    between them; returns the list's ends (newest, oldest). (It takes the node table alone:
+    an inlined helper that takes two arrays, or loops, costs reference counting per call.)"""
+    if a >= 0:
+        ni[a, LNEXT] = n
+    else:
+        ltail = n
+    if n >= 0:
+        ni[n, LPREV] = a
+    else:
+        lhead = a
+    return lhead, ltail
+
+
 @nb.njit(cache=True)
 def _sieve_request(t, lo, hi, nodes, parent, capacity, ni, sc):
-    """SIEVE's request: :func:`request`'s steps with the hand over the leaf list, its state
-    in locals (written back at the end)."""
-    size, hand, hpos, laps = sc[SIZE], sc[HAND], sc[HPOS], sc[LAPS]
-    lhead, ltail, nleaf, seqn = sc[LHEAD], sc[LTAIL], sc[NLEAF], sc[SEQN]
+    """SIEVE's request: :func:`request`'s steps with the hand over the leaf list. What every
+    block reads (the size, the hand, the newest leaf, the next insertion order) is in locals,
+    written back at the end; the rest (the hand's position and laps, the oldest leaf) stays
+    in ``sc``, read where the hand wraps, a block is reused or a parent's bit is checked.
+
+    The blocks a request inserts form a chain (a request is a root-first path) whose newest
+    block is its only leaf: the list holds the chain's first block in its place until the
+    request ends (pinned, the hand only passes it, as it would the chain's end).
+    """
+    size, hand, lhead, seqn = sc[SIZE], sc[HAND], sc[LHEAD], sc[SEQN]
     k = lo
-    while k < hi and ni[nodes[k], CACHED] == 1:
-        v = nodes[k]
-        ni[v, PIN] = t
-        ni[v, VISITED] = 1  # the lap of the hand's next pass over v
-        ni[v, LAP] = laps if ni[v, SEQ] >= hpos else laps + 1
-        k += 1
+    if k < hi and ni[nodes[k], CACHED] == 1:
+        hpos, laps = sc[HPOS], sc[LAPS]
+        while k < hi and ni[nodes[k], CACHED] == 1:
+            v = nodes[k]
+            ni[v, PIN] = t
+            ni[v, VISITED] = 1  # the lap of the hand's next pass over v
+            ni[v, LAP] = laps if ni[v, SEQ] >= hpos else laps + 1
+            k += 1
+    w = -1  # the newest block inserted
     for r in range(k, hi):
         if size >= capacity:
-            # the hand walks the leaves oldest to newest and around, clearing visited bits,
-            # to the first unvisited unpinned leaf (none: every bit cleared, two laps)
-            u, laps0, hpos0, hand0 = hand, laps, hpos, hand
-            found = False
-            for _ in range(2 * nleaf + 2):
-                if u < 0:
-                    laps += 1
-                    hpos = -1
-                    u = ltail
-                if ni[u, PIN] != t and ni[u, VISITED] == 0:
-                    found = True
+            u = hand
+            if u < 0 or ni[u, PIN] == t or ni[u, VISITED] != 0:
+                # mostly the hand rests on a leaf to evict; else it walks the leaves oldest
+                # to newest and around, clearing visited bits, to the first unvisited
+                # unpinned leaf, found within two laps (none: every leaf is pinned, every
+                # bit cleared, the hand stays and the rest of the request is not cached)
+                laps0, hpos0 = sc[LAPS], sc[HPOS]
+                laps, hpos = laps0, hpos0
+                while laps <= laps0 + 2:
+                    if u < 0:
+                        laps += 1
+                        hpos = -1
+                        u = sc[LTAIL]
+                    elif ni[u, PIN] != t and ni[u, VISITED] == 0:
+                        break
+                    else:
+                        ni[u, VISITED] = 0
+                        hpos = ni[u, SEQ] + 1
+                        u = ni[u, LNEXT]
+                if laps > laps0 + 2:
+                    sc[LAPS], sc[HPOS] = laps0 + 2, hpos0
                     break
-                ni[u, VISITED] = 0
-                hpos = ni[u, SEQ] + 1
-                u = ni[u, LNEXT]
-            if not found:  # every leaf pinned: the rest of the request is not cached
-                laps, hpos, hand = laps0 + 2, hpos0, hand0
-                break
+                sc[LAPS], sc[HPOS] = laps, hpos
             after, n = ni[u, LPREV], ni[u, LNEXT]
-            if n < 0:  # the newest block (the newest is a leaf): the hand starts over
-                laps += 1
-                hpos = -1
-                hand = ltail if ltail != u else n
-            else:
-                hpos = ni[u, SEQ] + 1
-                hand = n
-            if after >= 0:  # out of the leaf list
-                ni[after, LNEXT] = n
-            else:
-                ltail = n
-            if n >= 0:
-                ni[n, LPREV] = after
-            else:
-                lhead = after
-            ni[u, LPREV] = -1
-            ni[u, LNEXT] = -1
-            nleaf -= 1
-            ni[u, CACHED] = 0
+            ni[u, CACHED] = 0  # its list links go stale: only leaves' are read
             size -= 1
-            p = parent[u]
+            p = ni[u, PAR]
             if p >= 0:
                 ni[p, NCHILD] -= 1
-                if ni[p, NCHILD] == 0:  # p becomes a leaf, after the newest older leaf
+                if ni[p, NCHILD] > 0:
+                    p = -1  # p is not a leaf yet
+            if p >= 0 and n >= 0 and (after < 0 or ni[after, SEQ] < ni[p, SEQ]):
+                # mostly: p becomes a leaf in u's place and the hand moves on, past it
+                sc[HPOS] = ni[u, SEQ] + 1
+                hand = n
+                if ni[p, VISITED] == 1 and sc[LAPS] >= ni[p, LAP]:
+                    ni[p, VISITED] = 0  # the hand passed p since its bit was set
+                ni[p, LPREV] = after
+                ni[p, LNEXT] = n
+                ni[n, LPREV] = p
+                if after >= 0:
+                    ni[after, LNEXT] = p
+                else:
+                    sc[LTAIL] = p
+            else:  # u out of the list and the hand past it; p after the newest older leaf
+                if n < 0:  # the newest leaf (the newest block is a leaf): the hand starts over
+                    sc[LAPS] += 1
+                    sc[HPOS] = -1
+                    hand = sc[LTAIL] if sc[LTAIL] != u else n
+                else:
+                    sc[HPOS] = ni[u, SEQ] + 1
+                    hand = n
+                lhead, sc[LTAIL] = _sieve_join(ni, after, n, lhead, sc[LTAIL])
+                if p >= 0:
                     s = ni[p, SEQ]
-                    if ni[p, VISITED] == 1 and (laps > ni[p, LAP] or (
-                            laps == ni[p, LAP] and hpos > s)):
-                        ni[p, VISITED] = 0  # the hand passed p since its bit was set
-                    a = after
-                    while a >= 0 and ni[a, SEQ] > s:
-                        a = ni[a, LPREV]
-                    n = ltail if a < 0 else ni[a, LNEXT]
-                    ni[p, LPREV] = a
-                    ni[p, LNEXT] = n
-                    if a >= 0:
-                        ni[a, LNEXT] = p
-                    else:
-                        ltail = p
-                    if n >= 0:
-                        ni[n, LPREV] = p
-                    else:
-                        lhead = p
-                    nleaf += 1
-                    if s >= hpos and (hand < 0 or s < ni[hand, SEQ]):
-                        hand = p  # the hand rests on the first leaf at or after hpos
+                    if ni[p, VISITED] == 1 and (sc[LAPS] > ni[p, LAP] or (
+                            sc[LAPS] == ni[p, LAP] and sc[HPOS] > s)):
+                        ni[p, VISITED] = 0
+                    while after >= 0 and ni[after, SEQ] > s:
+                        after = ni[after, LPREV]
+                    n = sc[LTAIL] if after < 0 else ni[after, LNEXT]
+                    lhead, sc[LTAIL] = _sieve_join(ni, after, p, lhead, sc[LTAIL])
+                    lhead, sc[LTAIL] = _sieve_join(ni, p, n, lhead, sc[LTAIL])
+                    if s >= sc[HPOS] and (hand < 0 or s < ni[hand, SEQ]):
+                        hand = p  # the hand rests on the first leaf at or after HPOS
         v = nodes[r]
         ni[v, CACHED] = 1
         ni[v, PIN] = t
@@ -225,38 +253,38 @@ def _sieve_request(t, lo, hi, nodes, parent, capacity, ni, sc):
         ni[v, SEQ] = seqn
         seqn += 1
         size += 1
+        if w >= 0:  # v extends the chain (its parent is w)
+            ni[v, PAR] = w
+            ni[w, NCHILD] = 1
+            w = v
+            continue
+        w = v
         p = parent[v]
-        a = lhead
+        ni[v, PAR] = p
         if p >= 0:
-            if ni[p, NCHILD] == 0:  # p is no longer a leaf
-                if hand == p:
-                    hand = ni[p, LNEXT]
-                pp, pn = ni[p, LPREV], ni[p, LNEXT]
-                if pp >= 0:
-                    ni[pp, LNEXT] = pn
-                else:
-                    ltail = pn
-                if pn >= 0:
-                    ni[pn, LPREV] = pp
-                else:
-                    lhead = pp
-                ni[p, LPREV] = -1
-                ni[p, LNEXT] = -1
-                nleaf -= 1
-                a = lhead
             ni[p, NCHILD] += 1
-        ni[v, LPREV] = a  # the newest leaf
-        ni[v, LNEXT] = -1
-        if a >= 0:
-            ni[a, LNEXT] = v
-        else:
-            ltail = v
+            if ni[p, NCHILD] == 1:  # p is no longer a leaf: out of the list
+                if hand == p:
+                    hand = v
+                if p == lhead:
+                    lhead = ni[p, LPREV]
+                else:
+                    pn = ni[p, LNEXT]
+                    if hand == v:
+                        hand = pn
+                    lhead, sc[LTAIL] = _sieve_join(ni, ni[p, LPREV], pn, lhead, sc[LTAIL])
+        lhead, sc[LTAIL] = _sieve_join(ni, lhead, v, lhead, sc[LTAIL])  # the newest leaf
         lhead = v
-        nleaf += 1
+        ni[v, LNEXT] = -1
         if hand < 0:
             hand = v
-    sc[SIZE], sc[HAND], sc[HPOS], sc[LAPS] = size, hand, hpos, laps
-    sc[LHEAD], sc[LTAIL], sc[NLEAF], sc[SEQN] = lhead, ltail, nleaf, seqn
+    if w >= 0 and w != lhead:  # the chain's end takes its first block's place
+        if hand == lhead:
+            hand = w
+        lhead, sc[LTAIL] = _sieve_join(ni, ni[lhead, LPREV], w, lhead, sc[LTAIL])
+        lhead = w
+        ni[w, LNEXT] = -1
+    sc[SIZE], sc[HAND], sc[LHEAD], sc[SEQN] = size, hand, lhead, seqn
     return k - lo
 
 
@@ -829,9 +857,9 @@ def shadow_heap_size(capacity: int, longest: int) -> int:
 
 
 def scalars() -> np.ndarray:
-    """A cache's scalars (``SIZE``, ``HEAD``... ``NLEAF``) for an empty cache."""
+    """A cache's scalars (``SIZE``, ``HEAD``... ``SEQN``) for an empty cache."""
     sc = np.full(_SC, -1, dtype=np.int64)
-    sc[[SIZE, HLEN, CLOCK, LAPS, SEQN, NLEAF]] = 0
+    sc[[SIZE, HLEN, CLOCK, LAPS, SEQN]] = 0
     return sc
 
 
