@@ -60,6 +60,25 @@ def test_canopy_switches_arms_on_random_traffic():
     assert cache.switches > 0
 
 
+@pytest.mark.parametrize("capacity", [3, 6, 8])
+def test_canopy_recency_shadow_riding_on_the_main_cache_changes_nothing(capacity):
+    """At full rate the replay's recency shadow is the main cache until the first switch;
+    the streaming cache replays it in its own table. With eager switching (the ride ends,
+    the main cache's queue and heap are rebuilt back and forth) both reuse the same blocks
+    and evict by the same arm at every request."""
+    from canopy.apps.cache.stream import StreamingCache
+
+    rng = np.random.default_rng(capacity)
+    paths = [rng.integers(0, 3, size=rng.integers(1, 7)).tolist() for _ in range(400)]
+    policy = Canopy(z=0.0, min_evidence=0.0, window=4.0, shadow_blocks=8)
+    replay = RadixCache(from_paths(paths), policy, capacity)
+    assert replay._shadows.sm[radix.RIDES] == 1
+    stream = StreamingCache(policy, capacity, history_floor=None)
+    for path in paths:
+        assert (replay.step(), replay.arm) == (stream.request(path), stream.arm)
+    assert replay.switches >= 2  # away from recency and back
+
+
 def test_canopy_cells_keep_their_history_through_eviction():
     """A cell's count is a statistic of the request stream: block ``a``, used three times,
     evicted, then used again, outranks block ``d`` used twice since; evicting by recency (or

@@ -194,9 +194,11 @@ class Canopy(EvictionPolicy):
         return 1 + self.half_lives.index(self.start_half_life)
 
     def kernel(self, trace, capacity: int) -> tuple[int, np.ndarray]:
+        lams = [math.log(2.0) / (h * capacity) for h in self.half_lives]
+        # the cells' epoch: a use's scale e^{lam (c - epoch start)} stays below e^512
+        period = max(1.0, math.floor(512.0 / max(lams)))
         return radix.CANOPY, np.array([
-            float(self.prior), float(trace.depth.max(initial=0)),
-            *(math.log(2.0) / (h * capacity) for h in self.half_lives)])
+            float(self.prior), float(trace.depth.max(initial=0)), period, *lams])
 
     def arms(self, capacity: int) -> Arms:
         """The shadows at ``capacity``: one recency arm and one decayed arm per half-life."""

@@ -23,7 +23,9 @@ in local variables (paper Section 4, "Serving systems": the prefix tree is the c
   :class:`~canopy.apps.cache.policies.PriorityPolicy` with its own key function) keep a binary
   min-heap of evictable leaves with lazy deletion (per-node versions); a node is pushed when
   it becomes a leaf or a leaf is used. A key changes only when its node is used, so the heap
-  is exact; ``CANOPY`` re-keys the whole heap when it switches arms.
+  is exact. ``CANOPY``'s main cache is LRU's queue while it evicts by recency (the same
+  victims as the recency key's heap) and builds its heap, or re-keys it, when it switches
+  arms.
 
 A cache's state travels as a :class:`Cache` (node table, scalars, heap), ``CANOPY``'s shadows
 as a :class:`ShadowState`; hosts (:mod:`canopy.apps.cache.stream`) call the public kernels
@@ -44,7 +46,8 @@ import numba as nb
 import numpy as np
 
 __all__ = ["CANOPY", "LFU", "LRU", "OPTIMAL", "PRIORITY", "SIEVE", "Cache", "RadixCache",
-           "ShadowState", "Shadows", "canopy_request", "canopy_shadows", "next_use",
+           "ShadowState", "Shadows", "canopy_request", "canopy_shadows", "cell_counts",
+           "next_use",
            "node_table", "observe", "priorities", "priorities_keyed", "request",
            "request_keyed", "scalars", "shadow_heap_size", "unit_hash"]
 
@@ -82,9 +85,14 @@ ShadowState = namedtuple("ShadowState",
 per arm (stacked on the first axis) its kernel code and a :class:`Cache` of ``capacity``
 blocks."""
 
-# decayed-count configuration (``params``): prior weight, deepest depth, one decay rate
-# (per referenced block) per decayed arm
-RHO, DMAX, LAM0 = range(3)
+# shadows' counters (``sm``): switches so far, the sample's hash salt, and whether the recency
+# shadow rides on the main cache (1: at full rate and capacity, while the main cache has only
+# evicted by recency, shadow 0 *is* the main cache and is not replayed)
+SWITCHES, SALT, RIDES = range(3)
+
+# decayed-count configuration (``params``): prior weight, deepest depth, the cells' epoch
+# length in referenced blocks, one decay rate (per referenced block) per decayed arm
+RHO, DMAX, PERIOD, LAM0 = range(4)
 
 
 @nb.njit(cache=True)
@@ -327,7 +335,9 @@ def _key(kind, key, v, depth, ni, nf, params, arm):
         return -(ni[v, NEXT_USE] * params[0] + depth[v])
     if arm == 0:  # CANOPY; ``nf`` holds the cell statistics
         return _recency(v, depth, ni, params[DMAX])
-    return np.log(nf[v, CELL_S0 + arm - 1]) + params[LAM0 + arm - 1] * nf[v, CELL_CLOCK]
+    period = params[PERIOD]  # the cell is scaled to its epoch's start (see _cells_update)
+    return np.log(nf[v, CELL_S0 + arm - 1]) + params[LAM0 + arm - 1] * period * np.floor(
+        nf[v, CELL_CLOCK] / period)
 
 
 @nb.njit(cache=True, inline="always")
@@ -352,15 +362,14 @@ def _heap_compact(kind, key, depth, ni, nf, params, sc, hkey, hnode, hver, rekey
 
 
 @nb.njit(cache=True, inline="always")
-def _push_leaf(kind, key, v, depth, ni, nf, params, hkey, hnode, hver, sc, n):
-    """Push leaf ``v`` (retiring its older entries) onto the heap of ``n`` entries, compacted
-    first when full; returns the heap's new length."""
+def _push_leaf(kind, key, v, k, depth, ni, nf, params, hkey, hnode, hver, sc, n):
+    """Push leaf ``v`` with key ``k`` (retiring its older entries) onto the heap of ``n``
+    entries, compacted first when full; returns the heap's new length."""
     if n == len(hkey):
         sc[HLEN] = n
         _heap_compact(kind, key, depth, ni, nf, params, sc, hkey, hnode, hver, False)
         n = sc[HLEN]
     ni[v, VER] += 1
-    k = _key(kind, key, v, depth, ni, nf, params, sc[ARM])
     return _heap_push(hkey, hnode, hver, n, k, v, ni[v, VER])
 
 
@@ -373,35 +382,60 @@ def _touch(v, t, nu, ni):
 
 
 @nb.njit(cache=True, inline="always")
-def _cells_update(lo, hi, nodes, parent, cells, sc, params):
+def _cells_update(lo, hi, nodes, parent, cells, sc, params, now):
     """Cell values after a request used ``nodes[lo:hi]`` (all of them, cached or not).
 
     For each decayed arm ``j``, ``S_j(v)`` is ``v``'s use count discounted by
-    ``2^{-(c - c_i) lam_j / ln 2}`` (``c``: blocks referenced so far), as of its last use
-    ``c_last``; the heap key ``log S_j + lam_j * c_last`` orders blocks by their discounted
-    count at any common later time, so keys never need rescaling. The statistics are of the
-    request stream, not of a cache: a block that is evicted and comes back resumes its
-    history, and the main cache and every shadow read the same cells. A cell with less
-    evidence of its own than its parent's share, ``rho * (S_j(parent) - 1) /
-    children(parent)`` (the parent's count before this use, split over the children seen),
-    starts from that share: optimism where evidence is thin, from the aggregate of the
-    subtree above it.
+    ``2^{-(c - c_i) lam_j / ln 2}`` (``c``: blocks referenced so far). A cell stores it as of
+    its last use ``c_last``, scaled by ``e^{lam_j (c_last - b)}`` where ``b`` is the start of
+    ``c_last``'s epoch (a multiple of ``params[PERIOD]``): within an epoch a use adds
+    ``e^{lam_j (c - b)}`` to the stored value, one exponential a request and arm rather than
+    one a block, and only a cell last used in an older epoch is rescaled. The heap key
+    ``log S_j + lam_j * c_last`` (:func:`_key`) orders blocks by their discounted count at any
+    common later time, so keys never need rescaling. The statistics are of the request
+    stream, not of a cache: a block that is evicted and comes back resumes its history, and
+    the main cache and every shadow read the same cells. A cell with less evidence of its own
+    than its parent's share, ``rho * (S_j(parent) - 1) / children(parent)`` (the parent's
+    count before this use, split over the children seen), starts from that share: optimism
+    where evidence is thin, from the aggregate of the subtree above it. ``now``: scratch, one
+    entry a decayed arm.
     """
-    clock = sc[CLOCK]
+    clock, period, rho = sc[CLOCK], params[PERIOD], params[RHO]
+    base = period * np.floor(clock / period)
+    for j in range(len(now)):  # one use, in the epoch's scale
+        now[j] = np.exp(params[LAM0 + j] * (clock - base))
     for r in range(lo, hi):
-        v, p = nodes[r], parent[nodes[r]]
-        first = cells[v, CELL_CLOCK] < 0
-        if first and p >= 0:
-            cells[p, CELL_KIDS] += 1.0
-        for j in range(len(params) - LAM0):
-            col = CELL_S0 + j
-            own = 0.0 if first else cells[v, col] * np.exp(
-                -params[LAM0 + j] * (clock - cells[v, CELL_CLOCK]))
+        v = nodes[r]
+        p = parent[v]
+        last = cells[v, CELL_CLOCK]
+        share = 0.0
+        if p >= 0:
+            if last < 0:
+                cells[p, CELL_KIDS] += 1.0
+            share = rho / cells[p, CELL_KIDS]
+        for j in range(len(now)):
+            own = 0.0 if last < 0 else cells[v, CELL_S0 + j]
+            if 0 <= last < base:  # last used in an older epoch: rescaled to this one
+                own *= np.exp(-params[LAM0 + j] * (base - period * np.floor(last / period)))
             if p >= 0:
-                own = max(own, params[RHO] * (cells[p, col] - 1.0) / cells[p, CELL_KIDS])
-            cells[v, col] = own + 1.0
+                if r > lo:  # the parent, updated just before: in this epoch's scale
+                    above = cells[p, CELL_S0 + j] - now[j]
+                else:  # a parent observed with an earlier request: its count as stored
+                    at = cells[p, CELL_CLOCK]
+                    above = now[j] * (cells[p, CELL_S0 + j] * np.exp(-params[LAM0 + j] * (
+                        at - period * np.floor(at / period))) - 1.0)
+                own = max(own, share * above)
+            cells[v, CELL_S0 + j] = own + now[j]
         cells[v, CELL_CLOCK] = clock
     sc[CLOCK] = clock + hi - lo
+
+
+def cell_counts(cells: np.ndarray, clock: float, params: np.ndarray) -> np.ndarray:
+    """Each cell's discounted counts ``S_j`` at ``clock`` (one column a decayed arm), from
+    the scaled values :func:`_cells_update` stores."""
+    last = cells[:, CELL_CLOCK]
+    base = params[PERIOD] * np.floor(np.maximum(last, 0.0) / params[PERIOD])
+    return cells[:, CELL_S0:] * np.exp(-np.outer(clock - base, params[LAM0:]))
 
 
 # ---------------------------------------------------------------- one request
@@ -455,7 +489,7 @@ def _heap_request(kind, key, t, lo, hi, nodes, nu, parent, depth, capacity, para
         ni[nodes[k], PIN] = t
         k += 1
     end = k
-    held = -1  # a parent that just became the lowest leaf, kept off the heap
+    held, kheld = -1, 0.0  # a parent that just became the lowest leaf, kept off the heap
     for r in range(k, hi):
         if size >= capacity:
             u, held = held, -1
@@ -476,12 +510,12 @@ def _heap_request(kind, key, t, lo, hi, nodes, nu, parent, depth, capacity, para
                     # evicting a chain tail first: when the parent's key is at most every
                     # heap key it is the next victim, so skip its push and pop
                     ni[p, VER] += 1  # retires heap entries from when it was a leaf before
-                    if n == 0 or _key(kind, key, p, depth, ni, nf, params, sc[ARM]) <= (
-                            hkey[0]):
-                        held = p
+                    kp = _key(kind, key, p, depth, ni, nf, params, sc[ARM])
+                    if n == 0 or kp <= hkey[0]:
+                        held, kheld = p, kp  # not used by this request: its key holds
                     else:
-                        n = _push_leaf(kind, key, p, depth, ni, nf, params, hkey, hnode, hver,
-                                       sc, n)
+                        n = _push_leaf(kind, key, p, kp, depth, ni, nf, params, hkey, hnode,
+                                       hver, sc, n)
         v = nodes[r]
         ni[v, CACHED] = 1
         ni[v, PIN] = t
@@ -492,12 +526,13 @@ def _heap_request(kind, key, t, lo, hi, nodes, nu, parent, depth, capacity, para
             ni[parent[v], NCHILD] += 1
         end = r + 1
     if held >= 0:
-        n = _push_leaf(kind, key, held, depth, ni, nf, params, hkey, hnode, hver, sc, n)
+        n = _push_leaf(kind, key, held, kheld, depth, ni, nf, params, hkey, hnode, hver, sc, n)
     for r in range(lo, end):
         _touch(nodes[r], t, nu[r], ni)
     if end > lo:
-        n = _push_leaf(kind, key, nodes[end - 1], depth, ni, nf, params, hkey, hnode, hver, sc,
-                       n)
+        v = nodes[end - 1]
+        n = _push_leaf(kind, key, v, _key(kind, key, v, depth, ni, nf, params, sc[ARM]), depth,
+                       ni, nf, params, hkey, hnode, hver, sc, n)
     sc[SIZE], sc[HLEN] = size, n
     return k - lo
 
@@ -611,22 +646,110 @@ def _run_canopy(t0, t1, offsets, nodes, parent, depth, capacity, params, cells, 
     """Canopy's replay: update the cells, evict by the current arm; on a hashed sample of
     requests, replay every arm in its shadow cache, fold its reuse into discounted statistics
     and switch the main cache to the best arm once it leads the current one significantly."""
-    for t in range(t0, t1):
-        reused[t] = canopy_request(t, offsets[t], offsets[t + 1], nodes, parent, depth,
-                                   capacity, params, cells, c, arms)
+    _canopy_loop(t0, t1, 0, offsets, nodes, parent, depth, capacity, params, cells, c, arms,
+                 reused)
 
 
 @nb.njit(cache=True)
 def canopy_request(t, lo, hi, nodes, parent, depth, capacity, params, cells, c, arms):
     """One request of ``canopy`` (``nodes[lo:hi]``) in :class:`Cache` ``c`` with its cells and
     its shadows (:class:`ShadowState`); returns the blocks it reused."""
+    reused = np.zeros(1, dtype=np.int64)
+    _canopy_loop(t, t + 1, t, np.array([lo, hi]), nodes, parent, depth, capacity, params,
+                 cells, c, arms, reused)
+    return reused[0]
+
+
+@nb.njit(cache=True)
+def _canopy_loop(t0, t1, first, offsets, nodes, parent, depth, capacity, params, cells, c,
+                 arms, reused):
+    """Requests ``t0..t1 - 1`` of ``canopy``, request ``t`` being ``nodes[offsets[t - first]:
+    offsets[t - first + 1]]``, its reuse stored in ``reused[t - first]``.
+
+    On the recency arm the main cache is LRU's queue (:func:`_lru_request`): its front is the
+    unpinned block with the lowest recency key, a leaf, so it evicts what the recency key's
+    heap would, at LRU's cost; a decayed arm evicts from the heap. A switch builds the other
+    structure once. The states are unpacked out of the loop and the hot calls made from it
+    directly: a tuple unpacked, or a call with every state passed, per request costs more
+    than a recency request."""
     ni, sc, hkey, hnode, hver = c
-    _cells_update(lo, hi, nodes, parent, cells, sc, params)
-    reused = _heap_request(CANOPY, None, t, lo, hi, nodes, nodes, parent, depth, capacity,
-                           params, ni, cells, sc, hkey, hnode, hver)
-    if canopy_shadows(t, lo, hi, nodes, parent, depth, params, cells, sc, arms):
-        _heap_compact(CANOPY, None, depth, ni, cells, params, sc, hkey, hnode, hver, True)
-    return reused
+    ac, stats, pairs, got, sm, skinds, scap, sni, ssc, shkey, shnode, shver = arms
+    rate, salt = ac[0], sm[SALT]
+    now = np.empty(len(params) - LAM0)
+    for t in range(t0, t1):
+        lo, hi = offsets[t - first], offsets[t - first + 1]
+        sampled = hi > lo and unit_hash(nodes[min(lo + 1, hi - 1)], salt) < rate
+        if sm[RIDES] == 1 and not sampled:  # the recency shadow leaves the main cache
+            _unride(ni, sc, sm, sni, ssc)
+        _cells_update(lo, hi, nodes, parent, cells, sc, params, now)
+        arm = sc[ARM]
+        if arm == 0:
+            reused[t - first] = _lru_request(t, lo, hi, nodes, nodes, parent, capacity, ni, sc)
+        else:
+            reused[t - first] = _heap_request(CANOPY, None, t, lo, hi, nodes, nodes, parent,
+                                              depth, capacity, params, ni, cells, sc, hkey,
+                                              hnode, hver)
+        if sampled and _shadows_step(t, lo, hi, nodes, parent, depth, params, cells, sc, ac,
+                                     stats, pairs, got, sm, skinds, scap, sni, ssc, shkey,
+                                     shnode, shver, reused[t - first]):
+            if sm[RIDES] == 1:
+                _unride(ni, sc, sm, sni, ssc)
+            if sc[ARM] == 0:
+                _queue_from_heap(parent, depth, ni, params, sc, hnode, hver)
+            elif arm == 0:
+                _heap_from_queue(depth, ni, cells, params, sc, hkey, hnode, hver)
+            else:
+                _heap_compact(CANOPY, None, depth, ni, cells, params, sc, hkey, hnode, hver,
+                              True)
+
+
+@nb.njit(cache=True)
+def _unride(ni, sc, sm, sni, ssc):
+    """Give the recency shadow its own state: until now it was the main cache (the same
+    kernel, capacity and requests), from now on it is not."""
+    sni[0][:] = ni
+    ssc[0][:] = sc
+    ssc[0][ARM] = 0
+    sm[RIDES] = 0
+
+
+@nb.njit(cache=True)
+def _heap_from_queue(depth, ni, nf, params, sc, hkey, hnode, hver):
+    """The heap of a cache leaving the recency arm: its leaves (every block is in LRU's queue
+    between requests) keyed by the new arm."""
+    n = 0
+    v = sc[TAIL]
+    while v >= 0:
+        if ni[v, NCHILD] == 0:
+            ni[v, VER] += 1
+            n = _heap_push(hkey, hnode, hver, n, _key(CANOPY, None, v, depth, ni, nf, params,
+                                                      sc[ARM]), v, ni[v, VER])
+        v = ni[v, NEXT]
+    sc[HLEN] = n
+
+
+@nb.njit(cache=True)
+def _queue_from_heap(parent, depth, ni, params, sc, hnode, hver):
+    """LRU's queue of a cache returning to the recency arm: every cached block (the heap's
+    live leaves and their ancestors, marked by ``NEXT = -2`` as they are found) in recency
+    order, oldest at the front."""
+    held = np.empty(sc[SIZE], dtype=np.int64)
+    m = 0
+    for e in range(sc[HLEN]):
+        v = hnode[e]
+        if ni[v, CACHED] == 1 and ni[v, NCHILD] == 0 and ni[v, VER] == hver[e]:
+            while v >= 0 and ni[v, NEXT] != -2:
+                ni[v, NEXT] = -2
+                held[m] = v
+                m += 1
+                v = parent[v]
+    keys = np.empty(m)
+    for i in range(m):
+        keys[i] = _recency(held[i], depth, ni, params[DMAX])
+    head, tail = -1, -1
+    for i in np.argsort(keys):
+        head, tail = _push_head(ni, head, tail, held[i])
+    sc[HEAD], sc[TAIL] = head, tail
 
 
 @nb.njit(cache=True)
@@ -636,21 +759,31 @@ def canopy_shadows(t, lo, hi, nodes, parent, depth, params, cells, sc, arms):
     ``sc[ARM]`` to the best arm once it leads significantly; returns whether the arm
     switched."""
     ac, stats, pairs, got, sm, skinds, scap, sni, ssc, shkey, shnode, shver = arms
-    rate, gamma, z, min_n = ac[0], ac[1], ac[2], ac[3]
-    if hi == lo or unit_hash(nodes[min(lo + 1, hi - 1)], sm[1]) >= rate:
+    if hi == lo or unit_hash(nodes[min(lo + 1, hi - 1)], sm[SALT]) >= ac[0]:
         return False
+    return _shadows_step(t, lo, hi, nodes, parent, depth, params, cells, sc, ac, stats, pairs,
+                         got, sm, skinds, scap, sni, ssc, shkey, shnode, shver, 0)
+
+
+@nb.njit(cache=True, inline="always")
+def _shadows_step(t, lo, hi, nodes, parent, depth, params, cells, sc, ac, stats, pairs, got,
+                  sm, skinds, scap, sni, ssc, shkey, shnode, shver, main_reused):
+    """:func:`canopy_shadows` on a sampled request, the shadows' state unpacked;
+    ``main_reused``: the main cache's reuse, the recency shadow's while it rides on it."""
     for a in range(len(skinds)):
-        if skinds[a] == LRU:
+        if a == 0 and sm[RIDES] == 1:
+            got[a] = main_reused
+        elif skinds[a] == LRU:
             got[a] = _lru_request(t, lo, hi, nodes, nodes, parent, scap, sni[a], ssc[a])
         else:
             got[a] = _heap_request(CANOPY, None, t, lo, hi, nodes, nodes, parent, depth, scap,
                                    params, sni[a], cells, ssc[a], shkey[a], shnode[a],
                                    shver[a])
-    _score(stats, pairs, got, gamma)
+    _score(stats, pairs, got, ac[1])
     best = np.argmax(stats[:len(skinds)])
-    if best != sc[ARM] and _leads(stats, pairs, best, sc[ARM], z, min_n):
+    if best != sc[ARM] and _leads(stats, pairs, best, sc[ARM], ac[2], ac[3]):
         sc[ARM] = best
-        sm[0] += 1
+        sm[SWITCHES] += 1
         return True
     return False
 
@@ -663,7 +796,8 @@ def observe(kind, t, nodes, parent, params, ni, cells, sc, seq):
     the host does not hold is (re)inserted: hit count restarts, SIEVE's visited bit clears and
     ``NEXT_USE`` takes the insertion order ``seq``). Returns the next insertion order."""
     if kind == CANOPY:
-        _cells_update(0, len(nodes), nodes, parent, cells, sc, params)
+        _cells_update(0, len(nodes), nodes, parent, cells, sc, params,
+                      np.empty(len(params) - LAM0))
     for v in nodes:
         if ni[v, CACHED] == 0:
             ni[v, CACHED] = 1
@@ -731,10 +865,13 @@ def scalars() -> np.ndarray:
 
 class Shadows:
     """Metadata-only shadow caches, one per arm, over the sampled requests (see
-    :class:`~canopy.apps.cache.policies.Canopy`); they read the main cache's cells."""
+    :class:`~canopy.apps.cache.policies.Canopy`); they read the main cache's cells.
+    ``rides``: the main cache is served by :func:`canopy_request` (not a host's own), so at
+    full rate and capacity the recency shadow rides on it until the main cache leaves recency
+    (:data:`RIDES`)."""
 
     def __init__(self, n_nodes: int, longest: int, policy, capacity: int,
-                 dtype: type = np.int64) -> None:
+                 dtype: type = np.int64, rides: bool = False) -> None:
         arms = policy.arms(capacity)
         self.capacity = arms.capacity
         self.ac = np.array([arms.rate, arms.gamma, arms.z, arms.min_evidence])
@@ -743,7 +880,9 @@ class Shadows:
         self.stats = np.zeros(k + 1)
         self.pairs = np.zeros((2, k, k))
         self.got = np.zeros(k)
-        self.sm = np.array([0, arms.seed], dtype=np.int64)  # switches, salt
+        rides = (rides and arms.rate >= 1.0 and arms.capacity == capacity
+                 and arms.kinds[0] == LRU and policy.start_arm == 0)
+        self.sm = np.array([0, arms.seed, int(rides)], dtype=np.int64)  # SWITCHES, SALT, RIDES
         self.ni = node_table(n_nodes, dtype, k)
         self.sc = np.stack([scalars() for _ in range(k)])
         self.sc[:, ARM] = np.arange(k)  # shadow a evicts by arm a
@@ -787,7 +926,7 @@ class RadixCache:
         if self.kind == CANOPY:
             self._cells = np.zeros((n, len(self.params) - LAM0 + CELL_S0), dtype=np.float64)
             self._cells[:, CELL_CLOCK] = -1.0
-            self._shadows = Shadows(n, longest, policy, self.capacity, dtype)
+            self._shadows = Shadows(n, longest, policy, self.capacity, dtype, rides=True)
             self._sc[ARM] = policy.start_arm
         heap = shadow_heap_size(self.capacity, longest)  # compacted when full
         self._hkey = np.zeros(heap, dtype=np.float64)
@@ -836,7 +975,7 @@ class RadixCache:
     @property
     def switches(self) -> int:
         """``canopy``: how many times the evicting arm changed."""
-        return 0 if self._shadows is None else int(self._shadows.sm[0])
+        return 0 if self._shadows is None else int(self._shadows.sm[SWITCHES])
 
     @property
     def table(self) -> np.ndarray:

@@ -249,8 +249,7 @@ class _Tree:
         if self._canopy:
             keep |= (self._shadows.ni[:, :n, radix.CACHED] == 1).any(axis=0)
             cells = self._cells[:n]
-            age = self._sc[radix.CLOCK] - cells[:, radix.CELL_CLOCK]
-            counts = cells[:, radix.CELL_S0:] * np.exp(-np.outer(age, self.params[radix.LAM0:]))
+            counts = radix.cell_counts(cells, self._sc[radix.CLOCK], self.params)
             keep |= (cells[:, radix.CELL_CLOCK] >= 0) & (counts.max(axis=1) >= self.history_floor)
         _close_upward(keep, self._parent[:n])
         kept = np.flatnonzero(keep)
