@@ -144,7 +144,7 @@ def test_online_canopy_beats_sglangs_lru_and_lfu_on_the_conversation_trace():
 
 
 def test_strategy_refuses_bad_configuration():
-    with pytest.raises(ValueError, match="unknown policy 'sieve'"):
+    with pytest.raises(ValueError, match="'sieve' is a hand"):
         CanopyEviction(policy="sieve")
     with pytest.raises(ValueError, match="capacity_blocks"):
         CanopyEviction(capacity_blocks=0)
