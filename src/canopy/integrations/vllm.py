@@ -10,8 +10,9 @@ blocks appended, a request's deepest block first, so the head is the least recen
 With ``CANOPY_VLLM_EVICTION`` set to a policy (``lru``, ``lfu``, ``sieve``, ``canopy``, or
 ``package.module:ClassName``, a policy class of the user's own, importable in vLLM's
 processes: :func:`~canopy.apps.cache.policies.resolve_policy`), :func:`register` (run by
-vLLM in each of its processes) replaces each caching pool's queue with :class:`PolicyFreeQueue`: the same linked list (so every other part of
-vLLM sees the queue it knows), but when the head holds a cached block the block popped is
+vLLM in each of its processes) replaces each caching pool's queue with
+:class:`PolicyFreeQueue`: the same linked list (so every other part of vLLM sees the queue
+it knows), but when the head holds a cached block the block popped is
 the one the policy evicts, from :class:`~canopy.apps.cache.evictable.EvictableBlocks`.
 Blocks without a hash still go first, as in vLLM. The policy observes each request's
 block-hash chain (``Request.block_hashes``, root first) once, when the scheduler first looks
