@@ -59,6 +59,7 @@ def test_every_form_of_a_policy_resolves_to_the_same_policy():
     ("user_policy:NeedsArguments", "cannot be made with no arguments"),
     ("user_policy:", "write package.module:ClassName"),
     (PriorityPolicy, "has no key function"),
+    ("user_policy:CalledSieve", "named 'sieve', a built-in policy's name"),
 ])
 def test_bad_specs_are_named_in_one_line(spec, words):
     with pytest.raises(ValueError) as error:

@@ -30,4 +30,10 @@ class NeedsArguments(NewestFirst):
         self.weight = weight
 
 
+class CalledSieve(NewestFirst):
+    """Refused: a built-in policy's name would stand for two policies."""
+
+    name = "sieve"
+
+
 NOT_A_POLICY = 3

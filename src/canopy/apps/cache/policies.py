@@ -273,6 +273,9 @@ def resolve_policy(spec: str | EvictionPolicy | type[EvictionPolicy], *,
         except TypeError as error:
             raise ValueError(f"policy {cls.__name__} cannot be made with no arguments: "
                              f"{error}") from None
+    if policy.name in POLICIES and not isinstance(policy, POLICIES[policy.name]):
+        raise ValueError(f"policy {type(policy).__name__} is named {policy.name!r}, a built-in "
+                         "policy's name; give it a name of its own")
     if isinstance(policy, PriorityPolicy) and policy.key is None:
         raise ValueError(f"policy {type(policy).__name__} has no key function: key = "
                          "staticmethod(a numba.njit function of (v, ni, depth, params))")
