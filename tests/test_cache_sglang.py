@@ -308,6 +308,7 @@ def test_a_users_policy_registered_by_name_reuses_in_sglang_what_it_reuses_in_th
 
     assert register("user_policy:NewestFirst") == ["canopy", "newest-first"]
     assert register(NewestFirst) == ["canopy", "newest-first"]  # idempotent
+    assert register("canopy") == ["canopy"]  # Canopy's own, by its own name
     parser = argparse.ArgumentParser()
     ServerArgs.add_cli_args(parser)
     args = parser.parse_args(["--model-path", "m", "--radix-eviction-policy", "newest-first"])

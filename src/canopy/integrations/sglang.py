@@ -33,10 +33,9 @@ which the entry point registers in every SGLang process) adds it under its ``nam
 
 Configuration (``--radix-eviction-policy-config``, JSON): ``policy`` (``canopy``, ``lru``
 and ``lfu`` for parity checks, or ``package.module:ClassName``; default ``canopy``),
-``capacity_blocks`` (the cache's size
-in pages; default: the KV pool's size, which a cache without a pool must be given) and
-``history_floor`` (the decayed count below which the policy forgets a block SGLang no longer
-holds, bounding its memory; default 0.5).
+``capacity_blocks`` (the cache's size in pages; default: the KV pool's size, which a cache
+without a pool must be given) and ``history_floor`` (the decayed count below which the policy
+forgets a block SGLang no longer holds, bounding its memory; default 0.5).
 """
 
 from __future__ import annotations
@@ -300,14 +299,16 @@ def register(*policies: str | EvictionPolicy | type[EvictionPolicy]) -> list[str
         chosen = strategy_policy(policy)
         name = chosen.name.lower()
         taken = factories.get(name)
-        ours = isinstance(taken, functools.partial) and taken.func is CanopyEviction
+        ours = taken is CanopyEviction or (isinstance(taken, functools.partial)
+                                           and taken.func is CanopyEviction)
         if taken is not None and not ours:
             raise ValueError(f"policy name {name!r} is taken by SGLang's strategy "
                              f"{getattr(taken, '__name__', taken)!r}; give "
                              f"{type(chosen).__name__} another name")
         factories[name] = functools.partial(CanopyEviction, chosen)
         names.append(name)
-    add_radix_eviction_policy_choices([n for n in dict.fromkeys(names)
+    names = list(dict.fromkeys(names))
+    add_radix_eviction_policy_choices([n for n in names
                                        if n not in RADIX_EVICTION_POLICY_CHOICES])
     if registry.get_radix_cache_factory(POLICY_NAME) is None:
         registry.register_radix_cache_backend(
