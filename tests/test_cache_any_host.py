@@ -189,9 +189,9 @@ def test_live_llama_cpp_serves_what_the_replay_predicts_for_the_user_policy():
     previous = os.environ.get("PYTHONPATH")
     os.environ["PYTHONPATH"] = _user_path_env()["PYTHONPATH"]  # the engine's process
     try:
-        out = run_live([SPEC], lambda s: zipf_workload(words, requests=24,
+        out = run_live([SPEC], lambda s: zipf_workload(words, requests=16,
                                                       scenario="stationary", seed=s),
-                       model_path=path, vocab=vocab, capacity_mb=3.0)
+                       model_path=path, vocab=vocab, capacity_mb=3.0, n_threads=1)
     finally:
         if previous is None:
             del os.environ["PYTHONPATH"]
