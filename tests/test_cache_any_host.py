@@ -67,6 +67,15 @@ def test_bad_specs_are_named_in_one_line(spec, words):
     assert words in str(error.value) and "\n" not in str(error.value)
 
 
+def test_a_module_that_fails_on_import_is_named_in_one_line(tmp_path, monkeypatch):
+    (tmp_path / "broken_policy.py").write_text("raise RuntimeError('needs a GPU')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ValueError) as error:
+        resolve_policy("broken_policy:MRU")
+    assert str(error.value) == ("policy 'broken_policy:MRU': importing 'broken_policy' "
+                                "failed: RuntimeError: needs a GPU")
+
+
 def test_a_host_serving_requests_as_they_come_refuses_the_offline_optimum():
     assert resolve_policy("optimal").offline
     with pytest.raises(ValueError, match="'optimal' reads the future"):

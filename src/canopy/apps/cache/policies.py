@@ -239,6 +239,9 @@ def policy_class(spec: str) -> type[EvictionPolicy]:
     except ImportError as error:
         raise ValueError(f"policy {spec!r}: cannot import {module_name!r} ({error}); is it "
                          "installed or on PYTHONPATH?") from None
+    except Exception as error:  # the user's module itself fails: name it, in one line
+        raise ValueError(f"policy {spec!r}: importing {module_name!r} failed: "
+                         f"{type(error).__name__}: {error}") from None
     try:
         cls = operator.attrgetter(attribute)(module)
     except AttributeError:
