@@ -144,7 +144,7 @@ def test_online_canopy_beats_sglangs_lru_and_lfu_on_the_conversation_trace():
 
 
 def test_strategy_refuses_bad_configuration():
-    with pytest.raises(ValueError, match="unknown policy 'sieve'"):
+    with pytest.raises(ValueError, match="'sieve' is a hand"):
         CanopyEviction(policy="sieve")
     with pytest.raises(ValueError, match="capacity_blocks"):
         CanopyEviction(capacity_blocks=0)
@@ -279,7 +279,72 @@ def test_sglang_loads_canopy_through_its_plugin_entry_point():
     code = ("from sglang.srt.plugins import load_plugins; load_plugins(); "
             "from sglang.srt.arg_groups.choices import RADIX_EVICTION_POLICY_CHOICES as c; "
             "from sglang.srt.mem_cache.utils import get_eviction_strategy as g; "
-            "print('canopy' in c, type(g('canopy', {'capacity_blocks': 8})).__name__)")
+            "print('canopy' in c, type(g('canopy', {'capacity_blocks': 8})).__name__, "
+            "'newest-first' in c, type(g('newest-first').chosen).__name__)")
+    here = os.path.dirname(os.path.abspath(__file__))  # the user's module: user_policy.py
+    env = {**os.environ, "CANOPY_SGLANG_POLICIES": "user_policy:NewestFirst",
+           "PYTHONPATH": os.pathsep.join([os.environ.get("PYTHONPATH", ""), here])}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=600, check=True)
-    assert done.stdout.split()[-2:] == ["True", "CanopyEviction"], done.stderr[-2000:]
+                          timeout=600, check=True, env=env)
+    assert done.stdout.split()[-4:] == ["True", "CanopyEviction", "True", "NewestFirst"], (
+        done.stderr[-2000:])
+
+
+@pytest.mark.sglang
+def test_a_users_policy_registered_by_name_reuses_in_sglang_what_it_reuses_in_the_replay():
+    """``register("user_policy:NewestFirst")`` (a user's own class, tests/user_policy.py)
+    adds ``newest-first`` to SGLang's registry and ``--radix-eviction-policy``; served by
+    that name in Canopy's backend on SGLang's own radix cache, one node a request as SGLang
+    inserts, every request reuses what the replay reuses (and more than LRU on the loop)."""
+    api = _real_sglang()
+    import argparse
+
+    from sglang.srt.mem_cache.utils import get_eviction_strategy
+    from sglang.srt.server_args import ServerArgs
+
+    from canopy.apps.cache.policies import resolve_policy
+    from canopy.integrations.sglang import register
+    from user_policy import NewestFirst
+
+    assert register("user_policy:NewestFirst") == ["canopy", "newest-first"]
+    assert register(NewestFirst) == ["canopy", "newest-first"]  # idempotent
+    assert register("canopy") == ["canopy"]  # Canopy's own, by its own name
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    args = parser.parse_args(["--model-path", "m", "--radix-eviction-policy", "newest-first"])
+    strategy = get_eviction_strategy(args.radix_eviction_policy, {"capacity_blocks": 4})
+    assert isinstance(strategy, CanopyEviction) and isinstance(strategy.chosen, NewestFirst)
+    require_data("mooncake", "conversation_trace.jsonl")
+    loop = from_paths([[1, 2, 3], [1, 2, 4], [5, 6], [1, 2, 3, 7], [5, 6, 8]] * 20)
+    for trace, capacities in ((loop, (4, 6)), (resolve("conversation").head(2000), (64, 256))):
+        for capacity in capacities:
+            cache = api.simulated("newest-first", {"capacity_blocks": capacity}, exact=True)
+            replayed = RadixCache(trace, resolve_policy(NewestFirst), capacity).run()
+            assert np.array_equal(drive(api, cache, trace, capacity), replayed), capacity
+    lru = RadixCache(loop, make_policy("lru"), 4).run().sum()
+    assert RadixCache(loop, NewestFirst(), 4).run().sum() > lru
+
+    class Taken(NewestFirst):
+        name = "mru"  # SGLang's own most-recently-used strategy
+
+    with pytest.raises(ValueError, match="'mru' is taken by SGLang's strategy"):
+        register(Taken)
+    with pytest.raises(ValueError, match="'sieve' is a hand"):
+        register("sieve")
+
+
+@pytest.mark.sglang
+def test_replay_cli_drives_sglangs_radix_cache_with_a_users_policy(tmp_path):
+    _real_sglang()
+    log = _prompt_log(tmp_path)
+    result = CliRunner().invoke(app, ["cache", "replay", "--engine", "sglang", "--trace", log,
+                                      "--capacity", "4,16", "--policies",
+                                      "lru,user_policy:NewestFirst", "--json"])
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.output[result.output.index("{"):])["results"]
+    result = CliRunner().invoke(app, ["cache", "replay", "--trace", log, "--capacity", "4,16",
+                                      "--policies", "user_policy:NewestFirst", "--json"])
+    replayed = json.loads(result.output)["results"]["newest-first"]
+    for capacity in ("4", "16"):
+        assert out["newest-first"][capacity]["blocks_reused_per_request"] == (
+            replayed[capacity]["blocks_reused_per_request"])

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from canopy.apps.cache.evictable import EvictableBlocks
+from canopy.apps.cache.policies import make_policy
 from canopy.apps.cache.stream import OnlinePolicy, replay_stream
 
 
@@ -107,9 +108,9 @@ def test_the_plugin_is_off_unless_asked_and_refuses_unknown_names(monkeypatch):
     monkeypatch.delenv(plugin.ENV, raising=False)
     assert plugin.enabled_policy() is None
     plugin.register()  # disabled: installs nothing (and needs no vLLM)
-    assert "name" not in plugin._INSTALLED
+    assert "policy" not in plugin._INSTALLED
     monkeypatch.setenv(plugin.ENV, " LFU ")
-    assert plugin.enabled_policy() == "lfu"
+    assert plugin.enabled_policy() == make_policy("lfu")
     monkeypatch.setenv(plugin.ENV, "belady")
     with pytest.raises(ValueError, match="lru, lfu, sieve, canopy"):
         plugin.register()

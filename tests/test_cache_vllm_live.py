@@ -54,7 +54,7 @@ def test_vllm_caching_cuts_ttft_and_the_server_reuses_what_the_replay_predicts()
 
 
 def test_bad_input_is_one_line_and_exit_2():
-    for args, words in ((["--policies", "belady"], "--policies takes"),
+    for args, words in ((["--policies", "belady"], "unknown policy 'belady'"),
                         (["--blocks", "4"], "cannot hold one request"),
                         (["--block-tokens", "16"], "multiple of 32")):
         result = subprocess.run([sys.executable, "-m", "canopy", "cache", "live", "--engine",

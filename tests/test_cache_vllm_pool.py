@@ -104,3 +104,19 @@ def test_vllm_reuses_the_blocks_the_replay_predicts(python, prompts, policy):
         assert np.array_equal(reused, replay)
     else:  # SIEVE's hand: exact but for ties in the order blocks of equal priority leave
         assert abs(reused.sum() - replay.sum()) <= 0.02 * replay.sum()
+
+
+def test_a_users_policy_by_spec_in_the_environment_reuses_what_the_replay_predicts(
+        python, prompts, stock):
+    """vLLM's plugin loader with ``CANOPY_VLLM_EVICTION=user_policy:NewestFirst`` (a user's
+    own class, tests/user_policy.py, on vLLM's path): vLLM's pool evicts by it, leaves only,
+    and every request reuses what the replay of the same policy reuses."""
+    tests = str(Path(__file__).resolve().parent)
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    served = _serve(python, "env", prompts, {"CANOPY_VLLM_EVICTION": "user_policy:NewestFirst",
+                                             "PYTHONPATH": os.pathsep.join([src, tests])})
+    assert served != stock
+    reused = np.asarray(served["cached_tokens"]) // BLOCK
+    chains = [full_blocks(p, BLOCK) for p in prompts]
+    replay = predicted_reuse(chains, "user_policy:NewestFirst", replay_capacity(POOL))
+    assert np.array_equal(reused, replay)

@@ -25,11 +25,17 @@ whole, so the node is worth its most valuable page, and priorities never rise do
 (a page is used whenever a page below it is). Memory is bounded by
 the policy's forgetting; a node caches its own page keys.
 
-Configuration (``--radix-eviction-policy-config``, JSON): ``policy`` (``canopy``, or ``lru``
-and ``lfu`` for parity checks; default ``canopy``), ``capacity_blocks`` (the cache's size
-in pages; default: the KV pool's size, which a cache without a pool must be given) and
-``history_floor`` (the decayed count below which the policy forgets a block SGLang no longer
-holds, bounding its memory; default 0.5).
+A policy of the user's own (a :class:`~canopy.apps.cache.policies.PriorityPolicy` subclass,
+or any online priority policy) runs the same way: ``register(MyPolicy)`` (or the spec
+``"package.module:MyPolicy"``, or the specs in ``CANOPY_SGLANG_POLICIES``, comma-separated,
+which the entry point registers in every SGLang process) adds it under its ``name``; or pass
+``{"policy": "package.module:MyPolicy"}`` in the ``canopy`` strategy's configuration.
+
+Configuration (``--radix-eviction-policy-config``, JSON): ``policy`` (``canopy``, ``lru``
+and ``lfu`` for parity checks, or ``package.module:ClassName``; default ``canopy``),
+``capacity_blocks`` (the cache's size in pages; default: the KV pool's size, which a cache
+without a pool must be given) and ``history_floor`` (the decayed count below which the policy
+forgets a block SGLang no longer holds, bounding its memory; default 0.5).
 """
 
 from __future__ import annotations
@@ -39,39 +45,53 @@ import hashlib
 import heapq
 import itertools
 import math
+import os
 import time
 from collections.abc import Callable
 from typing import Any
 
+from canopy.apps.cache.policies import SIEVE, EvictionPolicy, resolve_policy
 from canopy.apps.cache.stream import OnlinePolicy
 
-__all__ = ["POLICY_NAME", "CanopyEviction", "evict_exactly", "install", "radix_cache_class",
-           "register"]
+__all__ = ["ENV", "POLICY_NAME", "CanopyEviction", "evict_exactly", "install",
+           "radix_cache_class", "register", "strategy_policy"]
 
 POLICY_NAME = "canopy"
 """The name ``--radix-eviction-policy`` takes."""
 
-_POLICIES = ("canopy", "lru", "lfu")  # priority orders (sieve is a hand, not a priority)
+ENV = "CANOPY_SGLANG_POLICIES"
+"""Policy specs (comma-separated) that :func:`register` adds in every SGLang process."""
+
 _KEYS = "_canopy_page_keys"  # a node's own page keys, with the token count they were made for
+
+
+def strategy_policy(policy: str | EvictionPolicy | type[EvictionPolicy]) -> EvictionPolicy:
+    """``policy`` (a name, ``package.module:ClassName``, a policy class or object) as an
+    SGLang strategy can run it: online and ranking by priority (``sieve``'s hand is not a
+    priority). Errors are one line."""
+    chosen = resolve_policy(policy, online=True)
+    if isinstance(chosen, SIEVE):
+        raise ValueError("policy 'sieve' is a hand over insertion order, not a priority; "
+                         "SGLang's strategies rank nodes by priority")
+    return chosen
 
 
 class CanopyEviction:
     """SGLang eviction strategy backed by :class:`~canopy.apps.cache.stream.OnlinePolicy`
-    (``policy``: ``canopy``, ``lru`` or ``lfu``); built by SGLang's registry with the keyword
-    arguments of ``--radix-eviction-policy-config``. The policy is made when the cache first
+    (``policy``: ``canopy``, ``lru``, ``lfu``, or a priority policy of the user's own:
+    :func:`strategy_policy`); built by SGLang's registry with the keyword arguments of
+    ``--radix-eviction-policy-config``. The policy's state is made when the cache first
     inserts (then its page size and pool are known)."""
 
-    def __init__(self, policy: str = POLICY_NAME, capacity_blocks: int | None = None,
-                 history_floor: float = 0.5) -> None:
-        if policy not in _POLICIES:
-            raise ValueError(f"unknown policy {policy!r} for SGLang's radix cache; "
-                             f"known: {', '.join(_POLICIES)}")
+    def __init__(self, policy: str | EvictionPolicy | type[EvictionPolicy] = POLICY_NAME,
+                 capacity_blocks: int | None = None, history_floor: float = 0.5) -> None:
+        self.chosen = strategy_policy(policy)
         if capacity_blocks is not None and (isinstance(capacity_blocks, bool) or not isinstance(
                 capacity_blocks, int) or capacity_blocks < 1):
             raise ValueError(f"capacity_blocks must be a positive int, got {capacity_blocks!r}")
         if not 0 < history_floor < 1:
             raise ValueError(f"history_floor must be in (0, 1), got {history_floor!r}")
-        self.policy_name = policy
+        self.policy_name = self.chosen.name
         self.capacity_blocks = capacity_blocks
         self.history_floor = history_floor
         self.policy: OnlinePolicy | None = None
@@ -90,7 +110,7 @@ class CanopyEviction:
                     raise ValueError("the canopy eviction policy needs the cache's size: set "
                                      "capacity_blocks in --radix-eviction-policy-config")
                 capacity = max(1, int(size) // self.page_size)
-            self.policy = OnlinePolicy(self.policy_name, capacity,
+            self.policy = OnlinePolicy(self.chosen, capacity,
                                        history_floor=self.history_floor)
         return self.policy
 
@@ -255,11 +275,15 @@ def radix_cache_class() -> type:
     return CanopyRadixCache
 
 
-def register() -> None:
-    """Make ``canopy`` an SGLang eviction policy: its strategy registry, the choices of
-    ``--radix-eviction-policy``, the radix cache's hooks, and a radix-cache backend of the
-    same name (:func:`radix_cache_class`: SGLang's ``RadixCache``, evicting page-exactly;
-    its default tree in 0.5.23, ``UnifiedRadixCache``, is not hooked). Idempotent."""
+def register(*policies: str | EvictionPolicy | type[EvictionPolicy]) -> list[str]:
+    """Make ``canopy``, each of ``policies`` (a policy class or object, or a spec
+    ``package.module:ClassName``; registered under its ``name``, lower case as SGLang reads
+    it) and each spec in ``CANOPY_SGLANG_POLICIES`` SGLang eviction policies: its strategy
+    registry, the choices of ``--radix-eviction-policy``, the radix cache's hooks, and a
+    radix-cache backend ``canopy`` (:func:`radix_cache_class`: SGLang's ``RadixCache``,
+    evicting page-exactly; its default tree in 0.5.23, ``UnifiedRadixCache``, is not
+    hooked). A name SGLang already uses for a strategy of its own is refused. Idempotent;
+    returns the names registered."""
     from sglang.srt.arg_groups.choices import (
         RADIX_EVICTION_POLICY_CHOICES,
         add_radix_eviction_policy_choices,
@@ -267,10 +291,27 @@ def register() -> None:
     from sglang.srt.mem_cache import registry, utils
     from sglang.srt.mem_cache.radix_cache import RadixCache
 
-    utils._EVICTION_POLICY_FACTORIES[POLICY_NAME] = CanopyEviction
-    if POLICY_NAME not in RADIX_EVICTION_POLICY_CHOICES:
-        add_radix_eviction_policy_choices([POLICY_NAME])
+    factories = utils._EVICTION_POLICY_FACTORIES
+    factories[POLICY_NAME] = CanopyEviction
+    names = [POLICY_NAME]
+    specs = [s.strip() for s in os.environ.get(ENV, "").split(",") if s.strip()]
+    for policy in (*policies, *specs):
+        chosen = strategy_policy(policy)
+        name = chosen.name.lower()
+        taken = factories.get(name)
+        ours = taken is CanopyEviction or (isinstance(taken, functools.partial)
+                                           and taken.func is CanopyEviction)
+        if taken is not None and not ours:
+            raise ValueError(f"policy name {name!r} is taken by SGLang's strategy "
+                             f"{getattr(taken, '__name__', taken)!r}; give "
+                             f"{type(chosen).__name__} another name")
+        factories[name] = functools.partial(CanopyEviction, chosen)
+        names.append(name)
+    names = list(dict.fromkeys(names))
+    add_radix_eviction_policy_choices([n for n in names
+                                       if n not in RADIX_EVICTION_POLICY_CHOICES])
     if registry.get_radix_cache_factory(POLICY_NAME) is None:
         registry.register_radix_cache_backend(
             POLICY_NAME, lambda ctx: radix_cache_class()(ctx.params))
     install(RadixCache)
+    return names

@@ -7,10 +7,12 @@ the pool's ``free_block_queue`` with its prefix hash (a cached free block) until
 orders the queue by release: blocks without a hash are prepended (reused first), cached
 blocks appended, a request's deepest block first, so the head is the least recently used.
 
-With ``CANOPY_VLLM_EVICTION`` set to a policy name (``lru``, ``lfu``, ``sieve``,
-``canopy``), :func:`register` (run by vLLM in each of its processes) replaces each caching
-pool's queue with :class:`PolicyFreeQueue`: the same linked list (so every other part of
-vLLM sees the queue it knows), but when the head holds a cached block the block popped is
+With ``CANOPY_VLLM_EVICTION`` set to a policy (``lru``, ``lfu``, ``sieve``, ``canopy``, or
+``package.module:ClassName``, a policy class of the user's own, importable in vLLM's
+processes: :func:`~canopy.apps.cache.policies.resolve_policy`), :func:`register` (run by
+vLLM in each of its processes) replaces each caching pool's queue with
+:class:`PolicyFreeQueue`: the same linked list (so every other part of vLLM sees the queue
+it knows), but when the head holds a cached block the block popped is
 the one the policy evicts, from :class:`~canopy.apps.cache.evictable.EvictableBlocks`.
 Blocks without a hash still go first, as in vLLM. The policy observes each request's
 block-hash chain (``Request.block_hashes``, root first) once, when the scheduler first looks
@@ -26,33 +28,42 @@ from __future__ import annotations
 
 import os
 from collections.abc import Hashable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from canopy.apps.cache.evictable import EvictableBlocks
 
-__all__ = ["ENV", "POLICIES", "PolicyFreeQueue", "enabled_policy", "register"]
+if TYPE_CHECKING:
+    from canopy.apps.cache.policies import EvictionPolicy
+
+__all__ = ["ENV", "PolicyFreeQueue", "enabled_policy", "install", "register"]
 
 ENV = "CANOPY_VLLM_EVICTION"
-POLICIES = ("lru", "lfu", "sieve", "canopy")
 
 
-def enabled_policy() -> str | None:
-    """The policy named by ``CANOPY_VLLM_EVICTION`` (``None`` when unset or empty)."""
-    name = os.environ.get(ENV, "").strip().lower()
-    if not name:
-        return None
-    if name not in POLICIES:
-        raise ValueError(f"{ENV}={name!r}: unknown policy; valid: {', '.join(POLICIES)}")
-    return name
+def enabled_policy() -> EvictionPolicy | None:
+    """The policy ``CANOPY_VLLM_EVICTION`` names (``None`` when unset or empty); a built-in
+    name in any case, else a ``package.module:ClassName`` spec. Raises ``ValueError`` (one
+    line) for a spec no online host can run."""
+    spec = os.environ.get(ENV, "").strip()
+    if not spec:
+        return None  # disabled: not even the policies are imported
+    from canopy.apps.cache.policies import POLICIES, resolve_policy
+
+    try:
+        return resolve_policy(spec.lower() if spec.lower() in POLICIES else spec, online=True)
+    except ValueError as error:
+        raise ValueError(f"{ENV}={spec!r}: {error}") from None
 
 
-def _make_order(name: str, capacity_blocks: int) -> Any:
-    """The online policy ordering a pool of ``capacity_blocks`` (``None``: release order)."""
-    if name == "lru":
-        return None
+def _make_order(policy: EvictionPolicy, capacity_blocks: int) -> Any:
+    """The online policy ordering a pool of ``capacity_blocks`` (``None``: release order,
+    vLLM's own, for ``lru``)."""
+    from canopy.apps.cache.policies import LRU
     from canopy.apps.cache.stream import OnlinePolicy
 
-    return OnlinePolicy(name, capacity_blocks)
+    if type(policy) is LRU:
+        return None
+    return OnlinePolicy(policy, capacity_blocks)
 
 
 def _plain_key(block_hash: Any) -> Hashable:
@@ -133,12 +144,14 @@ def PolicyFreeQueue(blocks: list[Any], policy: Any = None) -> Any:
 _INSTALLED: dict[str, Any] = {}
 
 
-def install(name: str) -> None:
-    """Put policy ``name`` in charge of every caching ``BlockPool`` created from now on in
-    this process (idempotent: vLLM may load its plugins more than once)."""
-    if name not in POLICIES:
-        raise ValueError(f"unknown policy {name!r}; valid: {', '.join(POLICIES)}")
-    if _INSTALLED.get("name") == name:
+def install(policy: str | EvictionPolicy | type[EvictionPolicy]) -> None:
+    """Put ``policy`` (a name, ``package.module:ClassName``, a policy class or object) in
+    charge of every caching ``BlockPool`` created from now on in this process (idempotent:
+    vLLM may load its plugins more than once). Each pool gets a fresh copy of its state."""
+    from canopy.apps.cache.policies import resolve_policy
+
+    chosen = resolve_policy(policy, online=True)
+    if _INSTALLED.get("policy") == chosen:
         return
     from vllm.v1.core.block_pool import BlockPool
     from vllm.v1.core.kv_cache_manager import KVCacheManager
@@ -152,7 +165,7 @@ def install(name: str) -> None:
         if not enable_caching:
             return
         blocks = [b for b in self.blocks if b is not self.null_block]
-        queue = PolicyFreeQueue(blocks, _make_order(name, max(1, num_gpu_blocks - 2)))
+        queue = PolicyFreeQueue(blocks, _make_order(chosen, max(1, num_gpu_blocks - 2)))
         queue.blocks = self.blocks  # victims are looked up by block id
         self.free_block_queue = queue
 
@@ -170,13 +183,13 @@ def install(name: str) -> None:
 
     BlockPool.__init__ = __init__
     KVCacheManager.get_computed_blocks = get_computed_blocks
-    _INSTALLED["name"] = name
+    _INSTALLED["policy"] = chosen
 
 
 def register() -> None:
     """The ``vllm.general_plugins`` entry point: install the policy named by
-    ``CANOPY_VLLM_EVICTION``; nothing when it is unset. An unknown name raises, so vLLM
-    refuses to start rather than run with an eviction other than the one asked for."""
-    name = enabled_policy()
-    if name is not None:
-        install(name)
+    ``CANOPY_VLLM_EVICTION``; nothing when it is unset. A bad spec raises, so vLLM refuses
+    to start rather than run with an eviction other than the one asked for."""
+    policy = enabled_policy()
+    if policy is not None:
+        install(policy)

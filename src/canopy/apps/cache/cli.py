@@ -19,6 +19,30 @@ cache_app = typer.Typer(no_args_is_help=True,
                         help="Prefix-cache eviction: replay traces, measure a live engine.")
 
 
+def _policy_specs(text: str, *, engine: str, online: bool, extra: tuple[str, ...] = ()
+                  ) -> list[str]:
+    """The policies of ``--policies``: built-in names, ``extra`` names of the command, or
+    ``package.module:ClassName`` (a policy class of the user's own; a module in the current
+    folder is found, as ``python -m`` finds it). Each is checked now, one line if bad."""
+    import sys
+
+    from canopy.apps.cache.policies import resolve_policy
+
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    specs = [p.strip() for p in text.split(",") if p.strip()]
+    if not specs:
+        raise typer.BadParameter(f"--policies names no policy, got {text!r}")
+    for spec in specs:
+        if spec not in extra:
+            try:
+                resolve_policy(spec, online=online)
+            except (ValueError, TypeError) as error:
+                raise typer.BadParameter(f"--policies with --engine {engine}: {error}"
+                                         ) from None
+    return specs
+
+
 def _ints(text: str, what: str) -> list[int]:
     try:
         values = [int(x) for x in text.split(",") if x.strip()]
@@ -34,7 +58,8 @@ def replay_command(
     trace: str = typer.Option("conversation", help="conversation, synthetic, toolagent or a "
                               "file (Mooncake JSONL or a prompt log)"),
     capacity: str = typer.Option("16,64,256,1024,4096", help="capacities in blocks"),
-    policies: str = typer.Option("lru,lfu,canopy,optimal", help="policies by name"),
+    policies: str = typer.Option("lru,lfu,canopy,optimal", help="policies: lru, lfu, sieve, "
+                                 "canopy, optimal or package.module:ClassName (your own)"),
     scenario: str = typer.Option("stationary", help="stationary or shift"),
     before: str | None = typer.Option(None, help="pre-shift workload (default: the trace "
                                       "itself in a disjoint block space)"),
@@ -46,7 +71,8 @@ def replay_command(
     window: int = typer.Option(500, help="requests per point of the shift recovery curve"),
     seed: int = typer.Option(0, help="canopy: hash seed of the shadows' spatial sample"),
     engine: str = typer.Option("canopy", help="canopy (Canopy's replay) or sglang (SGLang's "
-                               "own radix cache, policies lru, lfu, canopy; extra 'sglang')"),
+                               "own radix cache, policies lru, lfu, canopy or your own "
+                               "priority policy; extra 'sglang')"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
     plot: Annotated[Path | None, typer.Option(help="write a figure (needs matplotlib)",
                                               callback=output_path)] = None,
@@ -56,7 +82,7 @@ def replay_command(
     from rich.table import Table
 
     from canopy.apps.cache.live import load_calibration
-    from canopy.apps.cache.policies import make_policy
+    from canopy.apps.cache.policies import make_policy, resolve_policy
     from canopy.apps.cache.replay import recovery_curve, sweep
     from canopy.apps.cache.traces import resolve
     from canopy.apps.cache.ttft import TTFTModel
@@ -64,9 +90,9 @@ def replay_command(
     capacities = _ints(capacity, "--capacity")
     if window < 1:
         raise typer.BadParameter(f"--window must be >= 1 request, got {window}")
+    chosen = [make_policy(p, seed=seed) if p == "canopy" else resolve_policy(p)
+              for p in _policy_specs(policies, engine=engine, online=engine == "sglang")]
     try:
-        chosen = [make_policy(p, **({"seed": seed} if p == "canopy" else {}))
-                  for p in (x.strip() for x in policies.split(",")) if p]
         ttft = TTFTModel(ms_per_token=ms_per_token) if calibration is None else \
             load_calibration(calibration)
         loaded = resolve(trace, block_size=block_size)
@@ -81,7 +107,7 @@ def replay_command(
         from canopy.apps.cache import sglang
 
         try:
-            results = sglang.sweep(loaded, policies=[p.name for p in chosen],
+            results = sglang.sweep(loaded, policies=chosen,
                                    capacities=capacities, scenario_name=scenario, before=pre,
                                    ttft=ttft)
         except ImportError as missing:
@@ -189,7 +215,8 @@ def _ended_by_signals():
 def live_command(
     policies: str = typer.Option("off,lru,canopy", help="off (no caching), lru, lfu, sieve, "
                                  "canopy, optimal (knows the workload's future; llama only), "
-                                 "vllm (vLLM's own eviction; vllm only)"),
+                                 "vllm (vLLM's own eviction; vllm only), or "
+                                 "package.module:ClassName (a policy of your own)"),
     engine: str = typer.Option("llama", help="llama (llama.cpp, SmolLM2-135M GGUF) or vllm "
                                "(vllm serve with Canopy's eviction plugin)"),
     capacity_mb: float = typer.Option(6.0, help="llama: KV memory of the cache (MiB)"),
@@ -228,20 +255,14 @@ def live_command(
         word_vocabulary,
         zipf_workload,
     )
-    from canopy.apps.cache.policies import POLICIES
     from canopy.llm.local import find_smollm2_gguf
     from canopy.reporting import progress_bar
 
     if engine not in ("llama", "vllm"):
         raise typer.BadParameter(f"--engine must be llama or vllm, got {engine!r}")
     vllm = engine == "vllm"
-    names = [p.strip() for p in policies.split(",") if p.strip()]
-    valid = ["off", *(p for p in POLICIES if not (vllm and p == "optimal")),
-             *(("vllm",) if vllm else ())]
-    unknown = [p for p in names if p not in valid]
-    if not names or unknown:
-        raise typer.BadParameter(f"--policies takes {', '.join(valid)} with --engine {engine}; "
-                                 f"got {policies!r}")
+    names = _policy_specs(policies, engine=engine, online=vllm,
+                          extra=("off", "vllm") if vllm else ("off",))
     if scenario not in ("stationary", "shift"):
         raise typer.BadParameter(f"--scenario must be stationary or shift, got {scenario!r}")
     if workload not in WORKLOADS:

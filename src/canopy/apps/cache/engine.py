@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 from llama_cpp import BaseLlamaCache, Llama, LlamaState  # the ``engine`` extra
 
-from canopy.apps.cache.policies import EvictionPolicy
+from canopy.apps.cache.policies import EvictionPolicy, resolve_policy
 from canopy.apps.cache.stream import PlannedCache, StreamingCache
 from canopy.apps.cache.traces import full_blocks
 from canopy.data import jsonl_rows
@@ -71,10 +71,12 @@ def kv_bytes_per_token(llama: Llama) -> int:
 
 class PolicyStateCache(BaseLlamaCache):
     """A llama-cpp-python prompt cache whose evictions follow a Canopy policy (see the module
-    docstring). ``policy`` is a policy name or online policy object, or ``None`` for caching
-    off; bind the engine with :meth:`bind` before use."""
+    docstring). ``policy`` is a policy name, a user's ``package.module:ClassName`` or a policy
+    object (:func:`~canopy.apps.cache.policies.resolve_policy`), or ``None`` for caching off;
+    bind the engine with :meth:`bind` before use."""
 
-    def __init__(self, policy: EvictionPolicy | str | None, capacity_bytes: int, *,
+    def __init__(self, policy: EvictionPolicy | type[EvictionPolicy] | str | None,
+                 capacity_bytes: int, *,
                  block_tokens: int = 16, kv_bytes: int, history_floor: float | None = 0.5,
                  plan: Sequence[Sequence[int]] | None = None) -> None:
         for name, value in (("capacity_bytes", capacity_bytes), ("block_tokens", block_tokens),
@@ -90,11 +92,13 @@ class PolicyStateCache(BaseLlamaCache):
         if policy is None:
             self.policy_cache = None
         elif plan is None:
-            self.policy_cache = StreamingCache(policy, self.capacity_blocks,
+            self.policy_cache = StreamingCache(resolve_policy(policy, online=True),
+                                               self.capacity_blocks,
                                                history_floor=history_floor)
         else:  # the prompts to come are known: any policy, the offline optimum included
             self.policy_cache = PlannedCache(
-                policy, self.capacity_blocks, [self._blocks(tuple(p)) for p in plan])
+                resolve_policy(policy), self.capacity_blocks,
+                [self._blocks(tuple(p)) for p in plan])
         # per-request log for measurement, bounded for a long-running server
         self.reused: deque[int] = deque(maxlen=LOG_REQUESTS)
         self.prompt_blocks: deque[int] = deque(maxlen=LOG_REQUESTS)
@@ -251,7 +255,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--n_ctx", type=int, default=2048)
     parser.add_argument("--n_threads", type=int, default=1)
     parser.add_argument("--policy", default="canopy",
-                        help="off, lru, lfu, sieve, canopy, or optimal (needs --plan)")
+                        help="off, lru, lfu, sieve, canopy, optimal (needs --plan), or "
+                        "package.module:ClassName (a policy of your own)")
     parser.add_argument("--plan", help="the prompts to come, one JSON list of token ids a "
                         "line (in order; prompts without a full block may come between)")
     parser.add_argument("--capacity-mb", type=float, default=64.0)

@@ -8,7 +8,9 @@ new tokens, evicting what it held. Which free cached block goes first is the evi
 
 * :meth:`release` (the engine freed a cached block), :meth:`acquire` (a hit took it back),
   :meth:`pop_victim` (the engine needs a block: the lowest priority goes);
-* the order is the policy's ``priority(key)`` (lower evicts first), ties by release order;
+* the order is the policy's ``priority(key)`` (lower evicts first), ties by release order,
+  among the free *leaves* (blocks no cached block hangs under, known from the chains the
+  policy observed), as the replay and SGLang evict;
   with no policy it is release order alone, the engine's own LRU queue (vLLM appends freed
   blocks to its queue's tail, a request's deepest block first, and evicts from the head);
 * a policy that re-orders its priorities (``canopy`` switching arms) bumps ``epoch``; the
@@ -60,8 +62,8 @@ class EvictableBlocks:
         self._sieve = policy is not None and getattr(
             getattr(policy, "policy", None), "name", "") == "sieve"
         self._hand: Any = None  # sieve: the priority of the last victim
-        self._parent: dict[Hashable, Hashable] = {}  # sieve: from the observed chains
-        self._children: dict[Hashable, int] = {}  # sieve: known blocks under a key
+        self._parent: dict[Hashable, Hashable] = {}  # from the observed chains
+        self._children: dict[Hashable, int] = {}  # known blocks under a key
 
     def __len__(self) -> int:
         """Free (evictable) blocks."""
@@ -111,16 +113,15 @@ class EvictableBlocks:
                 self._children[parent] -= 1
 
     def refresh(self, keys: Iterable[Hashable]) -> None:
-        """Re-key the free blocks among ``keys`` (a request observed them; call after the
-        policy's ``observe``); rebuild the order if the policy's epoch moved."""
+        """Re-key the free blocks among ``keys`` (a request observed them, root first; call
+        after the policy's ``observe``); rebuild the order if the policy's epoch moved."""
         if self.policy is None:
             return
-        if self._sieve:
-            keys = list(keys)
-            if len(self._parent) > 4 * len(self._key) + 4096:  # bounded: known blocks' only
-                self._parent = {k: p for k, p in self._parent.items() if k in self._blocks_of}
-            for parent, key in itertools.pairwise(keys):
-                self._parent.setdefault(key, parent)
+        keys = list(keys)
+        if len(self._parent) > 4 * len(self._key) + 4096:  # bounded: known blocks' only
+            self._parent = {k: p for k, p in self._parent.items() if k in self._blocks_of}
+        for parent, key in itertools.pairwise(keys):
+            self._parent.setdefault(key, parent)
         if self.policy.epoch != self._epoch:
             self._rebuild()
             return
@@ -143,11 +144,28 @@ class EvictableBlocks:
         return block
 
     def _lowest(self) -> int | None:
+        """The lowest-priority free leaf (a block no cached block hangs under, as the replay
+        and SGLang evict): a policy whose priority rises from a block to its parent (most
+        recently used first) would otherwise cut a chain in the middle. Entries of blocks
+        with cached children go back to the heap; should every free block have some (the
+        host dropped a block without telling), the lowest goes."""
+        held: list[tuple[Any, int, int]] = []
+        victim = None
         while self._heap:
-            priority, stamp, block = heapq.heappop(self._heap)
-            if self._entry.get(block) == (priority, stamp):
-                return block
-        return None
+            entry = heapq.heappop(self._heap)
+            priority, stamp, block = entry
+            if self._entry.get(block) != (priority, stamp):
+                continue
+            if self.policy is not None and self._children.get(self._key[block]):
+                held.append(entry)
+                continue
+            victim = block
+            break
+        if victim is None and held:
+            victim = held.pop(0)[2]
+        for entry in held:
+            heapq.heappush(self._heap, entry)
+        return victim
 
     def _sieve_victim(self) -> int | None:
         """SIEVE's hand over every known block, pinned ones included (it clears their

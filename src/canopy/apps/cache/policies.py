@@ -6,7 +6,9 @@ vector that :class:`~canopy.apps.cache.radix.RadixCache` runs. All of them evict
 
 from __future__ import annotations
 
+import importlib
 import math
+import operator
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,7 +17,8 @@ import numpy as np
 from canopy.apps.cache import radix
 
 __all__ = ["LFU", "LRU", "POLICIES", "SIEVE", "Arms", "Canopy", "EvictionPolicy", "Optimal",
-           "PriorityPolicy", "make_policy"]
+           "PriorityPolicy", "make_policy",
+           "policy_class", "resolve_policy"]
 
 
 class EvictionPolicy:
@@ -219,10 +222,69 @@ POLICIES: dict[str, type[EvictionPolicy]] = {
 """Policy classes by name."""
 
 
-def make_policy(name: str, **config: float) -> EvictionPolicy:
-    """A policy by name (``lru``, ``lfu``, ``sieve``, ``canopy``, ``optimal``)."""
+def policy_class(spec: str) -> type[EvictionPolicy]:
+    """The class a policy spec names: a name of :data:`POLICIES` or ``package.module:Class``,
+    a user's :class:`EvictionPolicy` subclass (the module must be importable: installed or on
+    ``PYTHONPATH``). Raises ``ValueError`` with one line naming the problem."""
+    if not isinstance(spec, str):
+        raise TypeError(f"a policy spec is a str, got {type(spec).__name__}")
+    if spec in POLICIES:
+        return POLICIES[spec]
+    module_name, colon, attribute = spec.partition(":")
+    if not colon:
+        raise ValueError(f"unknown policy {spec!r}; known: {', '.join(POLICIES)}, or "
+                         "package.module:ClassName for a policy of your own")
+    if not module_name or not attribute:
+        raise ValueError(f"policy {spec!r}: write package.module:ClassName")
     try:
-        cls = POLICIES[name]
-    except KeyError:
-        raise ValueError(f"unknown policy {name!r}; known: {', '.join(POLICIES)}") from None
-    return cls(**config)
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        raise ValueError(f"policy {spec!r}: cannot import {module_name!r} ({error}); is it "
+                         "installed or on PYTHONPATH?") from None
+    except Exception as error:  # the user's module itself fails: name it, in one line
+        raise ValueError(f"policy {spec!r}: importing {module_name!r} failed: "
+                         f"{type(error).__name__}: {error}") from None
+    try:
+        cls = operator.attrgetter(attribute)(module)
+    except AttributeError:
+        raise ValueError(f"policy {spec!r}: module {module_name!r} has no {attribute!r}"
+                         ) from None
+    if not (isinstance(cls, type) and issubclass(cls, EvictionPolicy)):
+        raise ValueError(f"policy {spec!r} is not a policy class (a subclass of "
+                         "canopy.apps.cache.policies.PriorityPolicy or EvictionPolicy)")
+    return cls
+
+
+def make_policy(name: str, **config: float) -> EvictionPolicy:
+    """A policy by name (``lru``, ``lfu``, ``sieve``, ``canopy``, ``optimal``) or spec
+    (``package.module:Class``, see :func:`policy_class`), made with ``config``."""
+    return policy_class(name)(**config)
+
+
+def resolve_policy(spec: str | EvictionPolicy | type[EvictionPolicy], *,
+                   online: bool = False) -> EvictionPolicy:
+    """The policy every host takes: a policy object, a policy class (made with no arguments)
+    or a spec (:func:`policy_class`). ``online``: the host serves requests as they come, so
+    a policy that reads the future (``optimal``) is refused. Errors are one line."""
+    if isinstance(spec, EvictionPolicy):
+        policy = spec
+    else:
+        cls = policy_class(spec.strip()) if isinstance(spec, str) else spec
+        if not (isinstance(cls, type) and issubclass(cls, EvictionPolicy)):
+            raise TypeError(f"a policy is a name, package.module:ClassName, an EvictionPolicy "
+                            f"subclass or instance, got {spec!r}")
+        try:
+            policy = cls()
+        except TypeError as error:
+            raise ValueError(f"policy {cls.__name__} cannot be made with no arguments: "
+                             f"{error}") from None
+    if policy.name in POLICIES and not isinstance(policy, POLICIES[policy.name]):
+        raise ValueError(f"policy {type(policy).__name__} is named {policy.name!r}, a built-in "
+                         "policy's name; give it a name of its own")
+    if isinstance(policy, PriorityPolicy) and policy.key is None:
+        raise ValueError(f"policy {type(policy).__name__} has no key function: key = "
+                         "staticmethod(a numba.njit function of (v, ni, depth, params))")
+    if online and policy.offline:
+        raise ValueError(f"policy {policy.name!r} reads the future; a host serving requests "
+                         "as they come cannot run it")
+    return policy

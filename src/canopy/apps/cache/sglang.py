@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from canopy.apps.cache.policies import LFU, LRU, EvictionPolicy
 from canopy.apps.cache.replay import ReplayResult, result, scenario
 from canopy.apps.cache.traces import Trace
 from canopy.apps.cache.ttft import TTFTModel
@@ -31,7 +32,8 @@ from canopy.apps.cache.ttft import TTFTModel
 __all__ = ["ENGINE_POLICIES", "drive", "sglang_api", "sweep"]
 
 ENGINE_POLICIES = ("lru", "lfu", "canopy")
-"""Strategies :func:`sweep` runs: SGLang's ``lru`` and ``lfu``, Canopy's ``canopy``."""
+"""Strategies :func:`sweep` runs by name: SGLang's ``lru`` and ``lfu``, Canopy's ``canopy``;
+a priority policy of the user's own runs too (``package.module:ClassName`` or the object)."""
 
 
 class _NoPool:
@@ -102,24 +104,39 @@ def drive(api: Any, cache: Any, trace: Trace, capacity: int, *,
     return reused
 
 
-def sweep(trace: Trace, *, policies: Sequence[str], capacities: Sequence[int],
+def sweep(trace: Trace, *, policies: Sequence[str | EvictionPolicy], capacities: Sequence[int],
           scenario_name: str = "stationary", before: Trace | None = None,
           ttft: TTFTModel | None = None, api: Any = None) -> list[ReplayResult]:
-    """Every strategy (:data:`ENGINE_POLICIES`) at every capacity, each a fresh SGLang
-    radix cache (``api``: default :func:`sglang_api`) fed the scenario's requests: as they
-    are served, SGLang's ``lru`` and ``lfu`` in its ``RadixCache``, ``canopy`` in Canopy's
-    backend (``--radix-cache-backend canopy``: the same cache, evicting page-exactly)."""
-    unknown = [p for p in policies if p not in ENGINE_POLICIES]
-    if unknown or not policies or not capacities:
-        raise ValueError(f"the sglang engine runs the policies {', '.join(ENGINE_POLICIES)}"
-                         f"{'; unknown: ' + ', '.join(unknown) if unknown else ''}")
+    """Every strategy at every capacity, each a fresh SGLang radix cache (``api``: default
+    :func:`sglang_api`) fed the scenario's requests: as they are served, SGLang's ``lru`` and
+    ``lfu`` (by name) in its ``RadixCache``; ``canopy`` and a user's priority policy (a spec
+    or object, :func:`~canopy.integrations.sglang.strategy_policy`) as Canopy's strategy in
+    Canopy's backend (``--radix-cache-backend canopy``: the same cache, evicting
+    page-exactly)."""
+    from canopy.integrations.sglang import strategy_policy
+
+    if not policies or not capacities:
+        raise ValueError("the sglang engine runs the policies lru, lfu, canopy or your own "
+                         "priority policy, at one capacity at least")
+    chosen = []
+    for policy in policies:
+        try:
+            strategy = strategy_policy(policy)
+        except ValueError as error:
+            raise ValueError(f"the sglang engine runs the policies "
+                             f"{', '.join(ENGINE_POLICIES)} or your own priority policy: "
+                             f"{error}") from None
+        sglangs_own = type(strategy) in (LRU, LFU)  # by name: SGLang's own strategies
+        chosen.append((strategy.name, None if sglangs_own else strategy))
     api = sglang_api() if api is None else api
     joined, start = scenario(trace, scenario_name, before=before)
     results = []
     for capacity in capacities:
-        for name in policies:
-            config = {"capacity_blocks": int(capacity)} if name == "canopy" else None
-            cache = api.simulated(name, config, exact=name == "canopy")
+        for name, strategy in chosen:
+            config = None if strategy is None else {"policy": strategy,
+                                                    "capacity_blocks": int(capacity)}
+            cache = api.simulated(name if strategy is None else "canopy", config,
+                                  exact=strategy is not None)
             began, began_cpu = time.perf_counter(), time.thread_time()
             reused = drive(api, cache, joined, capacity)
             results.append(result(joined, name, capacity, reused, start=start, ttft=ttft,

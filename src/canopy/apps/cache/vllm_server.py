@@ -35,8 +35,9 @@ import httpx
 __all__ = ["SMOLLM2_CONFIG", "VLLMServer", "VLLMServerError", "model_folder", "vllm_python"]
 
 ENGINE_POLICIES = ("off", "vllm", "lru", "lfu", "sieve", "canopy")
-"""``off``: no prefix caching; ``vllm``: vLLM's own eviction (plugin disabled); the rest
-through the plugin."""
+"""``off``: no prefix caching; ``vllm``: vLLM's own eviction (plugin disabled); the rest,
+and any ``package.module:ClassName`` policy importable in vLLM's processes, through the
+plugin."""
 
 SMOLLM2_CONFIG: dict[str, Any] = {
     "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 576,
@@ -158,7 +159,8 @@ def _alive(pid: int) -> bool:
 
 class VLLMServer:
     """``vllm.entrypoints.openai.api_server`` as a context manager (see the module
-    docstring). ``policy`` is one of :data:`ENGINE_POLICIES`; ``blocks`` the KV pool in
+    docstring). ``policy`` is one of :data:`ENGINE_POLICIES` or a user's policy spec
+    ``package.module:ClassName``; ``blocks`` the KV pool in
     blocks of ``block_tokens`` tokens (vLLM keeps one as its null block)."""
 
     model = "smollm2-135m"
@@ -166,9 +168,9 @@ class VLLMServer:
     def __init__(self, folder: Path, *, policy: str, blocks: int, block_tokens: int,
                  max_model_len: int, threads: int = 1, dummy: bool = False,
                  python: str | None = None, startup_timeout: float = 900.0) -> None:
-        if policy not in ENGINE_POLICIES:
-            raise ValueError(f"policy must be one of {', '.join(ENGINE_POLICIES)}, "
-                             f"got {policy!r}")
+        if policy not in ENGINE_POLICIES and ":" not in policy:
+            raise ValueError(f"policy must be one of {', '.join(ENGINE_POLICIES)} or "
+                             f"package.module:ClassName, got {policy!r}")
         self.folder, self.policy, self.blocks = Path(folder), policy, int(blocks)
         self.block_tokens, self.max_model_len = int(block_tokens), int(max_model_len)
         self.threads, self.dummy = int(threads), dummy

@@ -1,0 +1,39 @@
+"""A user's own eviction policy, in a module of its own as a user would write it: the hosts
+load it by the spec ``user_policy:NewestFirst`` (this folder on the path)."""
+
+from __future__ import annotations
+
+import numba
+
+from canopy.apps.cache import radix
+from canopy.apps.cache.policies import PriorityPolicy
+
+
+@numba.njit
+def newest_first(v, ni, depth, params):
+    return -float(ni[v, radix.LAST])  # the most recently used leaf goes first
+
+
+class NewestFirst(PriorityPolicy):
+    """Most recently used first (MRU): what keeps most of a cyclic scan longer than the
+    cache, where LRU keeps nothing. Its key rises from a block to its parent's, so only a
+    host that evicts leaves alone evicts what the replay evicts."""
+
+    name = "newest-first"
+    key = staticmethod(newest_first)
+
+
+class NeedsArguments(NewestFirst):
+    """Not makeable from a spec: its constructor wants an argument."""
+
+    def __init__(self, weight: float) -> None:
+        self.weight = weight
+
+
+class CalledSieve(NewestFirst):
+    """Refused: a built-in policy's name would stand for two policies."""
+
+    name = "sieve"
+
+
+NOT_A_POLICY = 3
