@@ -90,9 +90,10 @@ def replay_command(
     capacities = _ints(capacity, "--capacity")
     if window < 1:
         raise typer.BadParameter(f"--window must be >= 1 request, got {window}")
-    chosen = [make_policy(p, seed=seed) if p == "canopy" else resolve_policy(p)
-              for p in _policy_specs(policies, engine=engine, online=engine == "sglang")]
+    specs = _policy_specs(policies, engine=engine, online=engine == "sglang")
     try:
+        chosen = [make_policy(p, seed=seed) if p == "canopy" else resolve_policy(p)
+                  for p in specs]
         ttft = TTFTModel(ms_per_token=ms_per_token) if calibration is None else \
             load_calibration(calibration)
         loaded = resolve(trace, block_size=block_size)
