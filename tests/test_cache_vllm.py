@@ -3,13 +3,13 @@
 
 from __future__ import annotations
 
+import os
 import random
 
 import numpy as np
 import pytest
 
 from canopy.apps.cache.evictable import EvictableBlocks
-from canopy.apps.cache.policies import make_policy
 from canopy.apps.cache.stream import OnlinePolicy, replay_stream
 
 
@@ -110,10 +110,28 @@ def test_the_plugin_is_off_unless_asked_and_refuses_unknown_names(monkeypatch):
     plugin.register()  # disabled: installs nothing (and needs no vLLM)
     assert "policy" not in plugin._INSTALLED
     monkeypatch.setenv(plugin.ENV, " LFU ")
-    assert plugin.enabled_policy() == make_policy("lfu")
+    assert plugin.enabled_policy() == "lfu"
     monkeypatch.setenv(plugin.ENV, "belady")
     with pytest.raises(ValueError, match="lru, lfu, sieve, canopy"):
         plugin.register()
+
+
+def test_the_plugin_loads_no_numba_in_vllms_processes():
+    """vLLM loads the plugin in every process, and its CPU workers scan every loaded
+    module's namespace, which numba's LLVM binding breaks (the worker fails to start): the
+    entry point reads the spec without importing the policy, numba or the user's module."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    tests = Path(__file__).resolve().parent
+    env = {**os.environ, "CANOPY_VLLM_EVICTION": "user_policy:NewestFirst",
+           "PYTHONPATH": os.pathsep.join([str(tests.parent / "src"), str(tests)])}
+    probe = ("import sys; from canopy.integrations import vllm; "
+             "print(vllm.enabled_policy(), 'numba' in sys.modules, 'user_policy' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         env=env, check=True).stdout.split()
+    assert out == ["user_policy:NewestFirst", "False", "False"]
 
 
 def test_the_vllm_replay_predicts_canopy_ahead_of_lru_after_the_shift():

@@ -40,19 +40,25 @@ __all__ = ["ENV", "PolicyFreeQueue", "enabled_policy", "install", "register"]
 ENV = "CANOPY_VLLM_EVICTION"
 
 
-def enabled_policy() -> EvictionPolicy | None:
-    """The policy ``CANOPY_VLLM_EVICTION`` names (``None`` when unset or empty); a built-in
-    name in any case, else a ``package.module:ClassName`` spec. Raises ``ValueError`` (one
-    line) for a spec no online host can run."""
+_BUILT_IN = ("lru", "lfu", "sieve", "canopy")
+
+
+def enabled_policy() -> str | None:
+    """The policy spec ``CANOPY_VLLM_EVICTION`` names (``None`` when unset or empty): a
+    built-in name in any case, else a ``package.module:ClassName`` spec. Nothing is imported
+    here: vLLM loads its plugins in every process, and its CPU workers scan every loaded
+    module's namespace, which numba's LLVM binding breaks (``vars()`` of its library
+    wrapper); the policy is resolved in the scheduler's process, when a caching pool is made.
+    Raises ``ValueError`` (one line) for a spec of neither form."""
     spec = os.environ.get(ENV, "").strip()
     if not spec:
-        return None  # disabled: not even the policies are imported
-    from canopy.apps.cache.policies import POLICIES, resolve_policy
-
-    try:
-        return resolve_policy(spec.lower() if spec.lower() in POLICIES else spec, online=True)
-    except ValueError as error:
-        raise ValueError(f"{ENV}={spec!r}: {error}") from None
+        return None  # disabled
+    if spec.lower() in _BUILT_IN:
+        return spec.lower()
+    if ":" not in spec:
+        raise ValueError(f"{ENV}={spec!r}: unknown policy; valid: {', '.join(_BUILT_IN)} or "
+                         "package.module:ClassName")
+    return spec
 
 
 def _make_order(policy: EvictionPolicy, capacity_blocks: int) -> Any:
@@ -148,11 +154,20 @@ def install(policy: str | EvictionPolicy | type[EvictionPolicy]) -> None:
     """Put ``policy`` (a name, ``package.module:ClassName``, a policy class or object) in
     charge of every caching ``BlockPool`` created from now on in this process (idempotent:
     vLLM may load its plugins more than once). Each pool gets a fresh copy of its state."""
-    from canopy.apps.cache.policies import resolve_policy
-
-    chosen = resolve_policy(policy, online=True)
-    if _INSTALLED.get("policy") == chosen:
+    if _INSTALLED.get("policy") == policy:
         return
+    resolved: list[EvictionPolicy] = []
+
+    def chosen() -> EvictionPolicy:
+        """The policy, resolved once, when the first caching pool is made."""
+        from canopy.apps.cache.policies import resolve_policy
+
+        if not resolved:
+            resolved.append(resolve_policy(policy, online=True))
+        return resolved[0]
+
+    if not isinstance(policy, str):
+        chosen()  # an object or class: checked now
     from vllm.v1.core.block_pool import BlockPool
     from vllm.v1.core.kv_cache_manager import KVCacheManager
 
@@ -165,7 +180,7 @@ def install(policy: str | EvictionPolicy | type[EvictionPolicy]) -> None:
         if not enable_caching:
             return
         blocks = [b for b in self.blocks if b is not self.null_block]
-        queue = PolicyFreeQueue(blocks, _make_order(chosen, max(1, num_gpu_blocks - 2)))
+        queue = PolicyFreeQueue(blocks, _make_order(chosen(), max(1, num_gpu_blocks - 2)))
         queue.blocks = self.blocks  # victims are looked up by block id
         self.free_block_queue = queue
 
@@ -183,7 +198,7 @@ def install(policy: str | EvictionPolicy | type[EvictionPolicy]) -> None:
 
     BlockPool.__init__ = __init__
     KVCacheManager.get_computed_blocks = get_computed_blocks
-    _INSTALLED["policy"] = chosen
+    _INSTALLED["policy"] = policy
 
 
 def register() -> None:
