@@ -214,11 +214,10 @@ def test_live_vllm_serves_what_the_replay_predicts_for_the_user_policy():
     """``canopy cache live --engine vllm --policies user_policy:NewestFirst`` against a real
     ``vllm serve``: the plugin loads the user's class in vLLM's processes, and the server's
     per-request reuse equals the replay's (which differs from vLLM's LRU here)."""
-    from test_cache_vllm_live import _vllm_pids
+    from test_cache_vllm_live import run_live
     from test_cache_vllm_pool import _vllm_python
 
     _vllm_python()  # skips (fails in CI) without vLLM
-    before = _vllm_pids()
     args = ["--engine", "vllm", "--requests", "24", "--scenario", "stationary",
             "--blocks", "12", "--threads", "1", "--json"]
     replay = subprocess.run(
@@ -228,17 +227,8 @@ def test_live_vllm_serves_what_the_replay_predicts_for_the_user_policy():
     assert replay.returncode == 0, replay.stderr[-3000:]
     predicted = json.loads(replay.stdout)["results"]
     assert predicted[SPEC] != predicted["vllm"]
-    command = subprocess.Popen(
-        [sys.executable, "-m", "canopy", "cache", "live", *args, "--policies", SPEC],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=TESTS,
-        env=_user_path_env())
-    try:
-        stdout, stderr = command.communicate(timeout=1800)
-    finally:
-        if command.poll() is None:
-            command.kill()
-            command.wait()
-    assert command.returncode == 0, stderr[-3000:]
-    assert not _vllm_pids() - before  # no server or engine left behind
+    returncode, stdout, stderr = run_live([*args, "--policies", SPEC], cwd=TESTS,
+                                          env=_user_path_env())
+    assert returncode == 0, stderr[-3000:]
     entry = json.loads(stdout)["results"][SPEC]
     assert entry["replay_matches_server"] and entry["hit_rate"] > 0

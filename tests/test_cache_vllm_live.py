@@ -23,24 +23,31 @@ def _vllm_pids() -> set[int]:
     return out
 
 
-def test_vllm_caching_cuts_ttft_and_the_server_reuses_what_the_replay_predicts():
-    from test_cache_vllm_pool import _vllm_python
-
-    _vllm_python()  # skips (fails in CI) without vLLM
+def run_live(args: list[str], **popen: object) -> tuple[int, str, str]:
+    """``canopy cache live ARGS`` to its end (killed after 30 minutes): its exit code, stdout
+    and stderr; asserts that it left no vLLM server or engine behind."""
     before = _vllm_pids()
-    command = subprocess.Popen(
-        [sys.executable, "-m", "canopy", "cache", "live", "--engine", "vllm", "--policies",
-         "off,vllm", "--requests", "12", "--scenario", "stationary", "--blocks", "48",
-         "--threads", "1", "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True)
+    command = subprocess.Popen([sys.executable, "-m", "canopy", "cache", "live", *args],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               **popen)
     try:
         stdout, stderr = command.communicate(timeout=1800)
     finally:
         if command.poll() is None:
             command.kill()
             command.wait()
-    assert command.returncode == 0, stderr[-3000:]
     assert not _vllm_pids() - before  # no server or engine left behind
+    return command.returncode, stdout, stderr
+
+
+def test_vllm_caching_cuts_ttft_and_the_server_reuses_what_the_replay_predicts():
+    from test_cache_vllm_pool import _vllm_python
+
+    _vllm_python()  # skips (fails in CI) without vLLM
+    returncode, stdout, stderr = run_live(
+        ["--engine", "vllm", "--policies", "off,vllm", "--requests", "12", "--scenario",
+         "stationary", "--blocks", "48", "--threads", "1", "--json"])
+    assert returncode == 0, stderr[-3000:]
     out = json.loads(stdout)
     assert out["engine"] == "vllm" and out["capacity_blocks"] == 46
     off, on = out["results"]["off"], out["results"]["vllm"]
