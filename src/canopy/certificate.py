@@ -353,56 +353,82 @@ def binomial_rank(n: float, p: float, log_delta: float) -> int:
 
 
 @numba.njit(cache=True)
+def _sharp_mean_lower(state: np.ndarray, setup: np.ndarray) -> float:
+    """The lower bound on ``f(v)`` in unit scale from a state of at least two probes."""
+    sigma, z = setup[S_SIGMA], setup[S_Z]
+    bottom, top = -z * sigma, 1.0 + z * sigma
+    return max(bottom + (top - bottom) * _bet_lower(state, 3, setup[S_LOGA_MEAN])
+               - setup[S_MEAN_CORR], 0.0)
+
+
+@numba.njit(cache=True)
+def _sharp_mgf_bound(state: np.ndarray, setup: np.ndarray, log_m: float, i: int) -> float:
+    """The upper bound on ``mu*`` at the ``i``-th lambda (``inf`` where the betting bound on
+    the transformed mean leaves no room)."""
+    sigma, z = setup[S_SIGMA], setup[S_Z]
+    k = int(setup[S_K])
+    top = 1.0 + z * sigma
+    lam = setup[N_SETUP + i]
+    g = max(1.0 - _bet_lower(state, 3 + SLICE * (1 + i), setup[S_LOGA_MGF]), 0.0) + setup[
+        N_SETUP + k + i]
+    if g <= 0.0:
+        return np.inf
+    return (log_m + lam * top + math.log(g) - 0.5 * lam * lam * sigma * sigma) / lam
+
+
+@numba.njit(cache=True)
+def _sharp_order_bound(state: np.ndarray, setup: np.ndarray, log_m: float, i: int) -> float:
+    """The upper bound on ``mu*`` at the ``i``-th order level, from the histogram's upper
+    order statistic (``inf`` where too few probes rank)."""
+    sigma, z = setup[S_SIGMA], setup[S_Z]
+    k, c, h = int(setup[S_K]), int(setup[S_C]), int(setup[S_H])
+    bottom, top = -z * sigma, 1.0 + z * sigma
+    width = top - bottom
+    hist = 3 + SLICE * (1 + k)
+    level = setup[N_SETUP + 2 * k + i]
+    rank = binomial_rank(state[0], level / math.exp(log_m), setup[S_LOGD_ORD])
+    if rank < 1:
+        return np.inf
+    seen = 0.0
+    for j in range(h, -1, -1):
+        seen += state[hist + j]
+        if seen >= rank:
+            if j < h:
+                return bottom + (j + 1.0) * width / h - setup[N_SETUP + 2 * k + c + i]
+            return np.inf
+    return np.inf
+
+
+@numba.njit(cache=True)
 def sharp_curve(state: np.ndarray, setup: np.ndarray, log_m: float
                 ) -> tuple[np.ndarray, np.ndarray, float]:
     """Upper bounds on ``mu*`` per lambda and per order level, and the lower bound on
     ``f(v)``, all in unit scale, from a running state (``inf``/0 below two probes)."""
-    sigma, z = setup[S_SIGMA], setup[S_Z]
-    k, c, h = int(setup[S_K]), int(setup[S_C]), int(setup[S_H])
+    k, c = int(setup[S_K]), int(setup[S_C])
     mgf = np.full(k, np.inf)
     order = np.full(c, np.inf)
-    n = state[0]
-    if n < 2.0:
+    if state[0] < 2.0:
         return mgf, order, 0.0
-    bottom, top = -z * sigma, 1.0 + z * sigma
-    width = top - bottom
-    mean_lower = max(bottom + width * _bet_lower(state, 3, setup[S_LOGA_MEAN])
-                     - setup[S_MEAN_CORR], 0.0)
     for i in range(k):
-        lam = setup[N_SETUP + i]
-        corr = setup[N_SETUP + k + i]
-        g = max(1.0 - _bet_lower(state, 3 + SLICE * (1 + i), setup[S_LOGA_MGF]), 0.0) + corr
-        if g > 0.0:
-            mgf[i] = (log_m + lam * top + math.log(g) - 0.5 * lam * lam * sigma * sigma) / lam
-    if c > 0:
-        hist = 3 + SLICE * (1 + k)
-        m = math.exp(log_m)
-        for i in range(c):
-            level = setup[N_SETUP + 2 * k + i]
-            rank = binomial_rank(n, level / m, setup[S_LOGD_ORD])
-            if rank < 1:
-                continue
-            seen = 0.0
-            for j in range(h, -1, -1):
-                seen += state[hist + j]
-                if seen >= rank:
-                    if j < h:
-                        order[i] = bottom + (j + 1.0) * width / h - setup[N_SETUP + 2 * k + c + i]
-                    break
-    return mgf, order, mean_lower
+        mgf[i] = _sharp_mgf_bound(state, setup, log_m, i)
+    for i in range(c):
+        order[i] = _sharp_order_bound(state, setup, log_m, i)
+    return mgf, order, _sharp_mean_lower(state, setup)
 
 
 @numba.njit(cache=True)
 def sharp_bounds(state: np.ndarray, setup: np.ndarray, log_m: float) -> tuple[float, float]:
     """``(upper bound on mu*, lower bound on f(v))`` in unit scale: the minimum over the
-    method's bounds and the value range's top 1."""
-    mgf, order, mean_lower = sharp_curve(state, setup, log_m)
+    method's bounds and the value range's top 1. Allocates nothing, so the explored tree's
+    kernels (compiled without numba's reference counting) may call it."""
+    if state[0] < 2.0:
+        return 1.0, 0.0
     upper = 1.0
-    for i in range(mgf.size):
-        upper = min(upper, mgf[i])
-    for i in range(order.size):
-        upper = min(upper, order[i])
-    return upper, mean_lower
+    for i in range(int(setup[S_K])):
+        upper = min(upper, _sharp_mgf_bound(state, setup, log_m, i))
+    for i in range(int(setup[S_C])):
+        upper = min(upper, _sharp_order_bound(state, setup, log_m, i))
+    return upper, _sharp_mean_lower(state, setup)
 
 
 @numba.njit(cache=True)
@@ -461,30 +487,43 @@ def certify(samples: np.ndarray, n_leaves: int, sigma: float, *, delta: float = 
 
 
 @numba.njit(cache=True)
-def bound_curve(n: int, mean_x: float, var_x: float, mean_y: np.ndarray, var_y: np.ndarray,
-                lambdas: np.ndarray, log_m: float, sigma: float, delta: float,
-                z: float) -> tuple[np.ndarray, float]:
-    """``U(lambda)`` over the grid and ``mean - eps_n`` from moments of the truncated probes
-    (``mean_y``/``var_y`` are moments of ``exp(lambda (X - X_max))``). ``inf`` for n < 2.
-
-    Shared by the batch and incremental forms and by the policies' compiled loops."""
-    k = lambdas.size
-    out = np.full(k, np.inf)
-    if n < 2:
-        return out, -np.inf
+def _bound_terms(n: int, mean_x: float, var_x: float, k: int, sigma: float, delta: float,
+                 z: float) -> tuple[float, float, float]:
+    """The grid-wide terms of the bound for ``n >= 2`` probes: ``log((k + 1) / delta)``, the
+    truncation's top ``x_max`` and ``mean - eps_n``."""
     log_term = math.log((k + 1) / delta)
     x_max = 1.0 + z * sigma
     x_range = 1.0 + 2.0 * z * sigma
     eps = math.sqrt(2.0 * max(var_x, 0.0) * log_term / n) + 7.0 * x_range * log_term / (
         3.0 * (n - 1))
-    mean_lower = mean_x - eps
+    return log_term, x_max, mean_x - eps
+
+
+@numba.njit(cache=True)
+def _grid_bound(lam: float, mean_y: float, var_y: float, n: int, log_term: float,
+                x_max: float, mean_lower: float, log_m: float, sigma: float) -> float:
+    """``U(lambda)`` at one grid point from the moments of ``exp(lambda (X - X_max))``."""
+    # G_up / exp(lam * x_max): the shifted variable lies in [0, 1], so its range is 1.
+    g_shifted = (mean_y + math.sqrt(2.0 * max(var_y, 0.0) * log_term / n)
+                 + 7.0 * log_term / (3.0 * (n - 1)))
+    log_g = lam * x_max + math.log(g_shifted)
+    return (log_m + log_g - 0.5 * lam * lam * sigma * sigma) / lam - mean_lower
+
+
+@numba.njit(cache=True)
+def bound_curve(n: int, mean_x: float, var_x: float, mean_y: np.ndarray, var_y: np.ndarray,
+                lambdas: np.ndarray, log_m: float, sigma: float, delta: float,
+                z: float) -> tuple[np.ndarray, float]:
+    """``U(lambda)`` over the grid and ``mean - eps_n`` from moments of the truncated probes
+    (``mean_y``/``var_y`` are moments of ``exp(lambda (X - X_max))``). ``inf`` for n < 2."""
+    k = lambdas.size
+    out = np.full(k, np.inf)
+    if n < 2:
+        return out, -np.inf
+    log_term, x_max, mean_lower = _bound_terms(n, mean_x, var_x, k, sigma, delta, z)
     for i in range(k):
-        lam = lambdas[i]
-        # G_up / exp(lam * x_max): the shifted variable lies in [0, 1], so its range is 1.
-        g_shifted = (mean_y[i] + math.sqrt(2.0 * max(var_y[i], 0.0) * log_term / n)
-                     + 7.0 * log_term / (3.0 * (n - 1)))
-        log_g = lam * x_max + math.log(g_shifted)
-        out[i] = (log_m + log_g - 0.5 * lam * lam * sigma * sigma) / lam - mean_lower
+        out[i] = _grid_bound(lambdas[i], mean_y[i], var_y[i], n, log_term, x_max, mean_lower,
+                             log_m, sigma)
     return out, mean_lower
 
 
@@ -511,16 +550,21 @@ def welford_push(state: np.ndarray, x: float, lambdas: np.ndarray, sigma: float,
 @numba.njit(cache=True)
 def state_bound(state: np.ndarray, lambdas: np.ndarray, log_m: float, sigma: float,
                 delta: float, z: float) -> float:
-    """The certificate's bound (min over the grid) from a packed running state."""
+    """The certificate's bound (min over the grid) from a packed running state. Allocates
+    nothing, so the explored tree's kernels (compiled without numba's reference counting) may
+    call it."""
     k = lambdas.size
     n = int(state[0])
     if n < 2:
         return np.inf
     denom = n - 1.0
-    var_y = state[3 + k:3 + 2 * k] / denom
-    bounds, _ = bound_curve(n, state[1], state[2] / denom, state[3:3 + k], var_y, lambdas,
-                            log_m, sigma, delta, z)
-    return bounds.min()
+    log_term, x_max, mean_lower = _bound_terms(n, state[1], state[2] / denom, k, sigma, delta,
+                                               z)
+    best = np.inf
+    for i in range(k):
+        best = min(best, _grid_bound(lambdas[i], state[3 + i], state[3 + k + i] / denom, n,
+                                     log_term, x_max, mean_lower, log_m, sigma))
+    return best
 
 
 class RunningCertificate:
