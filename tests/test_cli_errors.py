@@ -112,3 +112,18 @@ def test_a_missing_extra_names_the_pip_command(argv, module, extra, capsys, tmp_
 def test_debug_shows_the_traceback():
     with pytest.raises(FileNotFoundError):
         main(["route", "replay", "--dataset", "routellm-mmlu", "--debug"])
+
+
+def test_an_engine_that_dies_at_start_is_one_line_with_its_last_word(capsys, tmp_path,
+                                                                      monkeypatch):
+    """``vllm serve`` exiting before it answers (here an interpreter that prints an error and
+    exits) is one line: what happened and the engine's last line, not a traceback."""
+    python = tmp_path / "python"
+    python.write_text("#!/bin/sh\necho 'starting'\necho 'ValueError: no room for the KV cache' "
+                      ">&2\nexit 3\n")
+    python.chmod(0o755)
+    monkeypatch.setenv("CANOPY_VLLM_PYTHON", str(python))
+    monkeypatch.setenv("CANOPY_VLLM_MODEL_DIR", str(tmp_path / "models"))
+    line = _fails_politely(["cache", "live", "--engine", "vllm", "--policies", "lru",
+                            "--requests", "4", "--repeats", "1"], capsys)
+    assert "exited with code 3" in line and "no room for the KV cache" in line

@@ -15,6 +15,7 @@ import sys
 import typer
 
 from canopy.data import DataNotFound
+from canopy.errors import EngineError
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, rich_markup_mode="markdown",
                   help="Canopy: multi-fidelity tree bandits and their LLM-inference uses.")
@@ -98,6 +99,9 @@ def user_error(error: BaseException) -> str | None:
             if isinstance(error.__cause__, ImportError) else None
     if isinstance(error, DataNotFound):
         return str(error)
+    if isinstance(error, EngineError):  # the problem, then the engine's last word if it spoke
+        lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+        return " ".join(lines[:1] + lines[1:][-1:]) or type(error).__name__
     if isinstance(error, json.JSONDecodeError):
         return f"malformed JSON: {error}"
     if isinstance(error, (FileNotFoundError, IsADirectoryError, PermissionError)):

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import httpx
 
+from canopy.errors import EngineError
 from canopy.llm.client import LLMClient
 
 __all__ = ["CountingProxy", "LocalLlamaServer", "LocalServerError", "exclusive",
@@ -36,7 +37,7 @@ _HOP_HEADERS = frozenset({"connection", "keep-alive", "transfer-encoding", "host
                           "content-length", "proxy-connection", "upgrade"})
 
 
-class LocalServerError(RuntimeError):
+class LocalServerError(EngineError):
     """The local model server could not be found, started, or reached."""
 
 

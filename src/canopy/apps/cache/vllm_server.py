@@ -32,6 +32,8 @@ from typing import Any
 
 import httpx
 
+from canopy.errors import EngineError
+
 __all__ = ["SMOLLM2_CONFIG", "VLLMServer", "VLLMServerError", "model_folder", "vllm_python"]
 
 ENGINE_POLICIES = ("off", "vllm", "lru", "lfu", "sieve", "canopy")
@@ -49,7 +51,7 @@ SMOLLM2_CONFIG: dict[str, Any] = {
 """SmolLM2-135M's architecture (the dummy-weights fallback)."""
 
 
-class VLLMServerError(RuntimeError):
+class VLLMServerError(EngineError):
     """vLLM could not be found, prepared or started."""
 
 
