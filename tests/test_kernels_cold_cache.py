@@ -16,6 +16,7 @@ import textwrap
 SCRIPT = textwrap.dedent("""
     from canopy.instances import infinite_depth, tree_lipschitz
     from canopy.policies.descent import MemoryBoundedDescent, OptimisticDescent
+    from canopy.policies.hoo import HOO, POO
     from canopy.run import run
 
     problem = tree_lipschitz(3, 3, seed=0)
@@ -27,11 +28,13 @@ SCRIPT = textwrap.dedent("""
     for spread in ("assumed", "certified"):
         run(MemoryBoundedDescent(spread=spread, max_nodes=40), infinite_depth(),
             budget=300, seed=0)
+    for policy in (HOO(), POO()):
+        run(policy, problem, budget=300, seed=0)
     print("compiled")
 """)
 
 
-def test_every_descent_kernel_compiles_from_an_empty_numba_cache(tmp_path):
+def test_every_explored_tree_kernel_compiles_from_an_empty_numba_cache(tmp_path):
     env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "numba"))
     done = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True,
                           text=True, timeout=900)
