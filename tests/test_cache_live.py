@@ -278,3 +278,14 @@ def test_no_engine_outlives_a_stopped_command(engine, signum, group):
 def test_threads_are_bounded_by_the_cores():
     result = CliRunner().invoke(app, ["cache", "live", "--threads", "100000"])
     assert result.exit_code == 2 and "--threads must be at most" in result.output
+
+
+def test_the_default_threads_fit_a_one_core_process(monkeypatch):
+    """On a machine (or under ``taskset``) with one core, the defaults run: the engine gets
+    the one core instead of refusing the command's own default of two."""
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0})
+    result = CliRunner().invoke(app, ["cache", "live", "--engine", "vllm", "--replay-only",
+                                      "--policies", "vllm", "--requests", "4", "--repeats",
+                                      "1", "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["results"]["vllm"]

@@ -234,7 +234,8 @@ def live_command(
     prefix_tokens: int = typer.Option(0, help="zipf: tokens of each system prompt and of each "
                                       "context (default 32 for llama, 4 blocks for vllm)"),
     max_tokens: int = typer.Option(4, help="tokens generated a request"),
-    threads: int = typer.Option(2, help="engine threads (at most the cores)"),
+    threads: int | None = typer.Option(
+        None, help="engine threads, at most the cores [default: 2, or the cores if fewer]"),
     calibration: Annotated[Path | None, typer.Option(
         help="predict TTFT saved with this calibration file instead of fitting one")] = None,
     calibration_out: Annotated[Path | None, typer.Option(
@@ -269,6 +270,7 @@ def live_command(
     if workload not in WORKLOADS:
         raise typer.BadParameter(f"--workload must be one of {', '.join(WORKLOADS)}, "
                                  f"got {workload!r}")
+    threads = min(2, _cores()) if threads is None else threads
     block_tokens = block_tokens or (32 if vllm else 16)
     prefix_tokens = prefix_tokens or (4 * block_tokens if vllm else 32)
     for name, value, low in (("--requests", requests, 2), ("--repeats", repeats, 1),
