@@ -419,7 +419,8 @@ def sharp_curve(state: np.ndarray, setup: np.ndarray, log_m: float
 @numba.njit(cache=True)
 def sharp_bounds(state: np.ndarray, setup: np.ndarray, log_m: float) -> tuple[float, float]:
     """``(upper bound on mu*, lower bound on f(v))`` in unit scale: the minimum over the
-    method's bounds and the value range's top 1. Allocates nothing, so the explored tree's
+    method's bounds and the value range's top 1; the value range ``(1, 0)`` below two
+    probes. Allocates nothing, so the explored tree's
     kernels (compiled without numba's reference counting) may call it."""
     if state[0] < 2.0:
         return 1.0, 0.0

@@ -70,15 +70,6 @@ def relevel_setup(setup: np.ndarray, delta: float, method: str) -> np.ndarray:
 
 
 @numba.njit(cache=True)
-def own_bounds(state: np.ndarray, setup: np.ndarray, log_m: float) -> tuple[float, float]:
-    """A node's own ``(upper, lower)`` in unit scale; the value range below two
-    observations."""
-    if state[0] < 2.0:
-        return 1.0, 0.0
-    return sharp_bounds(state, setup, log_m)
-
-
-@numba.njit(cache=True)
 def refresh_path(v: int, own: np.ndarray, up: np.ndarray, low: np.ndarray,
                  parent: np.ndarray, child_ptr: np.ndarray, child_ids: np.ndarray,
                  leaf_lo: np.ndarray, leaf_hi: np.ndarray) -> None:
@@ -162,7 +153,7 @@ class CertifiedTree:
     def _recompute(self) -> None:
         tree = self.tree
         for node in np.flatnonzero(self._row_of >= 0).tolist():
-            self._own[node] = own_bounds(self._states[self._row_of[node]], self.setup,
+            self._own[node] = sharp_bounds(self._states[self._row_of[node]], self.setup,
                                          math.log(tree.n_leaves_under(node)))
         for node in np.argsort(-tree.level, kind="stable").tolist():
             kids = tree.children(node)
@@ -192,7 +183,7 @@ class CertifiedTree:
         row = self._row(node)  # may grow the states array
         state = self._states[row]
         sharp_push(state, x, self.push_setup)
-        self._own[node] = own_bounds(state, self.setup, math.log(self.tree.n_leaves_under(node)))
+        self._own[node] = sharp_bounds(state, self.setup, math.log(self.tree.n_leaves_under(node)))
         refresh_path(node, self._own, self._up, self._low, *self._tree_arrays)
 
     def update_many(self, nodes: Sequence[int] | np.ndarray, values: np.ndarray) -> None:
@@ -247,5 +238,5 @@ def _push_many(nodes: np.ndarray, x: np.ndarray, states: np.ndarray, row_of: np.
         sharp_push(state, x[i], push_setup)
         if i + 1 < nodes.size and nodes[i + 1] == v:
             continue  # the next observation is of the same node: refresh once at the end
-        own[v, 0], own[v, 1] = own_bounds(state, setup, math.log(leaf_hi[v] - leaf_lo[v]))
+        own[v, 0], own[v, 1] = sharp_bounds(state, setup, math.log(leaf_hi[v] - leaf_lo[v]))
         refresh_path(v, own, up, low, parent, child_ptr, child_ids, leaf_lo, leaf_hi)

@@ -35,8 +35,8 @@ import math
 import numba
 import numpy as np
 
-from canopy.certificate import sharp_push, state_bound, welford_push
-from canopy.certified_tree import combine, own_bounds
+from canopy.certificate import sharp_bounds, sharp_push, state_bound, welford_push
+from canopy.certified_tree import combine
 
 # float columns of ``fs`` (OUP/OLOW: a node's own certified upper bound on its best leaf and
 # lower bound on its value, CUP/CLOW: the same composed up the explored tree, unit scale)
@@ -265,7 +265,7 @@ def observe(v: int, x: float, fs: np.ndarray, ist: np.ndarray, ctl: np.ndarray,
     if ctl[P_TREECERT] > 0:
         state = fs[v, N_FLOAT:]
         sharp_push(state, (x - ctl[P_LOW]) / ctl[P_WIDTH], lambdas)
-        fs[v, OUP], fs[v, OLOW] = own_bounds(state, lambdas, fs[v, LOGM])
+        fs[v, OUP], fs[v, OLOW] = sharp_bounds(state, lambdas, fs[v, LOGM])
         _compose_path(v, fs, ist, ctl, lambdas)
     elif fs.shape[1] > N_FLOAT:
         welford_push(fs[v, N_FLOAT:], x, lambdas, ctl[P_SIGMA], ctl[P_Z])
