@@ -377,16 +377,16 @@ def _sharp_mgf_bound(state: np.ndarray, setup: np.ndarray, log_m: float, i: int)
 
 
 @numba.njit(cache=True)
-def _sharp_order_bound(state: np.ndarray, setup: np.ndarray, log_m: float, i: int) -> float:
+def _sharp_order_bound(state: np.ndarray, setup: np.ndarray, m: float, i: int) -> float:
     """The upper bound on ``mu*`` at the ``i``-th order level, from the histogram's upper
-    order statistic (``inf`` where too few probes rank)."""
+    order statistic (``inf`` where too few probes rank); ``m``: the leaves below."""
     sigma, z = setup[S_SIGMA], setup[S_Z]
     k, c, h = int(setup[S_K]), int(setup[S_C]), int(setup[S_H])
     bottom, top = -z * sigma, 1.0 + z * sigma
     width = top - bottom
     hist = 3 + SLICE * (1 + k)
     level = setup[N_SETUP + 2 * k + i]
-    rank = binomial_rank(state[0], level / math.exp(log_m), setup[S_LOGD_ORD])
+    rank = binomial_rank(state[0], level / m, setup[S_LOGD_ORD])
     if rank < 1:
         return np.inf
     seen = 0.0
@@ -411,8 +411,9 @@ def sharp_curve(state: np.ndarray, setup: np.ndarray, log_m: float
         return mgf, order, 0.0
     for i in range(k):
         mgf[i] = _sharp_mgf_bound(state, setup, log_m, i)
+    m = math.exp(log_m)
     for i in range(c):
-        order[i] = _sharp_order_bound(state, setup, log_m, i)
+        order[i] = _sharp_order_bound(state, setup, m, i)
     return mgf, order, _sharp_mean_lower(state, setup)
 
 
@@ -427,8 +428,9 @@ def sharp_bounds(state: np.ndarray, setup: np.ndarray, log_m: float) -> tuple[fl
     upper = 1.0
     for i in range(int(setup[S_K])):
         upper = min(upper, _sharp_mgf_bound(state, setup, log_m, i))
+    m = math.exp(log_m)
     for i in range(int(setup[S_C])):
-        upper = min(upper, _sharp_order_bound(state, setup, log_m, i))
+        upper = min(upper, _sharp_order_bound(state, setup, m, i))
     return upper, _sharp_mean_lower(state, setup)
 
 
