@@ -116,6 +116,13 @@ def test_the_plugin_is_off_unless_asked_and_refuses_unknown_names(monkeypatch):
         plugin.register()
 
 
+def test_the_plugins_names_are_the_online_built_in_policies():
+    from canopy.apps.cache.policies import POLICIES
+    from canopy.integrations import vllm as plugin
+
+    assert set(plugin._BUILT_IN) == {name for name, cls in POLICIES.items() if not cls.offline}
+
+
 def test_the_plugin_loads_no_numba_in_vllms_processes():
     """vLLM loads the plugin in every process, and its CPU workers scan every loaded
     module's namespace, which numba's LLVM binding breaks (the worker fails to start): the

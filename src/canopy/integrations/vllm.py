@@ -42,6 +42,8 @@ ENV = "CANOPY_VLLM_EVICTION"
 
 
 _BUILT_IN = ("lru", "lfu", "sieve", "canopy")
+"""The online policies of ``canopy.apps.cache.policies.POLICIES``, by name (spelled out: that
+module imports numba, which this one must not; a test keeps the two equal)."""
 
 
 def enabled_policy() -> str | None:
