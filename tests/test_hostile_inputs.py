@@ -155,7 +155,7 @@ def test_every_hostile_file_is_one_line_and_exit_2(tmp_path, reader):
               b'"truth": 1}\n{"tree": "q", "node": 2, "parent": 1, "depth": 1, "probe": 0.5, '
               b'"truth": 1}\n', "cycle"),
     ("prior", b'{"tree": "q", "node": 1.5, "parent": null, "depth": 0, "probe": 0.5, '
-              b'"truth": 1}\n', "node must be an integer"),
+              b'"truth": 1}\n', "node must be an int"),
     ("prior", b'{"tree": "q", "node": 3, "parent": 9, "depth": 1, "probe": 0.5, '
               b'"truth": 1}\n', "not logged"),
 ])

@@ -10,10 +10,13 @@ import pytest
 
 from canopy.validation import (
     check_count,
+    check_http_url,
     check_nonnegative,
     check_number,
     check_open_unit,
     check_positive,
+    check_text,
+    check_whole,
 )
 
 
@@ -45,3 +48,35 @@ def test_good_values_come_back_typed():
         check_count(3.0, "n")
     with pytest.raises(ValueError, match="n must be >= 4"):
         check_count(3, "n", low=4)
+
+
+def test_a_count_with_a_ceiling_names_its_range():
+    assert check_count(5, "k", high=5) == 5
+    for bad in (0, 6):
+        with pytest.raises(ValueError, match=r"k must be in 1\.\.5"):
+            check_count(bad, "k", high=5)
+    with pytest.raises(TypeError, match="k must be an int"):
+        check_count(True, "k", high=5)
+
+
+def test_whole_numbers_may_come_as_floats_but_not_as_fractions():
+    assert check_whole(1024.0, "m") == 1024 and type(check_whole(np.int32(7), "m")) is int
+    for bad in (2.5, 0, -3.0):
+        with pytest.raises(ValueError, match="m must be a whole number >= 1"):
+            check_whole(bad, "m")
+    for wrong_kind in ("8", None, True):
+        with pytest.raises(TypeError, match="m must be a number"):
+            check_whole(wrong_kind, "m")
+
+
+def test_text_and_urls():
+    assert check_text("x", "model") == "x"
+    assert check_http_url("https://h/v1", "base_url") == "https://h/v1"
+    with pytest.raises(TypeError, match="model must be a string"):
+        check_text(3, "model")
+    with pytest.raises(ValueError, match="model must be a non-empty string"):
+        check_text("", "model")
+    with pytest.raises(TypeError, match="base_url must be a string"):
+        check_http_url(b"http://h", "base_url")
+    with pytest.raises(ValueError, match="base_url must be an http"):
+        check_http_url("ftp://h", "base_url")

@@ -46,6 +46,7 @@ import numba
 import numpy as np
 
 from canopy.stats import merge_moments, std_lower_bound
+from canopy.validation import check_whole
 
 __all__ = [
     "DEFAULT_METHOD",
@@ -129,13 +130,9 @@ def is_violation(certificate: Certificate, floor: float, delta: float) -> bool:
 
 # ---------------------------------------------------------------------- checks
 def check_n_leaves(n_leaves: object) -> int:
-    """``n_leaves`` as an int >= 1, or a ``ValueError``/``TypeError`` naming it."""
-    if isinstance(n_leaves, bool) or not isinstance(n_leaves, (int, float, np.integer,
-                                                               np.floating)):
-        raise TypeError(f"n_leaves must be a positive integer, got {n_leaves!r}")
-    if not math.isfinite(n_leaves) or int(n_leaves) != n_leaves or n_leaves < 1:
-        raise ValueError(f"n_leaves must be a positive integer, got {n_leaves!r}")
-    return int(n_leaves)
+    """``n_leaves`` as an int >= 1 (a whole float too), or a ``ValueError``/``TypeError``
+    naming it."""
+    return check_whole(n_leaves, "n_leaves")
 
 
 def check_value_range(value_range: object) -> tuple[float, float]:

@@ -17,6 +17,7 @@ from typing import Literal, NamedTuple, Protocol, runtime_checkable
 import numpy as np
 
 from canopy.tree import LazyTree, Tree
+from canopy.validation import check_count, check_number
 
 __all__ = [
     "BudgetExceeded",
@@ -150,12 +151,7 @@ class Ledger:
     """Cost ledger: records spending by kind and refuses any charge past the budget."""
 
     def __init__(self, budget: float) -> None:
-        if isinstance(budget, bool) or not isinstance(budget, (int, float, np.floating,
-                                                               np.integer)):
-            raise TypeError(f"budget must be a number, got {type(budget).__name__}")
-        if not (math.isfinite(budget) and budget > 0):
-            raise ValueError(f"budget must be finite and > 0, got {budget}")
-        self.budget = float(budget)
+        self.budget = check_number(budget, "budget", low=0.0, low_open=True)
         self._limit = self.budget * (1.0 + 1e-12)  # forgives float round-off in sums of costs
         self.spent = 0.0
         self.n_probes = 0
@@ -262,8 +258,7 @@ class LeafMeans:
 
     def top_k(self, k: int) -> np.ndarray:
         """Indices of the ``k`` best leaves, best first (ties by index)."""
-        if not 1 <= k <= self.means.size:
-            raise ValueError(f"k must be in 1..{self.means.size}, got {k}")
+        check_count(k, "k", high=self.means.size)
         return np.argsort(-self.means, kind="stable")[:k]
 
     def aggregation_bias(self, node: int) -> float:

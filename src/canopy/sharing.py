@@ -35,6 +35,8 @@ from statistics import NormalDist
 import numba
 import numpy as np
 
+from canopy.validation import check_count, check_nonnegative, check_number
+
 __all__ = ["RULES", "differs", "prior_weights", "sharing_rule"]
 
 BACKOFF, TEST, ANYTIME = 0, 1, 2
@@ -52,15 +54,10 @@ def sharing_rule(name: str = "test", *, delta: float = 0.01, kappa: float = 5.0,
     so a child equal to its pool splits with probability at most ``delta`` per look."""
     if name not in RULES:
         raise ValueError(f"sharing must be one of {sorted(RULES)}, got {name!r}")
-    if not isinstance(delta, (int, float)) or not 0.0 < delta < 1.0:
-        raise ValueError(f"delta must be in (0, 1), got {delta!r}")
-    if not isinstance(kappa, (int, float)) or not math.isfinite(kappa) or kappa < 0:
-        raise ValueError(f"kappa must be finite and >= 0, got {kappa!r}")
-    if not isinstance(arms, int) or arms < 1:
-        raise ValueError(f"arms must be an integer >= 1, got {arms!r}")
-    delta = delta / arms
-    if not math.isfinite(value_range) or value_range <= 0:
-        raise ValueError(f"value_range must be finite and > 0, got {value_range!r}")
+    delta = check_number(delta, "delta", low=0.0, high=1.0, low_open=True, high_open=True)
+    kappa = check_nonnegative(kappa, "kappa")
+    delta = delta / check_count(arms, "arms")
+    value_range = check_number(value_range, "value_range", low=0.0, low_open=True)
     level = NormalDist().inv_cdf(1.0 - delta / 2.0) if RULES[name] == TEST else delta
     return np.array([RULES[name], kappa, level, value_range], dtype=float)
 

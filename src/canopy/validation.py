@@ -9,8 +9,8 @@ import math
 
 import numpy as np
 
-__all__ = ["check_count", "check_nonnegative", "check_number", "check_open_unit",
-           "check_positive"]
+__all__ = ["check_count", "check_http_url", "check_nonnegative", "check_number",
+           "check_open_unit", "check_positive", "check_text", "check_whole"]
 
 _NUMBER = (int, float, np.integer, np.floating)
 _INTEGER = (int, np.integer)
@@ -56,10 +56,38 @@ def check_open_unit(value: object, name: str, *, allow_none: bool = False) -> fl
     return check_number(value, name, low=0.0, high=1.0, low_open=True, high_open=True)
 
 
-def check_count(value: object, name: str, *, low: int = 1) -> int:
-    """An integer >= ``low`` (seeds, rounds, workers, branching)."""
+def check_count(value: object, name: str, *, low: int = 1, high: int | None = None) -> int:
+    """An integer >= ``low`` (seeds, rounds, workers, branching), and <= ``high`` when given
+    (a top-``k`` request over ``high`` items: ``check_count(k, "k", high=n)``)."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, _INTEGER):
         raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if high is not None and not low <= value <= high:
+        raise ValueError(f"{name} must be in {low}..{high}, got {value}")
     if value < low:
         raise ValueError(f"{name} must be >= {low}, got {value}")
     return int(value)
+
+
+def check_whole(value: object, name: str, *, low: int = 1) -> int:
+    """A number with an integer value >= ``low``: an int, or a float such as ``1024.0`` (a leaf
+    count carried through a formula)."""
+    number = check_number(value, name)
+    if int(number) != number or number < low:
+        raise ValueError(f"{name} must be a whole number >= {low}, got {value!r}")
+    return int(number)
+
+
+def check_text(value: object, name: str) -> str:
+    """A non-empty string."""
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a string, got {type(value).__name__}")
+    if not value:
+        raise ValueError(f"{name} must be a non-empty string")
+    return value
+
+
+def check_http_url(value: object, name: str) -> str:
+    """A string starting ``http://`` or ``https://``."""
+    if not check_text(value, name).startswith(("http://", "https://")):
+        raise ValueError(f"{name} must be an http(s) URL, got {value!r}")
+    return value  # type: ignore[return-value]

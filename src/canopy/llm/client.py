@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 import sqlite3
 import threading
@@ -25,6 +24,14 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
+from canopy.validation import (
+    check_count,
+    check_http_url,
+    check_nonnegative,
+    check_number,
+    check_text,
+)
 
 __all__ = [
     "LLMClient",
@@ -172,22 +179,12 @@ class LLMClient:
                  timeout: float = 60.0, max_retries: int = 2, backoff: float = 0.25,
                  cache_dir: str | os.PathLike[str] | None = None,
                  default_params: Mapping[str, Any] | None = None) -> None:
-        if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
-            raise ValueError(f"base_url must be an http(s) URL, got {base_url!r}")
-        if not isinstance(model, str) or not model:
-            raise ValueError(f"model must be a non-empty string, got {model!r}")
-        if not (isinstance(timeout, (int, float)) and math.isfinite(timeout) and timeout > 0):
-            raise ValueError(f"timeout must be a finite number of seconds > 0, got {timeout!r}")
-        if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
-            raise ValueError(f"max_retries must be an int >= 0, got {max_retries!r}")
-        if not (isinstance(backoff, (int, float)) and math.isfinite(backoff) and backoff >= 0):
-            raise ValueError(f"backoff must be a finite number >= 0, got {backoff!r}")
-        self.base_url = base_url.rstrip("/")
-        self.model = model
+        self.base_url = check_http_url(base_url, "base_url").rstrip("/")
+        self.model = check_text(model, "model")
         self.api_key_env = api_key_env
-        self.timeout = float(timeout)
-        self.max_retries = max_retries
-        self.backoff = float(backoff)
+        self.timeout = check_number(timeout, "timeout", low=0.0, low_open=True)
+        self.max_retries = check_count(max_retries, "max_retries", low=0)
+        self.backoff = check_nonnegative(backoff, "backoff")
         self.default_params = dict(default_params or {})
         self.cache = None if cache_dir is None else ResponseCache(cache_dir)
         self.usage = Usage()
@@ -327,9 +324,10 @@ def _parse(endpoint: str, raw: Mapping[str, Any], *, cached: bool) -> LLMRespons
     tokens = []
     for name in ("prompt_tokens", "completion_tokens"):
         value = usage.get(name, 0)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise LLMResponseError(f"response usage {name} is not a count: {value!r}")
-        tokens.append(value)
+        try:
+            tokens.append(check_count(value, name, low=0))
+        except (TypeError, ValueError):
+            raise LLMResponseError(f"response usage {name} is not a count: {value!r}") from None
     model = raw.get("model")
     return LLMResponse(text=text, prompt_tokens=tokens[0], completion_tokens=tokens[1],
                        model=model if isinstance(model, str) else "",

@@ -28,6 +28,7 @@ from canopy.llm.client import (
     _json_body,
     _parse,
 )
+from canopy.validation import check_count, check_http_url, check_text
 
 __all__ = ["AnswerTooLarge", "AsyncPassthrough"]
 
@@ -51,18 +52,10 @@ class AsyncPassthrough:
 
     def __init__(self, base_url: str, *, model: str, api_key_env: str | None = None,
                  max_connections: int = 64, max_answer_bytes: int = 16 << 20) -> None:
-        if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
-            raise ValueError(f"base_url must be an http(s) URL, got {base_url!r}")
-        if not isinstance(model, str) or not model:
-            raise ValueError(f"model must be a non-empty string, got {model!r}")
-        if isinstance(max_answer_bytes, bool) or not isinstance(max_answer_bytes, int) or \
-                max_answer_bytes < 1:
-            raise ValueError(f"max_answer_bytes must be an integer >= 1, got "
-                             f"{max_answer_bytes!r}")
-        self.base_url = base_url.rstrip("/")
-        self.model = model
+        self.base_url = check_http_url(base_url, "base_url").rstrip("/")
+        self.model = check_text(model, "model")
         self.api_key_env = api_key_env
-        self.max_answer_bytes = max_answer_bytes
+        self.max_answer_bytes = check_count(max_answer_bytes, "max_answer_bytes")
         self.usage = Usage()
         self._lock = threading.Lock()
         self._http = httpx.AsyncClient(limits=httpx.Limits(max_connections=max_connections))

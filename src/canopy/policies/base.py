@@ -39,12 +39,9 @@ _REAL = (int, float, np.integer, np.floating)
 
 
 def check_k(k: int, n_leaves: int) -> int:
-    """Validate a top-``k`` request against the number of leaves."""
-    if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
-        raise TypeError(f"k must be an int, got {type(k).__name__}")
-    if not 1 <= k <= n_leaves:
-        raise ValueError(f"k must be in 1..{n_leaves} (the number of leaves), got {k}")
-    return int(k)
+    """Validate a top-``k`` request against the number of leaves (:func:`check_count` with
+    ``high=n_leaves``)."""
+    return check_count(k, "k", high=n_leaves)
 
 
 def top_k(k: int, *keys: np.ndarray) -> np.ndarray:

@@ -24,6 +24,7 @@ import numpy as np
 from canopy.policies._identify_core import Batch, PhasedPolicy, TreeStatsPolicy
 from canopy.policies.base import check_k, top_k
 from canopy.problem import Query
+from canopy.validation import check_count, check_nonnegative
 
 __all__ = ["FlatUCB", "SequentialHalving", "SuccessiveElimination", "SuccessiveRejects",
            "Uniform"]
@@ -31,8 +32,7 @@ __all__ = ["FlatUCB", "SequentialHalving", "SuccessiveElimination", "SuccessiveR
 
 def _check_focus(k: int) -> int:
     """``k`` itself (stored as given) once it is a positive int."""
-    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
-        raise ValueError(f"k must be a positive int, got {k!r}")
+    check_count(k, "k")
     return k
 
 
@@ -168,9 +168,7 @@ class FlatUCB(TreeStatsPolicy):
     query_kinds = ("leaf",)
 
     def __init__(self, *, c: float = 2.0) -> None:
-        if isinstance(c, bool) or not isinstance(c, (int, float)) or not (
-                math.isfinite(c) and c >= 0):
-            raise ValueError(f"c must be a finite number >= 0, got {c!r}")
+        check_nonnegative(c, "c")
         self.c = c
 
     def _start(self) -> None:

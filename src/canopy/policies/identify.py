@@ -56,7 +56,7 @@ from canopy.policies._identify_spread import (
     radius,
     violation_test,
 )
-from canopy.validation import check_open_unit, check_positive
+from canopy.validation import check_count, check_open_unit, check_positive
 
 __all__ = ["EdgeTargeted", "TopKBeam", "TopKSound"]
 
@@ -84,8 +84,7 @@ class _TreeIdentifier(PhasedPolicy):
         check_open_unit(rho, "rho", allow_none=True)
         check_open_unit(delta, "delta")
         check_positive(z, "z")
-        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
-            raise ValueError(f"k must be a positive int, got {k!r}")
+        check_count(k, "k")
         # stored as given (scikit-learn's convention: clone rebuilds from these)
         self.certificate, self.lipschitz, self.rho = certificate, lipschitz, rho
         self.delta, self.z, self.k, self.spread, self.prepass = delta, z, k, spread, prepass
@@ -363,8 +362,7 @@ class TopKBeam(_TreeIdentifier):
                  lipschitz: float | None = None, rho: float | None = None,
                  prepass: bool = True, delta: float = 0.05, z: float = 3.0, k: int = 1,
                  certificate: str = DEFAULT_METHOD) -> None:
-        if isinstance(width, bool) or not isinstance(width, (int, np.integer)) or width < 1:
-            raise ValueError(f"width must be a positive int, got {width!r}")
+        check_count(width, "width")
         self.width = width
         self._configure(lipschitz=lipschitz, rho=rho, delta=delta, z=z, k=k, spread=spread,
                         prepass=prepass, certificate=certificate)

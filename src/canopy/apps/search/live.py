@@ -43,6 +43,7 @@ from canopy.apps.search.tasks import GSM8K, Item, LiveTask
 from canopy.bootstrap import bootstrap_mean, paired_bootstrap
 from canopy.llm.client import LLMClient, LLMError
 from canopy.problem import Ledger
+from canopy.validation import check_count
 
 __all__ = ["LIVE_METHODS", "LiveResult", "SearchConfig", "run_search"]
 
@@ -75,10 +76,7 @@ class SearchConfig:
     def __post_init__(self) -> None:
         for name in ("max_tokens", "step_tokens", "branching", "max_depth", "beam_width",
                      "beam_expand", "step_tries", "agreement", "free_rounds"):
-            value = getattr(self, name)
-            low = 2 if name == "branching" else 1
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+            check_count(getattr(self, name), name, low=2 if name == "branching" else 1)
         if not (math.isfinite(self.temperature) and self.temperature >= 0):
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         for name in ("exploration", "lipschitz", "score_sigma"):

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 from canopy.apps.search.gsm8k import extract_answer, states_answer
 from canopy.tree import Tree
+from canopy.validation import check_count
 
 __all__ = ["Completion", "PrefixTree"]
 
@@ -67,12 +68,9 @@ class PrefixTree:
     def __init__(self, *, arity: int, depth: int, step_tries: int = 2,
                  keep_indent: bool = False, final: Callable[[str], bool] = states_answer,
                  answer_of: Callable[[str], str | None] = extract_answer) -> None:
-        if isinstance(arity, bool) or not isinstance(arity, int) or arity < 2:
-            raise ValueError(f"arity must be an int >= 2, got {arity!r}")
-        if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
-            raise ValueError(f"depth must be an int >= 1, got {depth!r}")
-        if isinstance(step_tries, bool) or not isinstance(step_tries, int) or step_tries < 1:
-            raise ValueError(f"step_tries must be an int >= 1, got {step_tries!r}")
+        check_count(arity, "arity", low=2)
+        check_count(depth, "depth")
+        check_count(step_tries, "step_tries")
         self.tree = Tree.complete(arity, depth)
         self.arity, self.depth, self.step_tries = arity, depth, step_tries
         self.keep_indent, self._final, self._answer_of = keep_indent, final, answer_of

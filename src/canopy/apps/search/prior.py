@@ -34,7 +34,7 @@ import numpy as np
 
 from canopy.data import bad_line, jsonl_rows
 from canopy.stats import wilson_interval
-from canopy.validation import check_count
+from canopy.validation import check_count, check_number
 
 __all__ = ["LogRow", "analyse", "expand_tree", "llm_tree", "log_prior", "prior_items",
            "read_log", "write_log"]
@@ -66,21 +66,14 @@ MAX_LOG_BYTES = 64 * 2**20
 
 
 def _whole(raw: dict[str, Any], key: str, *, none: bool = False) -> int | None:
-    value = raw.get(key, ...)
-    if value is None and none:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"{key} must be an integer >= 0{' or null' if none else ''}, "
-                         f"got {value if value is not ... else 'nothing'!r}")
-    return value
+    if key not in raw:
+        raise ValueError(f"{key} is missing")
+    value = raw[key]
+    return None if value is None and none else check_count(value, key, low=0)
 
 
 def _score(raw: dict[str, Any], key: str) -> float:
-    value = raw.get(key)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or \
-            not math.isfinite(value):
-        raise ValueError(f"{key} must be a finite number, got {value!r}")
-    return float(value)
+    return check_number(raw.get(key), key)
 
 
 def read_log(path: str | Path) -> list[LogRow]:
@@ -97,7 +90,7 @@ def read_log(path: str | Path) -> list[LogRow]:
             row = LogRow(str(raw["tree"]), _whole(raw, "node"),  # type: ignore[arg-type]
                          _whole(raw, "parent", none=True), _whole(raw, "depth"),  # type: ignore[arg-type]
                          _score(raw, "probe"), _score(raw, "truth"))
-        except ValueError as error:
+        except (TypeError, ValueError) as error:
             raise bad_line(path, number, f"not a prior-log row: {error}") from None
         if (row.parent is None) != (row.depth == 0):
             raise bad_line(path, number, "a node has a parent exactly when its depth is > 0")

@@ -18,15 +18,13 @@ import numpy as np
 
 from canopy.apps.topk.variance import level_ancestors
 from canopy.tree import Tree
+from canopy.validation import check_count
 
 __all__ = ["top_k_cells", "top_k_complexity"]
 
 
 def _kth(values: np.ndarray, k: int) -> float:
-    if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
-        raise TypeError(f"k must be an int, got {type(k).__name__}")
-    if not 1 <= k < values.size:
-        raise ValueError(f"k must be in 1..{values.size - 1}, got {k}")
+    check_count(k, "k", high=values.size - 1)
     return float(np.sort(values)[::-1][k - 1])
 
 

@@ -43,6 +43,7 @@ from typing import Literal
 import numpy as np
 
 from canopy import data, safeio
+from canopy.validation import check_count
 
 __all__ = [
     "LEADERBOARD_COLUMNS",
@@ -139,10 +140,7 @@ class Pool:
 
     def top_rows(self, k: int) -> np.ndarray:
         """Rows of the ``k`` best candidates by target, best first (ties by row)."""
-        if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
-            raise TypeError(f"k must be an int, got {type(k).__name__}")
-        if not 1 <= k <= self.size:
-            raise ValueError(f"k must be in 1..{self.size} (the pool's size), got {k}")
+        check_count(k, "k", high=self.size)
         return np.argsort(-self.target, kind="stable")[:k]
 
     def feature_matrix(self, columns: Sequence[str] | None = None) -> np.ndarray:

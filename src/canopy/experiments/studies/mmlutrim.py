@@ -48,6 +48,7 @@ from canopy.experiments.study import (
     Study,
 )
 from canopy.experiments.summary import lookup
+from canopy.validation import check_count
 
 __all__ = ["STUDY", "MMLUTrimParams", "collected_outcomes"]
 
@@ -74,9 +75,7 @@ class MMLUTrimParams:
         if not [s for s in self.subjects.split(",") if s.strip()]:
             raise ValueError("subjects is empty")
         for name in ("n", "budget_tokens", "max_tokens"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+            check_count(getattr(self, name), name)
         lams = self.lam_values()
         if not lams or any(not np.isfinite(v) or v < 0 for v in lams):
             raise ValueError(f"lams must be finite numbers >= 0, got {self.lams!r}")
