@@ -8,7 +8,9 @@ import sys
 import pytest
 from typer.main import get_command
 
-from canopy.cli import app, main
+from canopy.cli import app, main, user_error
+from canopy.errors import EngineError
+from canopy.llm.local import MissingEngine
 
 
 def _leaf_commands() -> list[list[str]]:
@@ -127,3 +129,11 @@ def test_an_engine_that_dies_at_start_is_one_line_with_its_last_word(capsys, tmp
     line = _fails_politely(["cache", "live", "--engine", "vllm", "--policies", "lru",
                             "--requests", "4", "--repeats", "1"], capsys)
     assert "exited with code 3" in line and "no room for the KV cache" in line
+
+
+def test_a_missing_extra_is_known_by_its_type_not_its_text():
+    """The command line prints a :class:`MissingExtra` (the local engine's missing package
+    among them) as its message, and takes any other ImportError for a bug, whatever it says."""
+    missing = MissingEngine("llama-cpp-python is not installed (pip install 'x')")
+    assert isinstance(missing, EngineError) and user_error(missing) == str(missing)
+    assert user_error(ImportError("cannot import name 'x' (pip install y)")) is None

@@ -15,7 +15,7 @@ import sys
 import typer
 
 from canopy.data import DataNotFound
-from canopy.errors import EngineError
+from canopy.errors import EngineError, MissingExtra
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, rich_markup_mode="markdown",
                   help="Canopy: multi-fidelity tree bandits and their LLM-inference uses.")
@@ -93,10 +93,10 @@ def user_error(error: BaseException) -> str | None:
             return (f"{top} is not installed; install it with "
                     f"pip install 'canopy-bandits[{EXTRAS[top]}]'")
         return None
-    if isinstance(error, ImportError):  # a library message that already names the extra
-        text = str(error)
-        return text if "pip install" in text else user_error(error.__cause__) \
-            if isinstance(error.__cause__, ImportError) else None
+    if isinstance(error, MissingExtra):  # a library message that already names the extra
+        return str(error)
+    if isinstance(error, ImportError):
+        return user_error(error.__cause__) if isinstance(error.__cause__, ImportError) else None
     if isinstance(error, DataNotFound):
         return str(error)
     if isinstance(error, EngineError):  # the problem, then the engine's last word if it spoke

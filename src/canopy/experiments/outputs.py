@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 
+from canopy.errors import MissingExtra
 from canopy.experiments.runner import StudyRun
 from canopy.experiments.study import Headline, Panel, PaperValue, Row, Study
 
@@ -122,8 +123,8 @@ def _figure(study: Study, rows: Sequence[Row], path: Path) -> None:
     try:
         import matplotlib
     except ImportError as error:  # pragma: no cover - depends on the installed extras
-        raise ImportError("figure.png needs matplotlib: pip install 'canopy-bandits[plots]' "
-                          "(the cells are stored; rerun to write the outputs)") from error
+        raise MissingExtra("figure.png needs matplotlib: pip install 'canopy-bandits[plots]' "
+                           "(the cells are stored; rerun to write the outputs)") from error
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

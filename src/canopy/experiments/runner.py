@@ -33,6 +33,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from canopy.errors import MissingExtra
 from canopy.experiments.study import Measurement, Row, Study, kind_bounds
 from canopy.experiments.summary import summarize
 from canopy.validation import check_count
@@ -393,7 +394,7 @@ def _run_ray(todo: list[Task], finished: Callable[[Task, list[tuple], float], No
     try:
         import ray
     except ImportError as error:  # pragma: no cover - depends on the installed extras
-        raise ImportError("backend='ray' needs Ray: pip install 'canopy-bandits[ray]'") from error
+        raise MissingExtra("backend='ray' needs Ray: pip install 'canopy-bandits[ray]'") from error
     owned = not ray.is_initialized()
     if owned:
         # Workers of a local cluster import canopy and the study modules from this sys.path.

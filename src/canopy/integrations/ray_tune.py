@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from canopy.errors import MissingExtra
 from canopy.policies.base import Policy
 from canopy.problem import ProblemSpec, Query
 from canopy.tree import Tree
@@ -31,8 +32,8 @@ from canopy.tree import Tree
 try:
     from ray.tune.search import Searcher
 except ImportError as error:  # pragma: no cover - depends on the installed extras
-    raise ImportError("canopy.integrations.ray_tune needs Ray Tune: "
-                      "pip install 'canopy-bandits[ray]'") from error
+    raise MissingExtra("canopy.integrations.ray_tune needs Ray Tune: "
+                       "pip install 'canopy-bandits[ray]'") from error
 
 __all__ = ["CanopySearcher"]
 

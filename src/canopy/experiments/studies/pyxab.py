@@ -42,6 +42,7 @@ from typing import Any
 
 import numpy as np
 
+from canopy.errors import MissingExtra
 from canopy.experiments.studies._common import make_policy, policy_cell
 from canopy.experiments.study import (
     Headline,
@@ -172,8 +173,8 @@ def _pyxab(path: str) -> Any:
     try:
         return importlib.import_module(f"PyXAB.{path}")
     except ImportError as error:
-        raise ImportError("the pyxab study needs PyXAB: pip install PyXAB (in the 'dev' "
-                          "extra)") from error
+        raise MissingExtra("the pyxab study needs PyXAB: pip install PyXAB (in the 'dev' "
+                           "extra)") from error
 
 
 def objective(name: str) -> tuple[Any, tuple[tuple[float, float], ...]]:
