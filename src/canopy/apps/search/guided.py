@@ -31,14 +31,12 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
+from canopy.apps.search.config import SearchConfig
 from canopy.apps.search.prefix_tree import Completion, PrefixTree
 from canopy.policies.descent import OptimisticDescent
 from canopy.problem import Ledger, ProblemSpec, Query
-
-if TYPE_CHECKING:
-    from canopy.apps.search.live import SearchConfig
 
 __all__ = ["guided_spec", "value_guided"]
 
