@@ -22,10 +22,6 @@ class Interval:
     high: float
     level: float
 
-    @property
-    def excludes_zero(self) -> bool:
-        return self.low > 0 or self.high < 0
-
 
 def _resample_means(values: np.ndarray, n_resamples: int,
                     rng: np.random.Generator) -> np.ndarray:

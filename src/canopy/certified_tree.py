@@ -214,13 +214,6 @@ class CertifiedTree:
         """Certified aggregation-bias bound of each node: ``max(upper - lower, 0)``."""
         return np.maximum(self._up[nodes] - self._low[nodes], 0.0) * self.width
 
-    def own_bound(self, node: int) -> float:
-        """The bound of ``node``'s own certificate alone (``inf`` below two observations)."""
-        node = self.tree.check_node(node)
-        if self.n_observations(node) < 2:
-            return math.inf
-        return max(self._own[node, 0] - self._own[node, 1], 0.0) * self.width
-
     def n_observations(self, node: int) -> int:
         row = int(self._row_of[self.tree.check_node(node)])
         return 0 if row < 0 else int(self._states[row, 0])

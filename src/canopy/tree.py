@@ -326,13 +326,6 @@ class Tree:
             path.append(node)
         return path
 
-    def ancestor_of_leaf(self, leaf: int, level: int) -> int:
-        """The ancestor at ``level`` of leaf index ``leaf`` (the leaf itself at its own level)."""
-        node = int(self.leaf_node[self.check_leaf(leaf)])
-        while self.level[node] > level:
-            node = int(self.parent[node])
-        return node
-
     def nodes_at_level(self, level: int) -> np.ndarray:
         return np.flatnonzero(self.level == level)
 

@@ -215,11 +215,6 @@ class LocalLlamaServer:
         polls go direct and are not counted)."""
         return self._running_proxy().total
 
-    @property
-    def request_counts(self) -> dict[str, int]:
-        """Requests by ``"METHOD /path"``."""
-        return dict(self._running_proxy().counts)
-
     def stderr_tail(self, n_chars: int = 2000) -> str:
         """The last characters the server wrote to stdout/stderr."""
         if self._log is None:
