@@ -3,27 +3,14 @@ elsewhere."""
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import pytest
 
-from canopy import data
+from helpers import IN_CI, require_data
+
+__all__ = ["IN_CI", "data_file", "require_data"]  # IN_CI, require_data: for older imports
 
 pytest_plugins = ["llm_server", "redis_server"]  # servers on loopback (tests/llm_server.py,
 # tests/redis_server.py)
-
-IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
-
-
-def require_data(name: str, file: str = "") -> Path:
-    """Path of a mirrored data file; fails in CI and skips elsewhere when it is missing."""
-    try:
-        return data.path(name, file, download=False)
-    except data.DataNotFound as missing:
-        if IN_CI:
-            pytest.fail(f"data mirror incomplete in CI: {missing}")
-        pytest.skip(str(missing))
 
 
 @pytest.fixture

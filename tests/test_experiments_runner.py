@@ -1,9 +1,7 @@
 """The experiment runner: hashing, validation before work, local pool = inline = Ray, a
-SIGKILLed run resumes losing and repeating nothing, and the output files.
-
-The toy study below uses only the core: it estimates the root value f(root) of a
-tree-Lipschitz instance from cheap probes of the root versus leaf evaluations of random
-leaves at the same cost budget (probes are 20x cheaper, so their error is smaller)."""
+SIGKILLed run resumes losing and repeating nothing, and the output files, on the toy study of
+``tests/toy_study.py`` (a module of its own, so worker processes and child scripts import it
+without importing a test file)."""
 
 from __future__ import annotations
 
@@ -13,7 +11,6 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 
 import numpy as np
 import pytest
@@ -21,68 +18,9 @@ import pytest
 from canopy.experiments import studies
 from canopy.experiments.outputs import StudyOutputs, write_report, write_study
 from canopy.experiments.runner import CellStore, cell_key, plan, run_study
-from canopy.experiments.study import (
-    Headline,
-    Measurement,
-    PaperValue,
-    Study,
-    check_budget,
-)
-from canopy.experiments.summary import lookup
-from canopy.instances import tree_lipschitz
+from canopy.experiments.study import Measurement
 from canopy.stats import t_interval
-from canopy.validation import check_count
-
-PROBE_COST = 0.05
-
-
-@dataclass(frozen=True)
-class ToyParams:
-    budgets: tuple[float, ...] = (2.0, 8.0)
-    depth: int = 6
-    sleep: float = 0.0
-    journal: str = ""
-
-    def __post_init__(self) -> None:
-        check_count(self.depth, "depth")
-        for budget in self.budgets:
-            check_budget("budgets", budget, PROBE_COST)
-
-
-def toy_cells(params: ToyParams) -> list[dict]:
-    return [{"method": method, "budget": budget, "depth": params.depth, "sleep": params.sleep,
-             "journal": params.journal}
-            for budget in params.budgets for method in ("probe-root", "random-leaf")]
-
-
-def toy_cell(cell: dict, seed: int) -> list[Measurement]:
-    if cell["journal"]:
-        with open(cell["journal"], "a") as journal:
-            journal.write(cell_key("toy", cell, seed) + "\n")
-    time.sleep(cell["sleep"])
-    problem = tree_lipschitz(2, cell["depth"], seed=seed)
-    rng = np.random.default_rng([seed, 1])
-    if cell["method"] == "probe-root":
-        samples = problem.probe_many(0, int(cell["budget"] / PROBE_COST), rng)
-    else:
-        leaves = rng.integers(0, problem.tree.n_leaves, size=int(cell["budget"]))
-        samples = np.array([problem.evaluate(int(leaf), rng) for leaf in leaves])
-    error = abs(float(samples.mean()) - problem.value(0))
-    return [Measurement(cell["method"], "budget", cell["budget"], "abs error", error)]
-
-
-def toy_headlines(rows):
-    probe = lookup(rows, "probe-root", "abs error", 8.0)
-    leaf = lookup(rows, "random-leaf", "abs error", 8.0)
-    return [Headline("probe error / leaf error at budget 8", probe.mean / leaf.mean, paper=0.25,
-                     target="< 1", passed=probe.mean < leaf.mean)]
-
-
-STUDY = Study(name="toy", title="root value from cheap probes vs leaf evaluations",
-              module=__name__, params=ToyParams(), quick_params=ToyParams(budgets=(8.0,)),
-              seeds=6, quick_seeds=2, cells=toy_cells, run_cell=toy_cell,
-              paper=(PaperValue("probe-root", 8.0, "abs error", 0.01),),
-              headlines=toy_headlines)
+from toy_study import STUDY
 
 
 def values(run) -> list[tuple]:
@@ -152,7 +90,7 @@ def test_ray_backend_gives_the_local_numbers(tmp_path):
 _CHILD = """
 import sys
 sys.path[:0] = {paths!r}
-from test_experiments_runner import STUDY
+from toy_study import STUDY
 from canopy.experiments.runner import run_study
 run_study(STUDY, store={store!r}, seeds=8, workers=1,
           overrides={{"sleep": "0.15", "journal": {journal!r}}})
@@ -235,7 +173,7 @@ def test_cli_runs_lists_and_rejects(tmp_path, monkeypatch):
 
     from canopy.cli import app
 
-    monkeypatch.setitem(studies.STUDIES, "toy", __name__)
+    monkeypatch.setitem(studies.STUDIES, "toy", STUDY.module)
     runner = CliRunner()
     listed = runner.invoke(app, ["list"])
     assert listed.exit_code == 0 and "toy" in listed.output
@@ -336,7 +274,7 @@ def test_cli_reports_a_recomputed_cell(tmp_path, monkeypatch):
 
     from canopy.cli import app
 
-    monkeypatch.setitem(studies.STUDIES, "toy", __name__)
+    monkeypatch.setitem(studies.STUDIES, "toy", STUDY.module)
     args = ["run", "toy", "--quick", "--workers", "1", "--out", str(tmp_path)]
     assert CliRunner().invoke(app, args).exit_code == 0
     victim = sorted(StudyOutputs(tmp_path, "toy").cells.glob("*.json"))[0]
@@ -355,7 +293,7 @@ def test_a_study_by_module_reference_runs_in_workers_and_on_the_cli(tmp_path, mo
     from canopy.experiments.runner import load_study
 
     tmp_path.joinpath("my_studies.py").write_text(
-        "import dataclasses\nfrom test_experiments_runner import STUDY\n"
+        "import dataclasses\nfrom toy_study import STUDY\n"
         "MINE = dataclasses.replace(STUDY, name='mine', module=__name__)\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
@@ -379,7 +317,7 @@ def test_a_study_by_module_reference_runs_in_workers_and_on_the_cli(tmp_path, mo
 _SCRIPT = """
 import sys
 sys.path[:0] = {paths!r}
-from test_experiments_runner import STUDY
+from toy_study import STUDY
 from canopy.experiments.runner import run_study
 {guard}run_study(STUDY, store={store!r}, seeds=2, workers=2)
 """

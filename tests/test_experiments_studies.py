@@ -17,6 +17,7 @@ from canopy.experiments.study import PROPORTION
 from canopy.experiments.summary import lookup
 from canopy.problem import LeafMeans
 from canopy.tree import Tree
+from helpers import require_data
 
 SYNTHETIC = ("fidelity", "memory", "violations", "compression", "ablation", "theorylink",
              "certificate", "discontinuities")
@@ -199,7 +200,6 @@ def test_variance_split_on_routellm_mmlu_is_far_above_chance(tmp_path):
         REGION,
         REGION_CHANCE,
     )
-    from conftest import require_data
 
     require_data("routellm", "routellm/evals/mmlu/responses")
     rows = run_study(get_study("variancesplit"), store=tmp_path, seeds=4, workers=1).rows

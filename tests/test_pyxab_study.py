@@ -19,13 +19,10 @@ from canopy.experiments.studies.pyxab import (
     run_cell,
 )
 from canopy.experiments.summary import lookup
-from conftest import IN_CI
+from helpers import missing
 
 if importlib.util.find_spec("PyXAB") is None:
-    if IN_CI:
-        pytest.fail("PyXAB (the dev extra) is missing in CI", pytrace=False)
-    pytest.skip("PyXAB is not installed (pip install PyXAB, in the dev extra)",
-                allow_module_level=True)
+    missing("PyXAB is not installed (pip install PyXAB, in the dev extra)", module=True)
 
 
 def test_cells_are_boxes_halved_along_the_dimensions_in_turn():

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import IN_CI
+from helpers import IN_CI, missing
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -24,10 +24,7 @@ def _sglang_python() -> Path:
     python = venv / "bin" / "python"
     if python.exists() and (venv / ".canopy-sglang-ready").exists():
         return python
-    message = f"SGLang's environment {venv} is missing (bash .ci/sglang.sh makes it)"
-    if IN_CI:
-        pytest.fail(message)
-    pytest.skip(message)
+    missing(f"SGLang's environment {venv} is missing (bash .ci/sglang.sh makes it)")
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="SGLang's environment is built on Linux")
