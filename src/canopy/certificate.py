@@ -6,7 +6,7 @@ in ``value_range = [a, b]`` and noise ``eta ~ N(0, sigma^2)``, a certificate is 
 bound on the aggregation bias ``max_x mu(x) - f(v)`` of Eq. (2). Four methods:
 
 - ``"paper"``: Algorithm 1 exactly as Appendix A writes it (empirical-Bernstein bounds on
-  probes truncated to ``[a - z sigma, b + z sigma]``, ``delta`` split over ``|grid| + 1``
+  probes truncated to ``[a - z sigma, b + z sigma]``, ``delta`` split over ``|grid|`` + 1
   slices; valid with probability ``1 - delta - 2 n Phibar(z)``). Kept for reproduction.
 - ``"betting"``: the same log-sum-exp / deconvolution argument, with the empirical-Bernstein
   steps replaced by the predictable-plug-in betting bounds of Waudby-Smith and Ramdas (2023,
@@ -58,6 +58,8 @@ __all__ = [
     "is_violation",
 ]
 
+#: The certificate methods: Algorithm 1 as printed (``"paper"``) and the sharper valid bounds
+#: (``"betting"``, ``"order"``, ``"sharp"``; ``docs/certificate.md``).
 METHODS = ("paper", "betting", "order", "sharp")
 DEFAULT_METHOD = "sharp"
 DEFAULT_GRID_SIZE = 16
@@ -570,7 +572,7 @@ def state_bound(state: np.ndarray, lambdas: np.ndarray, log_m: float, sigma: flo
 class RunningCertificate:
     """Incremental certificate at one node: a running state updated one probe (or one
     batch) at a time, giving the same bound as :func:`certify` on the same samples.
-    ``method="paper"`` keeps O(|grid|) running moments (Algorithm 1); the new methods keep
+    ``method="paper"`` keeps O(``|grid|``) running moments (Algorithm 1); the new methods keep
     one betting slice per grid point and a 256-bin histogram."""
 
     def __init__(self, n_leaves: int, sigma: float, *, delta: float = 0.05,

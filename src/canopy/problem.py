@@ -221,8 +221,8 @@ class Ledger:
 class LeafMeans:
     """Synthetic oracle over a finite tree: leaf means in ``[0, 1]`` plus Gaussian noise.
 
-    Exposes the truth for scoring (never for policies): :attr:`means`, :attr:`node_values`
-    (Eq. 1), :attr:`best_leaf`, :meth:`top_k`, :meth:`aggregation_bias` (Eq. 2).
+    Exposes the truth for scoring (never for policies): ``means``, ``node_values``
+    (Eq. 1), ``best_leaf``, :meth:`top_k`, :meth:`aggregation_bias` (Eq. 2).
     """
 
     def __init__(self, tree: Tree, means: np.ndarray, *, sigma: float = 0.1,
@@ -295,7 +295,7 @@ class FunctionOnInterval:
     """Oracle over a :class:`~canopy.tree.LazyTree`: leaf means are a function ``f`` on
     ``[0, 1)``, a probe of a cell is ``f(x) + eta`` at a uniform ``x`` in its interval.
 
-    ``f`` must be vectorised and map into ``[0, 1]``. :meth:`value` integrates ``f`` over a
+    ``f`` must be vectorised and map into ``[0, 1]``. ``value`` integrates ``f`` over a
     cell numerically (``resolution`` midpoints), for scoring regret."""
 
     def __init__(self, tree: LazyTree, f: Callable[[np.ndarray], np.ndarray], *,

@@ -163,6 +163,7 @@ def progress_bar(description: str, total: int, *,
         yield lambda done, total: bar.update(task, completed=done, total=total)
 
 
+#: Seconds between two progress lines when stderr is not a terminal.
 PROGRESS_EVERY_S = 10.0
 
 

@@ -9,7 +9,7 @@ same store loads them and computes only the missing cells, so no cell is lost an
 counted twice (the key is unique per cell and seed, and the summary reads one file per key).
 Each file carries the SHA-256 of its own content (``checksum``); a file whose content no longer
 matches it (edited, truncated, corrupted, or written without one) is computed again and listed
-in :attr:`StudyRun.rejected`. The checksum catches accidental change, not a forger who
+in ``StudyRun.rejected``. The checksum catches accidental change, not a forger who
 recomputes it. One store directory serves one run at a time.
 """
 
@@ -126,7 +126,7 @@ class CellStore:
         """The stored measurements of ``task``, or ``None`` if absent; a file that is
         unreadable, of the wrong shape or whose checksum does not match its content gives
         ``None`` too (the cell is computed again and the file replaced) and is recorded in
-        :attr:`rejected`."""
+        ``rejected``."""
         path = self.path(task.key)
         try:
             record = json.loads(path.read_text())

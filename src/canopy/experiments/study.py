@@ -43,6 +43,7 @@ __all__ = [
 #: high)`` in a declared range; an unbounded metric (regret, error, counts) gets the plain
 #: t-interval. The kind decides the interval, never the metric's name.
 PROPORTION = "proportion"
+#: An unbounded metric's kind (regret, error, counts): the plain t-interval.
 UNBOUNDED = "unbounded"
 
 

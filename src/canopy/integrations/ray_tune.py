@@ -90,7 +90,7 @@ class CanopySearcher(Searcher):
 
     def suggest(self, trial_id: str) -> dict[str, Any] | str | None:
         """The next trial's configuration; ``None`` while the policy waits for trials in
-        flight, :attr:`Searcher.FINISHED` once its budget is spent."""
+        flight, :attr:`ray.tune.search.Searcher.FINISHED` once its budget is spent."""
         query = self.policy.ask()
         if query is None:
             return None if self.pending else Searcher.FINISHED

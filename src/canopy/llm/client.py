@@ -4,7 +4,7 @@ models.
 :class:`LLMClient` posts to ``{base_url}/chat/completions`` and ``{base_url}/completions``
 (``base_url`` ends in ``/v1``), retries connection failures, timeouts, HTTP 429 and 5xx with
 exponential backoff, records every call's prompt and completion tokens from the response's
-``usage`` field in :attr:`LLMClient.usage`, and, given a ``cache_dir``, keeps every response in
+``usage`` field in ``LLMClient.usage``, and, given a ``cache_dir``, keeps every response in
 an SQLite file keyed by a hash of the endpoint, model, prompt or messages and sampling
 parameters, so a rerun issues no HTTP call at all. Sampled generations are cacheable only when
 they are reproducible: pass a ``seed`` among the parameters to draw distinct samples.
@@ -61,7 +61,7 @@ class LLMTimeoutError(LLMError):
 
 
 class LLMServerError(LLMError):
-    """The endpoint answered with an HTTP error status; :attr:`status` holds it."""
+    """The endpoint answered with an HTTP error status; its ``status`` holds it."""
 
     def __init__(self, message: str, status: int) -> None:
         super().__init__(message)

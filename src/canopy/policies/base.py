@@ -77,8 +77,8 @@ def _node_array(nodes: list) -> np.ndarray:
 class Policy(ABC):
     """Base class: budget bookkeeping, seeding, validation of ask/tell.
 
-    Subclasses implement :meth:`_start`, :meth:`_next_query`, :meth:`_observe` and
-    :meth:`recommend`, and set :attr:`query_kinds` to the kinds they issue (structure-blind
+    Subclasses implement ``_start``, ``_next_query``, ``_observe`` and
+    :meth:`recommend`, and set ``query_kinds`` to the kinds they issue (structure-blind
     policies issue leaf evaluations only).
     """
 

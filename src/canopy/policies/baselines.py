@@ -2,14 +2,14 @@
 
 All ignore the tree above the leaves (``query_kinds = ("leaf",)``), spend budget in leaf-cost
 units, and rank leaves for ``recommend(k)`` as described in
-:class:`~canopy.policies._identify_core.TreeStatsPolicy`. ``k`` in a constructor only focuses
+``TreeStatsPolicy`` (``canopy.policies._identify_core``). ``k`` in a constructor only focuses
 the allocation (how many arms an elimination keeps); ``recommend`` accepts any ``k``.
 
 - :class:`Uniform`: round-robin over the leaves in a seeded random order.
 - :class:`SuccessiveElimination`: Even-Dar, Mannor and Mansour (2006), run until the budget
   ends; the paper's identification baseline.
 - :class:`SuccessiveRejects`: Audibert, Bubeck and Munos (2010), phase lengths of
-  :func:`~canopy.policies._identify_core.sr_schedule`.
+  ``sr_schedule``.
 - :class:`SequentialHalving`: Karnin, Koren and Somekh (2013).
 - :class:`FlatUCB`: UCB1 (Auer et al., 2002) over the leaves, a regret-play baseline.
 """
@@ -107,7 +107,7 @@ class SuccessiveElimination(_LeafPhased):
 class SuccessiveRejects(_LeafPhased):
     """Successive rejects (Audibert, Bubeck and Munos, 2010) over all leaves with
     ``n = floor(budget / leaf_cost)`` evaluations: phase ``j`` brings every survivor to
-    ``n_j`` evaluations (:func:`~canopy.policies._identify_core.sr_schedule`) and rejects the
+    ``n_j`` evaluations (``sr_schedule``) and rejects the
     empirically worst, until ``k`` leaves remain (``k = 1``: the paper's ``K - 1`` phases).
 
     Args:

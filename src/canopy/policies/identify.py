@@ -1,7 +1,7 @@
 """Fixed-budget identification on the tree (Section 3.4, Appendix B, Section 5 "Top-k").
 
 Three policies share one skeleton: probe cells cheaply, discard cells, and end with a race of
-leaf evaluations (successive rejects, :func:`~canopy.policies._identify_core.sr_schedule`) over
+leaf evaluations (successive rejects, ``sr_schedule``) over
 the leaves that remain. They differ in how cells are discarded.
 
 - :class:`TopKBeam`: best-first focusing. Level by level, every child of the beam is probed
@@ -23,7 +23,7 @@ Choices the paper leaves open, shared by all three:
   certificates up the tree (:class:`~canopy.certified_tree.CertifiedTree`, leaf evaluations
   included), ``"paper"`` is Algorithm 1 on each cell's own probes (the former behaviour);
   ``"hybrid"``: ``L rho^l`` unless
-  the violation test of :mod:`~canopy.policies._identify_spread` flags the cell, then the
+  the violation test of ``canopy.policies._identify_spread`` flags the cell, then the
   certificate (detect and relax).
 - ``rho = None``: ``1 / b`` with ``b`` the mean number of children of internal nodes (Section
   3.1's ``rho = 1/b`` on complete trees).
@@ -507,8 +507,8 @@ class EdgeTargeted(_TreeIdentifier):
        Bonferroni split ``delta / (4 cells)`` per look keeps the chance of flagging any
        smooth cell below ``delta / 2`` although the second look picks its cells from data.
        Then the internal children of flagged cells are tested in turn (``delta / (2 cells)``
-       each) while the detection budget lasts. :attr:`flagged_cells_` and
-       :attr:`n_violations_` read the outcome.
+       each) while the detection budget lasts. ``flagged_cells_`` and
+       ``n_violations_`` read the outcome.
     2. Smooth search: successive rejects at probe cost over the unflagged cells of the
        detection level keep ``k``; their unflagged internal children race the same way, level
        by level, with the smooth budget split evenly over the levels. The winners' leaf

@@ -23,7 +23,7 @@ from canopy.data import bad_line
 __all__ = ["STOP", "CodeTask", "arithmetic_tasks", "load_code_tasks", "outputs", "pass_rate",
            "program"]
 
-# where a completion of one function ends (a new top-level statement or a fence)
+#: Where a completion of one function ends (a new top-level statement or a fence).
 STOP = ["\ndef ", "\nclass ", "\nif __name__", "\nprint(", "\nassert ", "\n```", "\n#"]
 _MARK = "CANOPY_PASSED"
 _HARNESS = '''

@@ -38,10 +38,13 @@ from canopy.apps.search.prefix_tree import Completion, PrefixTree
 from canopy.policies.descent import OptimisticDescent
 from canopy.problem import Ledger, ProblemSpec, Query
 
-__all__ = ["guided_spec", "value_guided"]
+__all__ = ["Sample", "Sampler", "guided_spec", "value_guided"]
 
 
-class _Sample(Protocol):
+class Sample(Protocol):
+    """One completion as the search scores it: its text, mean token log-probability and final
+    answer (``None`` when it states none)."""
+
     text: str
     logprob: float
     answer: str | None
@@ -57,9 +60,9 @@ class Sampler(Protocol):
     answer_of: Callable[[str], str | None]
     final: Callable[[str], bool]
 
-    def rollout(self, prefix: str, seed: int) -> _Sample: ...
+    def rollout(self, prefix: str, seed: int) -> Sample: ...
 
-    def step(self, prefix: str, seed: int) -> _Sample: ...
+    def step(self, prefix: str, seed: int) -> Sample: ...
 
 
 def guided_spec(shape: PrefixTree, config: SearchConfig, *, leaf_calls: int | None = None
@@ -72,7 +75,7 @@ def guided_spec(shape: PrefixTree, config: SearchConfig, *, leaf_calls: int | No
                        leaf_cost=1.0 + extra, value_range=(0.0, 1.0))
 
 
-def value_guided(session: Sampler, *, probe_score: Callable[[_Sample], float] | None = None,
+def value_guided(session: Sampler, *, probe_score: Callable[[Sample], float] | None = None,
                  leaf_value: Callable[[Completion], float] | None = None,
                  code: bool = False) -> str | None:
     """Run the search on one question with ``session.config`` until the policy or the

@@ -23,9 +23,9 @@ Methods, all at the same budget of ``B`` calls per question:
   with fresh rollouts, and steps materialise the prefixes the policy touches.
 
 Ground truth grades answers only; it also says whether any of best-of-N's rollouts was right
-(:attr:`LiveResult.reachable`, the headroom any selector among them could reach). A failing
+(``LiveResult.reachable``, the headroom any selector among them could reach). A failing
 endpoint stops the run cleanly; the questions finished before it keep their results
-(:attr:`LiveResult.error` says what happened).
+(``LiveResult.error`` says what happened).
 """
 
 from __future__ import annotations

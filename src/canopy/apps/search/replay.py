@@ -94,8 +94,8 @@ def load_logged(path: str | Path) -> list[LoggedProblem]:
 
 
 class SampleStream:
-    """A problem's logged answers as a selector sees them: :meth:`generate` reveals the next
-    answer of a fixed order (cost 1), :meth:`reward` scores a generated one (cost
+    """A problem's logged answers as a selector sees them: ``generate`` reveals the next
+    answer of a fixed order (cost 1), ``reward`` scores a generated one (cost
     ``rm_cost``). Both charge ``ledger`` and refuse once it cannot pay."""
 
     def __init__(self, problem: LoggedProblem, order: np.ndarray, ledger: Ledger,

@@ -49,6 +49,7 @@ from canopy.validation import check_number
 __all__ = ["ENV_ISOLATION", "ISOLATIONS", "MAX_PROCESSES", "SandboxResult", "SandboxUnavailable",
            "bubblewrap", "interpreter", "isolation", "namespaces", "run_python"]
 
+#: The most processes a sandboxed program may hold at once.
 MAX_PROCESSES = 32
 NOBODY = 65534
 ISOLATIONS = ("auto", "bwrap", "root", "none")

@@ -41,7 +41,7 @@ class PoolProblem:
         outcomes: ``"items"`` (real per-item outcomes; the pool must have them),
             ``"bernoulli"`` (a draw with the target score), or ``"auto"`` (items if present).
 
-    The truth, for scoring only: :attr:`means` (target by leaf index), :meth:`top_k`.
+    The truth, for scoring only: ``means`` (target by leaf index), :meth:`top_k`.
     """
 
     def __init__(self, pool: Pool, pool_tree: PoolTree, *, probe_cost: float = 0.05,

@@ -28,7 +28,7 @@ __all__ = ["TrimRun", "collect", "summarise"]
 @dataclass
 class TrimRun:
     """Outcomes ``[item, level]``: correctness, the prompt tokens the server reported
-    (achieved) and our estimate; rows past :attr:`completed` are NaN."""
+    (achieved) and our estimate; rows past ``completed`` are NaN."""
 
     items: list[Item]
     levels: list[TrimLevel]

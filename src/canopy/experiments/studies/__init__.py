@@ -16,6 +16,7 @@ from canopy.experiments.study import Study
 
 __all__ = ["ON_REQUEST", "STUDIES", "available", "get_study"]
 
+#: The registered studies: name -> the module that defines its ``STUDY``.
 STUDIES: dict[str, str] = {
     "fidelity": "canopy.experiments.studies.fidelity",
     "memory": "canopy.experiments.studies.memory",
