@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple
 
-from canopy.validation import check_count, check_nonnegative, check_positive
+from canopy.validation import check_count, check_nonnegative, check_number, check_positive
 
 __all__ = [
     "PROPORTION",
@@ -225,8 +225,7 @@ def _parse_like(key: str, text: str, current: Any) -> Any:
 
 def check_budget(name: str, budget: float, cheapest: float) -> float:
     """Validate a cost budget: finite and enough for at least one query of cost ``cheapest``."""
-    if not (isinstance(budget, (int, float)) and math.isfinite(budget)):
-        raise ValueError(f"{name} must be a finite number, got {budget!r}")
+    budget = check_number(budget, name)
     if budget < cheapest:
         raise ValueError(f"{name}={budget:g} is below the cost of one query ({cheapest:g})")
     return float(budget)

@@ -10,7 +10,6 @@ on ``httpx.AsyncClient``, reusing the client's error classes, response parsing a
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import threading
 from collections.abc import Iterator, Mapping
@@ -28,7 +27,7 @@ from canopy.llm.client import (
     _json_body,
     _parse,
 )
-from canopy.validation import check_count, check_http_url, check_text
+from canopy.validation import check_count, check_http_url, check_number, check_text
 
 __all__ = ["AnswerTooLarge", "AsyncPassthrough"]
 
@@ -83,8 +82,7 @@ class AsyncPassthrough:
                    ) -> dict[str, Any]:
         """POST ``body`` (with ``model`` replaced) to ``endpoint``; the answer's JSON object,
         read up to ``max_answer_bytes``."""
-        if not (isinstance(timeout, (int, float)) and math.isfinite(timeout) and timeout > 0):
-            raise ValueError(f"timeout must be a finite number of seconds > 0, got {timeout!r}")
+        timeout = check_number(timeout, "timeout", low=0.0, low_open=True)
         url = f"{self.base_url}/{endpoint}"
         request = self._http.build_request("POST", url, json={**body, "model": self.model},
                                            headers=self._headers(),
