@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 import json
 import sys
+from typing import Any
 
 import typer
 
@@ -50,8 +51,10 @@ EXTRAS = {
 DEBUG_FLAG = "--debug"
 
 # typer may vendor click: take its exception classes from typer's own hierarchy.
-_USAGE_ERROR = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
-_CLICK_ERROR = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
+_USAGE_ERROR: type[Any] = next(c for c in typer.BadParameter.__mro__
+                               if c.__name__ == "UsageError")
+_CLICK_ERROR: type[Any] = next(c for c in typer.BadParameter.__mro__
+                               if c.__name__ == "ClickException")
 
 
 def _print_version(value: bool) -> None:

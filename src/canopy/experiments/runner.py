@@ -133,22 +133,25 @@ class CellStore:
         except FileNotFoundError:
             return None
         except (json.JSONDecodeError, UnicodeDecodeError):
-            return self._reject(path, "not valid JSON")
+            self._reject(path, "not valid JSON")
+            return None
         if not isinstance(record, dict) or (
                 record.get("study"), record.get("cell"), record.get("seed")) != (
                 task.study, task.cell, task.seed):
             # ``null``, a list, or another cell's record: compute it again
-            return self._reject(path, "not the record of this cell")
+            self._reject(path, "not the record of this cell")
+            return None
         if record.get("checksum") != _checksum(record):
-            return self._reject(path, "its content does not match its checksum")
+            self._reject(path, "its content does not match its checksum")
+            return None
         try:
             return [Measurement(*m) for m in record["measurements"]]
         except (KeyError, TypeError):
-            return self._reject(path, "measurements of the wrong shape")
+            self._reject(path, "measurements of the wrong shape")
+            return None
 
     def _reject(self, path: Path, why: str) -> None:
         self.rejected.append(f"{path.name}: {why}")
-        return None
 
     def save(self, task: Task, measurements: Sequence[tuple], seconds: float) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
