@@ -88,6 +88,7 @@ def check_text(value: object, name: str) -> str:
 
 def check_http_url(value: object, name: str) -> str:
     """A string starting ``http://`` or ``https://``."""
-    if not check_text(value, name).startswith(("http://", "https://")):
-        raise ValueError(f"{name} must be an http(s) URL, got {value!r}")
-    return value  # type: ignore[return-value]
+    text = check_text(value, name)
+    if not text.startswith(("http://", "https://")):
+        raise ValueError(f"{name} must be an http(s) URL, got {text!r}")
+    return text
