@@ -16,8 +16,8 @@ import numpy as np
 
 from canopy.validation import check_count, check_number
 
-__all__ = ["ACTIVE_BLOCKS", "FIELDS", "INFLIGHT", "KV_USE", "Load", "QUEUED", "QUEUED_TOKENS",
-           "TTFT", "TTFT_DECAY", "finished", "first_token", "routed"]
+__all__ = ["ACTIVE_BLOCKS", "FIELDS", "INFLIGHT", "KV_USE", "QUEUED", "QUEUED_TOKENS", "TTFT",
+           "TTFT_DECAY", "Load", "finished", "first_token", "routed"]
 
 INFLIGHT, QUEUED, QUEUED_TOKENS, ACTIVE_BLOCKS, KV_USE, TTFT = range(6)
 FIELDS = ("inflight", "queued", "queued_tokens", "active_blocks", "kv_use", "ttft_s")

@@ -44,7 +44,7 @@ from canopy.regional import kernels
 from canopy.regional.router import RegionalRouter
 from canopy.validation import check_count, check_nonnegative, check_number, check_positive
 
-__all__ = ["CANOPY", "DEFAULT_GRID", "NAMES", "PEERS", "Request", "ReplicaPolicy",
+__all__ = ["CANOPY", "DEFAULT_GRID", "NAMES", "PEERS", "ReplicaPolicy", "Request",
            "TradeoffRouter", "View", "decide", "learn", "make_policy", "region_buckets",
            "region_path"]
 

@@ -12,6 +12,7 @@ from canopy._lazy import lazy_exports
 
 _EXPORTS = {
     **dict.fromkeys(("EvictableBlocks", "EvictionOrder"), "canopy.prefix.evictable"),
+    "HashIndex": "canopy.prefix.hashindex",
     **dict.fromkeys(("RadixCache",), "canopy.prefix.kernels"),
     **dict.fromkeys(("LFU", "LRU", "POLICIES", "SIEVE", "Canopy", "EvictionPolicy", "Optimal",
                      "PriorityPolicy", "make_policy", "policy_class", "resolve_policy"),

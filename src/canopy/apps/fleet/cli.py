@@ -46,11 +46,9 @@ def sim_command(
     policies: str = typer.Option(ALL, help="replica policies, comma-separated"),
     seeds: int = typer.Option(5, help="seeds per cell"),
     eviction: str = typer.Option("lru", help="replica eviction: lru (vLLM's order)"),
-    ms_per_token: float = typer.Option(0.1, help="TTFT model: prefill ms per uncached token"),
+    ms_per_token: float = typer.Option(0.1, help="TTFT model: prefill ms per uncached token "
+                                       "(the calibration of 'canopy cache live')"),
     overhead_ms: float = typer.Option(20.0, help="TTFT model: fixed ms per request"),
-    calibration: Annotated[Path | None, typer.Option(
-        help="TTFT model from 'canopy cache live --calibration-out' (overrides the two "
-             "above)")] = None,
     tpot_ms: float = typer.Option(20.0, help="decode ms per output token (holds blocks)"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
     plot: Annotated[Path | None, typer.Option(help="figure of the TTFT CDFs and the learnt "
@@ -76,11 +74,9 @@ def sim_command(
     if eviction != "lru":
         raise typer.BadParameter(f"--eviction must be lru, got {eviction!r}")
     loads = _numbers(load, "--load")
-    if calibration is not None:
-        from canopy.apps.cache.live import load_calibration
+    from canopy.prefix.ttft import TTFTModel
 
-        model = load_calibration(calibration)
-        ms_per_token, overhead_ms = model.ms_per_token, model.overhead_ms
+    TTFTModel(ms_per_token=ms_per_token, overhead_ms=overhead_ms)  # checks both
     fleet_trace = load_trace(trace)
     capacity = capacity or max(1, fleet_trace.working_set // max(replicas, 1))
     console = Console(stderr=True)

@@ -157,7 +157,6 @@ def replay(offsets, nodes, n_nodes, tokens, out_tokens, arrival, block_tokens, n
     hval = np.empty(2 * n, dtype=np.int64)
     hlen = 0
     matched = np.zeros(n_rep, dtype=np.int64)
-    truth = np.zeros(n_rep, dtype=np.int64)
     scratch = np.zeros(n_rep)
     predicted = np.zeros(n, dtype=np.int64)
     estimate = np.zeros(n)

@@ -18,11 +18,11 @@ from pathlib import Path
 import numpy as np
 
 from canopy import data
-from canopy.apps.cache.traces import TRACE_FILES, Trace, load_mooncake
 from canopy.data import jsonl_rows
 from canopy.fleet import policies as pol
 from canopy.fleet.index import ReplicaIndex
 from canopy.fleet.load import Load
+from canopy.prefix.traces import TRACE_FILES, Trace, load_mooncake
 from canopy.stats import mean_ci
 from canopy.validation import check_count, check_number, check_positive
 
@@ -37,7 +37,7 @@ TIMED_DECISIONS = 256
 
 @dataclass(frozen=True)
 class FleetTrace:
-    """A trace (:class:`~canopy.apps.cache.traces.Trace`) with its output lengths."""
+    """A trace (:class:`~canopy.prefix.traces.Trace`) with its output lengths."""
 
     trace: Trace
     output_tokens: np.ndarray
