@@ -10,7 +10,8 @@ them (summary in ``docs/fleet.md``):
 
 * ``round_robin``; ``least_load`` (fewest in-flight requests, then fewest queued prefill
   tokens); ``power_of_two`` (the less loaded of two replicas drawn at random);
-* ``prefix_hash``: jump consistent hash (Lamping and Veach 2014) of the first block;
+* ``prefix_hash``: jump consistent hash (Lamping and Veach 2014) of the first
+  :data:`HASHED_BLOCKS` blocks (the key of the last of them: keys are chained);
 * ``sglang``: sglang-router's ``cache_aware``. If max - min in-flight > ``balance_abs``
   (64) and max > ``balance_rel`` (1.5) x min: the fewest in-flight. Else the best prefix
   match if its match rate > ``cache_threshold`` (0.3), else the fewest in-flight;
@@ -45,7 +46,8 @@ from canopy.regional.router import RegionalRouter
 from canopy.validation import check_count, check_nonnegative, check_number, check_positive
 
 __all__ = ["CANOPY", "DEFAULT_GRID", "NAMES", "PEERS", "ReplicaPolicy", "Request",
-           "TradeoffRouter", "View", "decide", "learn", "make_policy", "region_buckets",
+           "TradeoffRouter", "View", "decide", "hash_key", "learn", "make_policy",
+           "region_buckets",
            "region_path"]
 
 ROUND_ROBIN, LEAST_LOAD, POWER_OF_TWO, PREFIX_HASH, SGLANG, DYNAMO, LLMD, CANOPY = range(8)
@@ -59,6 +61,9 @@ PRODUCTION_INDEX = {"sglang": "approximate", "dynamo": "precise", "llmd": "preci
 """The index each rule has in production (sglang-router: its tree of what it sent where)."""
 DEFAULT_GRID = (0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0, 8.0)
 """Canopy's trade-offs ``theta`` (weight of prefill to compute against queued work)."""
+HASHED_BLOCKS = 4
+"""Blocks of the prefix ``prefix_hash`` hashes (one would send every request that shares a
+system prompt's first block to one replica)."""
 REGION_BUCKETS = 16
 REGION_DEPTH = 4
 """A request's region: its first block's bucket, then its ``REGION_DEPTH``-th block's."""
@@ -101,11 +106,12 @@ def _argmin(values: np.ndarray, start: int) -> int:
 
 @nb.njit(cache=True)
 def decide(code: int, params: np.ndarray, state: np.ndarray, matched: np.ndarray,
-           req_blocks: int, req_tokens: int, block_tokens: int, first_key: int,
+           req_blocks: int, req_tokens: int, block_tokens: int, hash_key: int,
            load: np.ndarray, scratch: np.ndarray) -> int:
     """The replica for one request under rule ``code`` (see the module's docstring).
     ``matched[r]``: blocks of the request's prefix replica ``r`` holds; ``load``: the load
-    table; ``scratch``: a float array of one slot per replica."""
+    table; ``hash_key``: the key of the request's :data:`HASHED_BLOCKS`-th block (or its
+    last); ``scratch``: a float array of one slot per replica."""
     n = matched.size
     state[COUNTER] += 1
     start = state[COUNTER]
@@ -123,7 +129,7 @@ def decide(code: int, params: np.ndarray, state: np.ndarray, matched: np.ndarray
             b += 1
         return a if inflight[a] <= inflight[b] else b
     if code == PREFIX_HASH:
-        return _jump_hash(np.uint64(first_key), n)
+        return _jump_hash(np.uint64(hash_key), n)
     best_match = 0
     for r in range(n):
         if matched[r] > best_match:
@@ -168,6 +174,11 @@ def learn(stats: np.ndarray, chain: np.ndarray, arm: int, ttft: float, rule: np.
     if ttft > cost_max[0]:
         cost_max[0] = ttft
         rule[sharing_module.RANGE] = 1.0 + ttft
+
+
+def hash_key(keys: np.ndarray) -> int:
+    """The key ``prefix_hash`` hashes: the :data:`HASHED_BLOCKS`-th block's (0: no blocks)."""
+    return int(keys[min(HASHED_BLOCKS, keys.size) - 1]) if keys.size else 0
 
 
 def region_buckets(first_key: int, deep_key: int, buckets: int = REGION_BUCKETS
@@ -281,7 +292,7 @@ class ReplicaPolicy:
                 self._pending.popitem(last=False)
         return int(decide(self.code, self.params, self.state, matched, keys.size,
                           request.tokens, view.block_tokens,
-                          int(keys[0]) if keys.size else 0, view.load.table, self._scratch))
+                          hash_key(keys), view.load.table, self._scratch))
 
     def observe(self, request: Request, replica: int, ttft_s: float) -> None:
         """The first token of ``request`` came back from ``replica`` after ``ttft_s``."""

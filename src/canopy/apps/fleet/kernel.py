@@ -16,7 +16,7 @@ import numpy as np
 
 from canopy.fleet import load as load_module
 from canopy.fleet.index import calibrate_ttl, match_nodes, send_nodes
-from canopy.fleet.policies import decide, learn
+from canopy.fleet.policies import HASHED_BLOCKS, decide, learn
 from canopy.regional import kernels
 
 __all__ = ["ORACLE", "replay"]
@@ -210,7 +210,8 @@ def replay(offsets, nodes, n_nodes, tokens, out_tokens, arrival, block_tokens, n
                 arm_of[i] = arm
                 params[0] = grid[arm]
             r = decide(code, params, state, matched, path.size, req_tokens, block_tokens,
-                       path[0] if path.size else 0, table, scratch)
+                       path[min(HASHED_BLOCKS, path.size) - 1] if path.size else 0, table,
+                       scratch)
         theta_out[i] = params[0]
         predicted[i] = matched[r]
         bit = np.uint64(1) << np.uint64(r)
