@@ -266,8 +266,7 @@ class ReplicaPolicy:
         self.params = np.zeros(4)
         self.params[:len(params)] = params
         self.state = np.zeros(2, dtype=np.int64)
-        self.state[RNG] = np.int64(np.uint64(seed) * np.uint64(0x9E3779B97F4A7C15) >>
-                                   np.uint64(1))
+        self.state[RNG] = (seed * 0x9E3779B97F4A7C15) % 2 ** 64 >> 1
         self.router = router
         self.index_mode = PRODUCTION_INDEX.get(name, "precise")
         self._pending: OrderedDict[int, tuple[str, int]] = OrderedDict()
