@@ -8,10 +8,10 @@ import json
 
 import numpy as np
 import pytest
-from conftest import require_data
 
 from canopy.apps.fleet.sim import Spec, load_trace, simulate, sweep
 from canopy.cli import main
+from conftest import require_data
 
 SLICES = {"conversation": 3000, "synthetic": 2000}
 SEEDS = range(3)
