@@ -50,6 +50,8 @@ def sim_command(
                                        "(the calibration of 'canopy cache live')"),
     overhead_ms: float = typer.Option(20.0, help="TTFT model: fixed ms per request"),
     tpot_ms: float = typer.Option(20.0, help="decode ms per output token (holds blocks)"),
+    every_fixed: bool = typer.Option(False, "--every-fixed", help="also a row per fixed "
+                                     "trade-off of best_fixed's grid"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
     plot: Annotated[Path | None, typer.Option(help="figure of the TTFT CDFs and the learnt "
                                               "trade-off (needs matplotlib)",
@@ -93,7 +95,8 @@ def sim_command(
 
         rows, runs = sweep(fleet_trace, n_replicas=replicas, capacity=capacity, loads=loads,
                            names=names, seeds=seeds, ms_per_token=ms_per_token,
-                           overhead_ms=overhead_ms, tpot_ms=tpot_ms, progress=advance)
+                           overhead_ms=overhead_ms, tpot_ms=tpot_ms, every_fixed=every_fixed,
+                           progress=advance)
     out = {"trace": fleet_trace.name, "replicas": replicas, "capacity": capacity,
            "seeds": seeds, "eviction": eviction,
            "ttft_model": {"ms_per_token": ms_per_token, "overhead_ms": overhead_ms},

@@ -274,11 +274,12 @@ def sweep(trace: FleetTrace, *, n_replicas: int, capacity: int, loads: Sequence[
           names: Sequence[str], seeds: int, ms_per_token: float = 0.1,
           overhead_ms: float = 20.0, tpot_ms: float = 20.0,
           grid: Sequence[float] = pol.DEFAULT_GRID, reference: bool = True,
-          progress: Callable[[int, int], None] | None = None
+          every_fixed: bool = False, progress: Callable[[int, int], None] | None = None
           ) -> tuple[list[dict], dict[tuple[str, str, float], list[Run]]]:
     """Every (policy row, load, seed) replay, summarized: ``--json``'s ``results`` rows and
     the runs behind them. With ``reference``, ``best_fixed`` (Canopy's score at each
-    ``theta`` of ``grid``, the best per load in hindsight) and ``oracle``."""
+    ``theta`` of ``grid``, the best per load in hindsight) and ``oracle``; with
+    ``every_fixed``, also a ``fixed`` row per ``theta`` (the trade-off curve)."""
     check_count(n_replicas, "n_replicas")
     check_count(seeds, "seeds")
     check_count(capacity, "capacity")
@@ -309,5 +310,8 @@ def sweep(trace: FleetTrace, *, n_replicas: int, capacity: int, loads: Sequence[
         rows += [summarize(runs[(s.label, s.index, load)]) for s in rows_of]
         if reference:
             rows += best_fixed({load: [runs[(s.label, s.index, load)] for s in fixed]})
+            if every_fixed:
+                rows += [summarize(runs[(s.label, s.index, load)], policy="fixed")
+                         for s in fixed]
             rows.append(summarize(runs[("oracle", "precise", load)]))
     return rows, runs
