@@ -129,3 +129,16 @@ def test_bad_trace_lines_are_one_line(tmp_path, capsys, monkeypatch, line, words
     file = _trace_file(tmp_path, [*ROWS[:2], line, *ROWS[3:]])
     _fails_in_one_line(["fleet", "sim", "--trace", str(file), "--seeds", "1", "--json"],
                        capsys, words)
+
+
+def test_replicas_evicting_by_canopy_serve_as_lru_while_on_its_recency_arm(tmp_path):
+    """Canopy's eviction starts on its recency arm, which evicts in vLLM's order: until it
+    switches, each replica hits exactly what the simulator's own LRU replicas hit."""
+    trace = load_trace(_trace_file(tmp_path, ROWS))
+    runs = {ev: simulate(trace, Spec("canopy", "precise"), n_replicas=3, capacity=10, load=0.9,
+                         seed=0, eviction=ev, time_decisions=False) for ev in ("lru", "canopy")}
+    assert runs["lru"].hits.sum() > 0
+    assert np.array_equal(runs["lru"].hits, runs["canopy"].hits)
+    with pytest.raises(ValueError, match="eviction"):
+        simulate(trace, Spec("canopy", "precise"), n_replicas=3, capacity=10, load=0.9, seed=0,
+                 eviction="fifo")

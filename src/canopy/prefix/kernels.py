@@ -967,6 +967,12 @@ class RadixCache:
     def _state(self) -> Cache:
         return Cache(self._ni, self._sc, self._hkey, self._hnode, self._hver)
 
+    def kernel_args(self) -> tuple[np.ndarray, np.ndarray, Cache, ShadowState | None]:
+        """``(params, cells, cache, shadows)`` as :func:`canopy_request` takes them, for a
+        host that serves this cache from its own compiled loop (the fleet simulator)."""
+        shadows = None if self._shadows is None else self._shadows.args()
+        return self.params, self._cells, self._state(), shadows
+
     @property
     def arm(self) -> int:
         """``canopy``: the arm whose priority evicts now (index into ``policy.arm_names``)."""

@@ -45,7 +45,7 @@ def sim_command(
                              "the fleet's capacity"),
     policies: str = typer.Option(ALL, help="replica policies, comma-separated"),
     seeds: int = typer.Option(5, help="seeds per cell"),
-    eviction: str = typer.Option("lru", help="replica eviction: lru (vLLM's order)"),
+    eviction: str = typer.Option("lru", help="replica eviction: lru (vLLM's order) or canopy"),
     ms_per_token: float = typer.Option(0.1, help="TTFT model: prefill ms per uncached token "
                                        "(the calibration of 'canopy cache live')"),
     overhead_ms: float = typer.Option(20.0, help="TTFT model: fixed ms per request"),
@@ -73,8 +73,8 @@ def sim_command(
     if not names or unknown:
         raise typer.BadParameter(f"--policies: unknown policy {', '.join(unknown) or policies!r}"
                                  f"; known: {', '.join(NAMES)}")
-    if eviction != "lru":
-        raise typer.BadParameter(f"--eviction must be lru, got {eviction!r}")
+    if eviction not in ("lru", "canopy"):
+        raise typer.BadParameter(f"--eviction must be lru or canopy, got {eviction!r}")
     loads = _numbers(load, "--load")
     from canopy.prefix.ttft import TTFTModel
 
@@ -96,6 +96,7 @@ def sim_command(
         rows, runs = sweep(fleet_trace, n_replicas=replicas, capacity=capacity, loads=loads,
                            names=names, seeds=seeds, ms_per_token=ms_per_token,
                            overhead_ms=overhead_ms, tpot_ms=tpot_ms, every_fixed=every_fixed,
+                           eviction=eviction,
                            progress=advance)
     out = {"trace": fleet_trace.name, "replicas": replicas, "capacity": capacity,
            "seeds": seeds, "eviction": eviction,

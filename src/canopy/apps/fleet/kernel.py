@@ -17,9 +17,11 @@ import numpy as np
 from canopy.fleet import load as load_module
 from canopy.fleet.index import calibrate_ttl, match_nodes, send_nodes
 from canopy.fleet.policies import HASHED_BLOCKS, decide, learn
+from canopy.prefix.kernels import CACHED, canopy_request
 from canopy.regional import kernels
 
-__all__ = ["ORACLE", "replay"]
+__all__ = ["ORACLE", "held_canopy", "held_lru", "lru_state", "replay", "serve_canopy",
+           "serve_lru"]
 
 ORACLE = -1
 """Policy code of the reference that sees the true caches and queues (no gateway has it)."""
@@ -60,7 +62,7 @@ def _heap_pop(hkey, hval, n):
 
 
 @nb.njit(cache=True)
-def _serve(prev, nxt, cached, ends, path, capacity, pin, tag, mask, bit, events):
+def _lru(prev, nxt, cached, ends, path, capacity, pin, tag, mask, bit, events):
     """Replica's LRU cache serves ``path`` (root first): returns the blocks it already held
     (its prefix before the first miss). The path's blocks are touched leaf first, so the
     root is the most recent and a parent never leaves before its child (vLLM appends a
@@ -130,27 +132,71 @@ def _serve(prev, nxt, cached, ends, path, capacity, pin, tag, mask, bit, events)
 
 
 @nb.njit(cache=True)
-def replay(offsets, nodes, n_nodes, tokens, out_tokens, arrival, block_tokens, n_rep,
+def serve_lru(state, r, i, lo, hi, path, capacity, mask, bit):
+    """The LRU replicas (``state``: their lists, flags, ends, pins): serve request ``i`` on
+    replica ``r``, emitting the index's events into ``mask``."""
+    prev, nxt, cached, ends, pin = state
+    return _lru(prev[r], nxt[r], cached[r], ends[r], path, capacity, pin, i, mask, bit, True)
+
+
+@nb.njit(cache=True)
+def held_lru(state, r, path, out_r):
+    """Blocks of ``path`` replica ``r`` holds before its first miss (its own flags)."""
+    cached = state[2]
+    k = 0
+    while k < path.size and cached[r, path[k]]:
+        k += 1
+    return k
+
+
+@nb.njit(cache=True)
+def serve_canopy(state, r, i, lo, hi, path, capacity, mask, bit):
+    """Replicas evicting by Canopy's policy (``state``: the trace's tables, the policy's
+    parameters, per replica its cells, cache and shadows; :func:`canopy.prefix.kernels.
+    canopy_request`). It emits no events: the precise index reads the replicas' tables."""
+    nodes, parent, depth, params, cells, caches, shadows = state
+    return canopy_request(i, lo, hi, nodes, parent, depth, capacity, params, cells[r],
+                          caches[r], shadows[r])
+
+
+@nb.njit(cache=True)
+def held_canopy(state, r, path, out_r):
+    ni = state[5][r].ni
+    k = 0
+    while k < path.size and ni[path[k], CACHED] == 1:
+        k += 1
+    return k
+
+
+def lru_state(n_rep: int, n_nodes: int) -> tuple:
+    """Empty LRU replicas for :func:`serve_lru`."""
+    ends = np.empty((n_rep, 3), dtype=np.int64)
+    ends[:, :2] = -1
+    ends[:, 2] = 0
+    return (np.full((n_rep, n_nodes), -1, dtype=np.int32),
+            np.full((n_rep, n_nodes), -1, dtype=np.int32),
+            np.zeros((n_rep, n_nodes), dtype=np.uint8), ends,
+            np.full(n_nodes, -1, dtype=np.int64))
+
+
+@nb.njit(cache=True)
+def replay(serve, held, replicas, events, offsets, nodes, n_nodes, tokens, out_tokens,
+           arrival, block_tokens, n_rep,
            capacity, ms_per_token, overhead_ms, tpot_ms, code, params, state, approximate,
            ttl, calibrate, learning, stats, chains, region_of, rule, cost_max, grid, explore,
            ttft_out, hit_out, replica_out, theta_out, busy_out):
     """Replay the trace (request ``i``: ``nodes[offsets[i]:offsets[i + 1]]`` arriving at
     ``arrival[i]`` s) through ``n_rep`` replicas of ``capacity`` blocks under policy
-    ``code`` (:data:`ORACLE`: the true minimum TTFT). Writes per request its TTFT (s), blocks
-    hit, replica and trade-off (``learning``: the arm's ``theta``), per replica its busy time
-    (s); returns the approximate index's final TTL."""
+    ``code`` (:data:`ORACLE`: the true minimum TTFT). The replicas' caches are
+    ``replicas``, served by ``serve`` (:func:`serve_lru`, :func:`serve_canopy`); with
+    ``events`` they feed the precise index, else it reads their tables (``held``). Writes
+    per request its TTFT (s), blocks hit, replica and trade-off (``learning``: the arm's
+    ``theta``), per replica its busy time (s); returns the approximate index's final TTL."""
     n = offsets.size - 1
-    prev = np.full((n_rep, n_nodes), -1, dtype=np.int32)
-    nxt = np.full((n_rep, n_nodes), -1, dtype=np.int32)
-    cached = np.zeros((n_rep, n_nodes), dtype=np.uint8)
-    ends = np.empty((n_rep, 3), dtype=np.int64)
-    ends[:, 0] = -1
-    ends[:, 1] = -1
-    ends[:, 2] = 0
-    pin = np.full(n_nodes, -1, dtype=np.int64)
     mask = np.zeros(n_nodes, dtype=np.uint64)
     stamp = np.full(n_nodes if approximate else 0, -np.inf, dtype=np.float64)
     no_stamp = np.empty(0, dtype=np.float64)
+    no_mask = np.zeros(n_nodes, dtype=np.uint64)  # where the events of an approximate run go
     table = np.zeros((len(load_module.FIELDS), n_rep))
     free_at = np.zeros(n_rep)
     hkey = np.empty(2 * n)
@@ -185,8 +231,11 @@ def replay(offsets, nodes, n_nodes, tokens, out_tokens, arrival, block_tokens, n
         req_tokens = tokens[i]
         if approximate:
             match_nodes(mask, stamp, path, now, ttl, matched)
-        else:
+        elif events:
             match_nodes(mask, no_stamp, path, now, np.inf, matched)
+        else:
+            for r in range(n_rep):
+                matched[r] = held(replicas, r, path, 0)
         if code == ORACLE:
             state[0] += 1
             for r in range(n_rep):
@@ -215,8 +264,11 @@ def replay(offsets, nodes, n_nodes, tokens, out_tokens, arrival, block_tokens, n
         theta_out[i] = params[0]
         predicted[i] = matched[r]
         bit = np.uint64(1) << np.uint64(r)
-        hit = _serve(prev[r], nxt[r], cached[r], ends[r], path, capacity, pin, i, mask, bit,
-                     not approximate)
+        if approximate:  # the replicas' events do not reach an approximate index
+            hit = serve(replicas, r, i, offsets[i], offsets[i + 1], path, capacity, no_mask,
+                        bit)
+        else:
+            hit = serve(replicas, r, i, offsets[i], offsets[i + 1], path, capacity, mask, bit)
         if approximate:
             send_nodes(mask, stamp, path, r, now, ttl)
         hit_out[i] = hit

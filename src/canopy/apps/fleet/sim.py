@@ -192,10 +192,33 @@ def _time_decisions(policy: pol.ReplicaPolicy, spec: Spec, trace: FleetTrace,
     return float(np.median(times))
 
 
+EVICTIONS = ("lru", "canopy")
+
+
+def _replicas(trace: Trace, n_replicas: int, capacity: int, eviction: str) -> tuple:
+    """``(serve, held, state, events)`` of the replicas' caches for the compiled replay."""
+    from canopy.apps.fleet import kernel
+
+    if eviction == "lru":
+        return kernel.serve_lru, kernel.held_lru, kernel.lru_state(n_replicas,
+                                                                   trace.n_nodes), True
+    if eviction != "canopy":
+        raise ValueError(f"eviction must be one of {', '.join(EVICTIONS)}, got {eviction!r}")
+    from canopy.prefix import RadixCache, make_policy
+
+    caches = [RadixCache(trace, make_policy("canopy"), capacity).kernel_args()
+              for _ in range(n_replicas)]
+    state = (trace.nodes, trace.parent, trace.depth, caches[0][0],
+             tuple(c[1] for c in caches), tuple(c[2] for c in caches),
+             tuple(c[3] for c in caches))
+    return kernel.serve_canopy, kernel.held_canopy, state, False
+
+
 def simulate(trace: FleetTrace, spec: Spec, *, n_replicas: int, capacity: int, load: float,
              seed: int, ms_per_token: float = 0.1, overhead_ms: float = 20.0,
-             tpot_ms: float = 20.0, time_decisions: bool = True) -> Run:
-    """One replay of ``trace`` under ``spec``."""
+             tpot_ms: float = 20.0, eviction: str = "lru", time_decisions: bool = True
+             ) -> Run:
+    """One replay of ``trace`` under ``spec``, the replicas evicting by ``eviction``."""
     from canopy.apps.fleet.kernel import ORACLE, replay
 
     t = trace.trace
@@ -219,8 +242,10 @@ def simulate(trace: FleetTrace, spec: Spec, *, n_replicas: int, capacity: int, l
     code = ORACLE if policy is None else policy.code
     params = np.zeros(4) if policy is None else policy.params
     state = np.zeros(2, dtype=np.int64) if policy is None else policy.state
+    serve, held, replicas, events = _replicas(t, n_replicas, capacity, eviction)
     start = time.perf_counter()
-    replay(t.offsets, t.nodes, t.n_nodes, t.input_tokens, trace.output_tokens, arrival,
+    replay(serve, held, replicas, events, t.offsets, t.nodes, t.n_nodes, t.input_tokens,
+           trace.output_tokens, arrival,
            t.block_size, n_replicas, capacity, ms_per_token, overhead_ms, tpot_ms, code,
            params, state, spec.index == "approximate", 180.0, True, learning, stats, chains,
            region_of, rule, cost_max, grid, 1.0 if policy is None or not learning
@@ -274,7 +299,8 @@ def sweep(trace: FleetTrace, *, n_replicas: int, capacity: int, loads: Sequence[
           names: Sequence[str], seeds: int, ms_per_token: float = 0.1,
           overhead_ms: float = 20.0, tpot_ms: float = 20.0,
           grid: Sequence[float] = pol.DEFAULT_GRID, reference: bool = True,
-          every_fixed: bool = False, progress: Callable[[int, int], None] | None = None
+          every_fixed: bool = False, eviction: str = "lru",
+          progress: Callable[[int, int], None] | None = None
           ) -> tuple[list[dict], dict[tuple[str, str, float], list[Run]]]:
     """Every (policy row, load, seed) replay, summarized: ``--json``'s ``results`` rows and
     the runs behind them. With ``reference``, ``best_fixed`` (Canopy's score at each
@@ -291,6 +317,8 @@ def sweep(trace: FleetTrace, *, n_replicas: int, capacity: int, loads: Sequence[
     for value in loads:
         check_number(value, "load", low=0.0, low_open=True)
     check_positive(ms_per_token, "ms_per_token")
+    if eviction not in EVICTIONS:
+        raise ValueError(f"eviction must be one of {', '.join(EVICTIONS)}, got {eviction!r}")
     rows_of = specs(names)
     fixed = [Spec("canopy", "precise", {"theta": float(t)}) for t in grid] if reference \
         else []
@@ -301,7 +329,7 @@ def sweep(trace: FleetTrace, *, n_replicas: int, capacity: int, loads: Sequence[
     for done, (spec, load, seed) in enumerate(plan, 1):
         run = simulate(trace, spec, n_replicas=n_replicas, capacity=capacity, load=load,
                        seed=seed, ms_per_token=ms_per_token, overhead_ms=overhead_ms,
-                       tpot_ms=tpot_ms, time_decisions=seed == 0)
+                       tpot_ms=tpot_ms, eviction=eviction, time_decisions=seed == 0)
         runs.setdefault((spec.label, spec.index, load), []).append(run)
         if progress is not None:
             progress(done, len(plan))
