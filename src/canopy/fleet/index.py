@@ -31,11 +31,10 @@ import numpy as np
 from canopy.prefix import hashindex
 from canopy.validation import check_count, check_positive
 
-__all__ = ["APPROXIMATE", "MAX_REPLICAS", "MODES", "PRECISE", "ReplicaIndex", "calibrate_ttl",
-           "match_keys", "match_nodes", "send_nodes"]
+__all__ = ["MAX_REPLICAS", "MODES", "ReplicaIndex", "calibrate_ttl", "match_keys", "match_nodes",
+           "send_nodes"]
 
-PRECISE, APPROXIMATE = 0, 1
-MODES = {"precise": PRECISE, "approximate": APPROXIMATE}
+MODES = ("precise", "approximate")
 MAX_REPLICAS = 64
 TTL_STEP = 0.05
 """Relative change of the approximate index's TTL per report that disagrees with it."""

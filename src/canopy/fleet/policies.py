@@ -234,6 +234,13 @@ class Request:
     tokens: int
     rid: int = 0
 
+    def __post_init__(self) -> None:
+        keys = np.asarray(self.keys, dtype=np.int64)
+        if keys.ndim != 1:
+            raise ValueError(f"keys must be a 1-d sequence of block keys, got shape {keys.shape}")
+        object.__setattr__(self, "keys", keys)
+        check_count(self.tokens, "tokens", low=0)
+
 
 @dataclass
 class View:
