@@ -118,3 +118,27 @@ def test_approximate_entries_expire_and_the_ttl_follows_reports():
     assert index.ttl_s > ttl
     with pytest.raises(ValueError, match="approximate"):
         ReplicaIndex(2).sent(0, [1], now=0.0)
+
+
+def test_vllm_event_batches_feed_the_index():
+    msgpack = pytest.importorskip("msgpack")
+    from canopy.fleet import events
+
+    digest = bytes(range(32))  # a sha256 block hash
+    stored = {"type": "BlockStored", "block_hashes": [11, 12, digest], "parent_block_hash": None,
+              "token_ids": list(range(48)), "block_size": 16, "lora_id": None, "medium": "GPU"}
+    payload = msgpack.packb([1.5, [stored]])
+    ts, batch = events.decode(payload)
+    index = ReplicaIndex(2)
+    seq = events.sequence_number((7).to_bytes(8, "big"))
+    assert ts == 1.5 and events.apply(index, 1, seq, batch)
+    assert index.match([11, 12, events.fold(digest)]).tolist() == [0, 3]
+    assert not events.apply(index, 1, 7, batch)  # the same batch again: a duplicate
+    removed = {"type": "BlockRemoved", "block_hashes": [digest], "medium": "GPU"}
+    assert events.apply(index, 1, 9, [removed]) and index.gaps == [(1, 8, 9)]
+    assert index.match([11, 12, events.fold(digest)]).tolist() == [0, 2]
+    assert events.apply(index, 1, 10, [{"type": "AllBlocksCleared"}]) and index.n_blocks == 0
+    with pytest.raises(ValueError, match="unknown KV event"):
+        events.apply(index, 1, 11, [{"type": "Nope"}])
+    with pytest.raises(ValueError, match="event batch"):
+        events.decode(msgpack.packb({"ts": 1}))
