@@ -9,7 +9,7 @@ prints per run the peak RSS, the nodes the cache holds at the end, and blocks re
 request of each copy (the copies are disjoint, so every copy after the first is a popularity
 shift).
 
-Offline replay (:class:`~canopy.apps.cache.radix.RadixCache`) of Mooncake-shaped traces of
+Offline replay (:class:`~canopy.prefix.RadixCache`) of Mooncake-shaped traces of
 ``--refs`` block references (the mirror's trace tiled with disjoint node ids, the last copy a
 prefix of it), every policy of ``--policies`` at each length, side by side::
 
@@ -37,8 +37,8 @@ def _child(trace: str, policy: str, capacity: int, copies: int, floor: float | N
     import numpy as np
 
     from canopy import data
-    from canopy.apps.cache.stream import StreamingCache
-    from canopy.apps.cache.traces import TRACE_FILES, iter_mooncake
+    from canopy.prefix.stream import StreamingCache
+    from canopy.prefix.traces import TRACE_FILES, iter_mooncake
 
     file = data.path("mooncake", TRACE_FILES[trace])
     cache = StreamingCache(policy, capacity, history_floor=floor)
@@ -59,7 +59,7 @@ def tiled(trace, refs: int):
     disjoint node ids, then the prefix of it that reaches ``refs``."""
     import numpy as np
 
-    from canopy.apps.cache.traces import Trace
+    from canopy.prefix.traces import Trace
 
     whole, rest = divmod(refs, trace.n_refs)
     part = trace.head(int(np.searchsorted(trace.offsets, rest))) if rest else None
@@ -91,8 +91,8 @@ def _replay_child(trace_name: str, policy: str, capacity: int, refs: int) -> Non
     import tracemalloc
 
     from canopy import data
-    from canopy.apps.cache import RadixCache, make_policy
-    from canopy.apps.cache.traces import TRACE_FILES, load_mooncake
+    from canopy.prefix import RadixCache, make_policy
+    from canopy.prefix.traces import TRACE_FILES, load_mooncake
 
     base = load_mooncake(data.path("mooncake", TRACE_FILES[trace_name]))
     RadixCache(tiled(base, 2000), make_policy(policy), capacity).run()  # load the kernels

@@ -17,7 +17,7 @@ import time
 import pytest
 
 from canopy import data
-from canopy.apps.cache import RadixCache, load_mooncake, make_policy
+from canopy.prefix import RadixCache, load_mooncake, make_policy
 
 CAPACITIES = [16, 64, 256, 1024, 4096]
 

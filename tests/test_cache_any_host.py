@@ -19,12 +19,12 @@ import pytest
 from typer.testing import CliRunner
 
 import sglang_standin as standin
-from canopy.apps.cache import RadixCache, from_paths, make_policy
-from canopy.apps.cache.policies import PriorityPolicy, resolve_policy
 from canopy.apps.cache.sglang import drive, sweep
-from canopy.apps.cache.stream import StreamingCache, replay_stream
 from canopy.cli import app
 from canopy.integrations.sglang import CanopyEviction, install
+from canopy.prefix import RadixCache, from_paths, make_policy
+from canopy.prefix.policies import PriorityPolicy, resolve_policy
+from canopy.prefix.stream import StreamingCache, replay_stream
 from test_cache_vllm import PagedHost, _zipf_shift
 from user_policy import NewestFirst
 

@@ -197,7 +197,7 @@ def test_gain_over_lru_is_paired_by_request():
     same prompt at the same position): the paired gain is 10 ms with a tight interval, while
     the noise (200 ms across requests) would swamp an unpaired comparison."""
     from canopy.apps.cache.live import LiveRun, summarize
-    from canopy.apps.cache.ttft import TTFTModel
+    from canopy.prefix.ttft import TTFTModel
 
     rng = np.random.default_rng(0)
 

@@ -9,8 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from canopy.apps.cache import POLICIES, Canopy, RadixCache, from_paths, make_policy, radix
-from canopy.apps.cache.policies import PriorityPolicy
+from canopy.prefix import POLICIES, Canopy, RadixCache, from_paths, make_policy
+from canopy.prefix import kernels as radix
+from canopy.prefix.policies import PriorityPolicy
 
 # random traces: paths in a small tree (keys are chains, so prefixes share nodes)
 paths_strategy = st.lists(st.lists(st.integers(0, 2), min_size=0, max_size=5),
@@ -66,7 +67,7 @@ def test_canopy_recency_shadow_riding_on_the_main_cache_changes_nothing(capacity
     the streaming cache replays it in its own table. With eager switching (the ride ends,
     the main cache's queue and heap are rebuilt back and forth) both reuse the same blocks
     and evict by the same arm at every request."""
-    from canopy.apps.cache.stream import StreamingCache
+    from canopy.prefix.stream import StreamingCache
 
     rng = np.random.default_rng(capacity)
     paths = [rng.integers(0, 3, size=rng.integers(1, 7)).tolist() for _ in range(400)]
@@ -167,7 +168,7 @@ def test_optimal_matches_exhaustive_search(paths, capacity):
 
 
 def test_online_policies_never_beat_optimal_on_real_trace(data_file):
-    from canopy.apps.cache import load_mooncake
+    from canopy.prefix import load_mooncake
     trace = load_mooncake(data_file("mooncake", "conversation_trace.jsonl")).head(3000)
     for capacity in (64, 256, 1024):
         best = RadixCache(trace, make_policy("optimal"), capacity).run().sum()

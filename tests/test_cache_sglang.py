@@ -21,9 +21,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 import sglang_standin as standin
-from canopy.apps.cache import RadixCache, from_paths, make_policy
 from canopy.apps.cache.sglang import drive, sweep
-from canopy.apps.cache.traces import resolve
 from canopy.cli import app
 from canopy.integrations.sglang import (
     CanopyEviction,
@@ -33,6 +31,8 @@ from canopy.integrations.sglang import (
     install,
     radix_cache_class,
 )
+from canopy.prefix import RadixCache, from_paths, make_policy
+from canopy.prefix.traces import resolve
 from conftest import require_data
 
 standin.STRATEGIES["canopy"] = CanopyEviction
@@ -302,8 +302,8 @@ def test_a_users_policy_registered_by_name_reuses_in_sglang_what_it_reuses_in_th
     from sglang.srt.mem_cache.utils import get_eviction_strategy
     from sglang.srt.server_args import ServerArgs
 
-    from canopy.apps.cache.policies import resolve_policy
     from canopy.integrations.sglang import register
+    from canopy.prefix.policies import resolve_policy
     from user_policy import NewestFirst
 
     assert register("user_policy:NewestFirst") == ["canopy", "newest-first"]

@@ -11,10 +11,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from canopy.apps.cache import Canopy, RadixCache, from_paths, make_policy, radix
-from canopy.apps.cache.policies import PriorityPolicy
-from canopy.apps.cache.stream import OnlinePolicy, PlannedCache, StreamingCache, replay_stream
-from canopy.apps.cache.traces import iter_mooncake, load_mooncake, resolve
+from canopy.prefix import Canopy, RadixCache, from_paths, make_policy
+from canopy.prefix import kernels as radix
+from canopy.prefix.policies import PriorityPolicy
+from canopy.prefix.stream import OnlinePolicy, PlannedCache, StreamingCache, replay_stream
+from canopy.prefix.traces import iter_mooncake, load_mooncake, resolve
 from conftest import require_data
 
 ONLINE = ("lru", "lfu", "sieve", "canopy")

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from canopy import data
-from canopy.apps.cache import load_mooncake, load_prompt_log, resolve
-from canopy.apps.cache.traces import shifted
+from canopy.prefix import load_mooncake, load_prompt_log, resolve
+from canopy.prefix.traces import shifted
 
 TOOLAGENT_ROWS = [
     {"timestamp": 0, "input_length": 1500, "output_length": 12, "hash_ids": [0, 1, 2]},

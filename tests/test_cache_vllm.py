@@ -1,5 +1,5 @@
 """Canopy's eviction in a paged engine's block pool: the host-agnostic evictable set
-(:mod:`canopy.apps.cache.evictable`) against the replay, and the vLLM plugin's switch."""
+(:mod:`canopy.prefix.evictable`) against the replay, and the vLLM plugin's switch."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import random
 import numpy as np
 import pytest
 
-from canopy.apps.cache.evictable import EvictableBlocks
-from canopy.apps.cache.stream import OnlinePolicy, replay_stream
+from canopy.prefix.evictable import EvictableBlocks
+from canopy.prefix.stream import OnlinePolicy, replay_stream
 
 
 def test_without_a_policy_blocks_leave_in_release_order():
@@ -117,8 +117,8 @@ def test_the_plugin_is_off_unless_asked_and_refuses_unknown_names(monkeypatch):
 
 
 def test_the_plugins_names_are_the_online_built_in_policies():
-    from canopy.apps.cache.policies import POLICIES
     from canopy.integrations import vllm as plugin
+    from canopy.prefix.policies import POLICIES
 
     assert set(plugin._BUILT_IN) == {name for name, cls in POLICIES.items() if not cls.offline}
 

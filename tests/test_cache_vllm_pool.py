@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from canopy.apps.cache.live import predicted_reuse, replay_capacity
-from canopy.apps.cache.traces import full_blocks
+from canopy.prefix.traces import full_blocks
 from conftest import IN_CI
 
 BLOCK = 16

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import numba
 
-from canopy.apps.cache import radix
-from canopy.apps.cache.policies import PriorityPolicy
+from canopy.prefix import kernels as radix
+from canopy.prefix.policies import PriorityPolicy
 
 
 @numba.njit

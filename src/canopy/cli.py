@@ -25,6 +25,7 @@ COMMAND_MODULES = (
     "canopy.commands",            # demo, bench, theory
     "canopy.experiments.cli",     # run, list, reproduce
     "canopy.apps.cache.cli",      # cache ...
+    "canopy.apps.fleet.cli",      # fleet sim
     "canopy.apps.routing.cli",    # route ..., serve router
     "canopy.apps.topk.cli",       # topk
     "canopy.apps.search.cli",     # search ...

@@ -19,13 +19,13 @@ finishes, and counts each request once past ``inserted_len``, as its ``hit_count
 observed as the request's chain of page keys (a page's key hashes its tokens with its
 parent's key, so it names the whole prefix), every leaf SGLang deletes is reported evicted, and
 ``get_priority(node)`` is the priority of the node's first page under
-:class:`~canopy.apps.cache.stream.OnlinePolicy` (the replay's kernels: decayed cell counts
+:class:`~canopy.prefix.stream.OnlinePolicy` (the replay's kernels: decayed cell counts
 with the parental prior, shadow caches that pick how much to remember): SGLang evicts a node
 whole, so the node is worth its most valuable page, and priorities never rise down a chain
 (a page is used whenever a page below it is). Memory is bounded by
 the policy's forgetting; a node caches its own page keys.
 
-A policy of the user's own (a :class:`~canopy.apps.cache.policies.PriorityPolicy` subclass,
+A policy of the user's own (a :class:`~canopy.prefix.policies.PriorityPolicy` subclass,
 or any online priority policy) runs the same way: ``register(MyPolicy)`` (or the spec
 ``"package.module:MyPolicy"``, or the specs in ``CANOPY_SGLANG_POLICIES``, comma-separated,
 which the entry point registers in every SGLang process) adds it under its ``name``; or pass
@@ -50,8 +50,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from canopy.apps.cache.policies import SIEVE, EvictionPolicy, resolve_policy
-from canopy.apps.cache.stream import OnlinePolicy
+from canopy.prefix.policies import SIEVE, EvictionPolicy, resolve_policy
+from canopy.prefix.stream import OnlinePolicy
 
 __all__ = ["ENV", "POLICY_NAME", "CanopyEviction", "evict_exactly", "install",
            "radix_cache_class", "register", "strategy_policy"]
@@ -77,7 +77,7 @@ def strategy_policy(policy: str | EvictionPolicy | type[EvictionPolicy]) -> Evic
 
 
 class CanopyEviction:
-    """SGLang eviction strategy backed by :class:`~canopy.apps.cache.stream.OnlinePolicy`
+    """SGLang eviction strategy backed by :class:`~canopy.prefix.stream.OnlinePolicy`
     (``policy``: ``canopy``, ``lru``, ``lfu``, or a priority policy of the user's own:
     :func:`strategy_policy`); built by SGLang's registry with the keyword arguments of
     ``--radix-eviction-policy-config``. The policy's state is made when the cache first

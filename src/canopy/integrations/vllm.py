@@ -9,11 +9,11 @@ blocks appended, a request's deepest block first, so the head is the least recen
 
 With ``CANOPY_VLLM_EVICTION`` set to a policy (``lru``, ``lfu``, ``sieve``, ``canopy``, or
 ``package.module:ClassName``, a policy class of the user's own, importable in vLLM's
-processes: :func:`~canopy.apps.cache.policies.resolve_policy`), :func:`register` (run by
+processes: :func:`~canopy.prefix.policies.resolve_policy`), :func:`register` (run by
 vLLM in each of its processes) replaces each caching pool's queue with
 :class:`PolicyFreeQueue`: the same linked list (so every other part of vLLM sees the queue
 it knows), but when the head holds a cached block the block popped is
-the one the policy evicts, from :class:`~canopy.apps.cache.evictable.EvictableBlocks`.
+the one the policy evicts, from :class:`~canopy.prefix.evictable.EvictableBlocks`.
 Blocks without a hash still go first, as in vLLM. The policy observes each request's
 block-hash chain (``Request.block_hashes``, root first) once, when the scheduler first looks
 its prefix up (``KVCacheManager.get_computed_blocks``): online, no trace, memory bounded by
@@ -31,10 +31,10 @@ import os
 from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any
 
-from canopy.apps.cache.evictable import EvictableBlocks
+from canopy.prefix.evictable import EvictableBlocks
 
 if TYPE_CHECKING:
-    from canopy.apps.cache.policies import EvictionPolicy
+    from canopy.prefix.policies import EvictionPolicy
 
 __all__ = ["ENV", "PolicyFreeQueue", "enabled_policy", "install", "register"]
 
@@ -42,7 +42,7 @@ ENV = "CANOPY_VLLM_EVICTION"
 
 
 _BUILT_IN = ("lru", "lfu", "sieve", "canopy")
-"""The online policies of ``canopy.apps.cache.policies.POLICIES``, by name (spelled out: that
+"""The online policies of ``canopy.prefix.policies.POLICIES``, by name (spelled out: that
 module imports numba, which this one must not; a test keeps the two equal)."""
 
 
@@ -67,8 +67,8 @@ def enabled_policy() -> str | None:
 def _make_order(policy: EvictionPolicy, capacity_blocks: int) -> Any:
     """The online policy ordering a pool of ``capacity_blocks`` (``None``: release order,
     vLLM's own, for ``lru``)."""
-    from canopy.apps.cache.policies import LRU
-    from canopy.apps.cache.stream import OnlinePolicy
+    from canopy.prefix.policies import LRU
+    from canopy.prefix.stream import OnlinePolicy
 
     if type(policy) is LRU:
         return None
@@ -162,7 +162,7 @@ def install(policy: str | EvictionPolicy | type[EvictionPolicy]) -> None:
     @functools.cache
     def chosen() -> EvictionPolicy:
         """The policy, resolved once, when the first caching pool is made."""
-        from canopy.apps.cache.policies import resolve_policy
+        from canopy.prefix.policies import resolve_policy
 
         return resolve_policy(policy, online=True)
 

@@ -26,7 +26,7 @@ def _policy_specs(text: str, *, engine: str, online: bool, extra: tuple[str, ...
     folder is found, as ``python -m`` finds it). Each is checked now, one line if bad."""
     import sys
 
-    from canopy.apps.cache.policies import resolve_policy
+    from canopy.prefix.policies import resolve_policy
 
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
@@ -82,10 +82,10 @@ def replay_command(
     from rich.table import Table
 
     from canopy.apps.cache.live import load_calibration
-    from canopy.apps.cache.policies import make_policy, resolve_policy
     from canopy.apps.cache.replay import recovery_curve, sweep
-    from canopy.apps.cache.traces import resolve
-    from canopy.apps.cache.ttft import TTFTModel
+    from canopy.prefix.policies import make_policy, resolve_policy
+    from canopy.prefix.traces import resolve
+    from canopy.prefix.ttft import TTFTModel
 
     capacities = _ints(capacity, "--capacity")
     if window < 1:
@@ -377,7 +377,7 @@ def _replay_only(names: list[str], workload_of, seed: int, repeats: int, capacit
         replay_capacity,
         token_prompts,
     )
-    from canopy.apps.cache.traces import full_blocks
+    from canopy.prefix.traces import full_blocks
 
     if pool_blocks is None:
         blocks = int(capacity_mb * 2**20) // (block_tokens * kv_bytes_per_token(vocab))

@@ -6,7 +6,7 @@ engine reuses the state's longest common prefix with the prompt, prefilling only
 after the completion it offers the state of prompt plus completion to the cache. Its built-in
 ``LlamaRAMCache`` is LRU over whole states. :class:`PolicyStateCache` puts any online policy of
 :mod:`canopy.apps.cache` in charge instead, with the policy code itself
-(:class:`~canopy.apps.cache.stream.StreamingCache`, the replay's kernels):
+(:class:`~canopy.prefix.stream.StreamingCache`, the replay's kernels):
 
 * **Blocks.** A prompt is a chain of ``block_tokens``-token blocks (the trailing partial
   block is not cacheable, as in vLLM); the policy sees the chain, reuses its longest cached
@@ -43,10 +43,10 @@ from typing import Any
 import numpy as np
 from llama_cpp import BaseLlamaCache, Llama, LlamaState  # the ``engine`` extra
 
-from canopy.apps.cache.policies import EvictionPolicy, resolve_policy
-from canopy.apps.cache.stream import PlannedCache, StreamingCache
-from canopy.apps.cache.traces import full_blocks
 from canopy.data import jsonl_rows
+from canopy.prefix.policies import EvictionPolicy, resolve_policy
+from canopy.prefix.stream import PlannedCache, StreamingCache
+from canopy.prefix.traces import full_blocks
 
 __all__ = ["PolicyStateCache", "kv_bytes_per_token", "main"]
 
@@ -72,7 +72,7 @@ def kv_bytes_per_token(llama: Llama) -> int:
 class PolicyStateCache(BaseLlamaCache):
     """A llama-cpp-python prompt cache whose evictions follow a Canopy policy (see the module
     docstring). ``policy`` is a policy name, a user's ``package.module:ClassName`` or a policy
-    object (:func:`~canopy.apps.cache.policies.resolve_policy`), or ``None`` for caching off;
+    object (:func:`~canopy.prefix.policies.resolve_policy`), or ``None`` for caching off;
     bind the engine with :meth:`bind` before use."""
 
     def __init__(self, policy: EvictionPolicy | type[EvictionPolicy] | str | None,

@@ -18,9 +18,9 @@ Workloads (:func:`zipf_workload`, :func:`mooncake_workload`):
   hash (chains cut at ``max_blocks``), then a question.
 
 Calibration (:func:`calibrate`): the least-squares fit of the replay's TTFT model
-(:class:`~canopy.apps.cache.ttft.TTFTModel`: fixed cost plus cost per uncached token) to every
+(:class:`~canopy.prefix.ttft.TTFTModel`: fixed cost plus cost per uncached token) to every
 measured request, the uncached tokens being the prompt minus the blocks the server's policy
-reused. The replay (:func:`~canopy.apps.cache.stream.replay_stream` on the same block chains)
+reused. The replay (:func:`~canopy.prefix.stream.replay_stream` on the same block chains)
 then predicts each policy's TTFT saved over caching off.
 """
 
@@ -40,11 +40,11 @@ from typing import Any
 
 import numpy as np
 
-from canopy.apps.cache.policies import make_policy
-from canopy.apps.cache.radix import RadixCache
-from canopy.apps.cache.stream import replay_stream
-from canopy.apps.cache.traces import from_paths, full_blocks
-from canopy.apps.cache.ttft import TTFTModel
+from canopy.prefix import RadixCache
+from canopy.prefix.policies import make_policy
+from canopy.prefix.stream import replay_stream
+from canopy.prefix.traces import from_paths, full_blocks
+from canopy.prefix.ttft import TTFTModel
 
 __all__ = ["LiveRun", "Workload", "block_chains", "calibrate", "load_calibration",
            "mooncake_workload", "predicted_reuse", "run_live", "run_live_vllm", "summarize",
@@ -129,7 +129,7 @@ def mooncake_workload(words: Sequence[str], trace: str = "conversation", *, requ
     from itertools import islice
 
     from canopy import data
-    from canopy.apps.cache.traces import TRACE_FILES, iter_mooncake
+    from canopy.prefix.traces import TRACE_FILES, iter_mooncake
 
     if scenario not in SCENARIOS:
         raise ValueError(f"scenario must be one of {', '.join(SCENARIOS)}, got {scenario!r}")

@@ -2,7 +2,7 @@
 
 Metrics (paper Section 4, "Serving systems", and Appendix E): blocks reused per request
 (prefix-constrained: reuse stops at the first miss), hit ratio (reused over referenced blocks),
-time-to-first-token saved (:class:`~canopy.apps.cache.ttft.TTFTModel`), and replay speed in
+time-to-first-token saved (:class:`~canopy.prefix.ttft.TTFTModel`), and replay speed in
 block references per second of the replaying thread's CPU time (``block_refs_per_s``; on a
 shared machine the wall clock also counts other jobs' time slices) and of wall-clock time
 (``wall_block_refs_per_s``). In the shift scenario only requests after the shift count.
@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from canopy.apps.cache.policies import EvictionPolicy, make_policy
-from canopy.apps.cache.radix import RadixCache
-from canopy.apps.cache.traces import Trace, from_paths, shifted
-from canopy.apps.cache.ttft import TTFTModel
+from canopy.prefix import RadixCache
+from canopy.prefix.policies import EvictionPolicy, make_policy
+from canopy.prefix.traces import Trace, from_paths, shifted
+from canopy.prefix.ttft import TTFTModel
 
 __all__ = ["SCENARIOS", "ReplayResult", "recovery_curve", "replay", "result", "scenario",
            "sweep"]

@@ -5,7 +5,7 @@ ids and evicts whole unlocked leaf *nodes* in the order of its eviction strategy
 (``evict_policy.py``: ``lru`` ``last_access_time``, ``lfu`` ``(hit_count,
 last_access_time)``; ``canopy`` :class:`~canopy.integrations.sglang.CanopyEviction`, which
 learns online from the cache's inserts). :func:`drive` replays a
-:class:`~canopy.apps.cache.traces.Trace` through any cache with SGLang's interface, one token
+:class:`~canopy.prefix.traces.Trace` through any cache with SGLang's interface, one token
 per block (page size 1, the token of a block is its node id in the trace), as the scheduler
 does: match the prefix, lock it, evict what the new blocks need, insert the request, unlock.
 :func:`sweep` does it for SGLang's real cache (without memory pools, as
@@ -24,10 +24,10 @@ from typing import Any
 
 import numpy as np
 
-from canopy.apps.cache.policies import LFU, LRU, EvictionPolicy
 from canopy.apps.cache.replay import ReplayResult, result, scenario
-from canopy.apps.cache.traces import Trace
-from canopy.apps.cache.ttft import TTFTModel
+from canopy.prefix.policies import LFU, LRU, EvictionPolicy
+from canopy.prefix.traces import Trace
+from canopy.prefix.ttft import TTFTModel
 
 __all__ = ["ENGINE_POLICIES", "drive", "sglang_api", "sweep"]
 

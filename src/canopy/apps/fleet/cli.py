@@ -1,0 +1,133 @@
+"""``canopy fleet sim``: rank the replica policies on a trace replayed through N simulated
+replicas, at several loads and seeds."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from canopy.reporting import output_path
+
+__all__ = ["register"]
+
+fleet_app = typer.Typer(no_args_is_help=True,
+                        help="Many replicas of one model: replica policies in simulation.")
+
+ALL = "round_robin,least_load,power_of_two,prefix_hash,sglang,dynamo,llmd,canopy"
+
+
+def _numbers(text: str, what: str) -> list[float]:
+    try:
+        values = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise typer.BadParameter(f"{what} must be comma-separated numbers, got {text!r}"
+                                 ) from None
+    if not values or min(values) <= 0:
+        raise typer.BadParameter(f"{what} must be numbers > 0, got {text!r}")
+    return values
+
+
+def _cell(value: dict) -> str:
+    return f"{value['mean']:.3f} [{value['lo']:.2f}, {value['hi']:.2f}]"
+
+
+@fleet_app.command("sim")
+def sim_command(
+    trace: str = typer.Option("conversation", help="conversation, synthetic, toolagent or a "
+                              "Mooncake-format JSONL file"),
+    replicas: int = typer.Option(8, help="replicas (at most 64)"),
+    capacity: int = typer.Option(0, help="KV blocks per replica (0: an N-th of the trace's "
+                                 "distinct blocks)"),
+    load: str = typer.Option("0.5,0.7,0.9", help="prefill work of every prompt token over "
+                             "the fleet's capacity"),
+    policies: str = typer.Option(ALL, help="replica policies, comma-separated"),
+    seeds: int = typer.Option(5, help="seeds per cell"),
+    eviction: str = typer.Option("lru", help="replica eviction: lru (vLLM's order) or canopy"),
+    ms_per_token: float = typer.Option(0.1, help="TTFT model: prefill ms per uncached token "
+                                       "(the calibration of 'canopy cache live')"),
+    overhead_ms: float = typer.Option(20.0, help="TTFT model: fixed ms per request"),
+    tpot_ms: float = typer.Option(20.0, help="decode ms per output token (holds blocks)"),
+    every_fixed: bool = typer.Option(False, "--every-fixed", help="also a row per fixed "
+                                     "trade-off of best_fixed's grid"),
+    as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
+    plot: Annotated[Path | None, typer.Option(help="figure of the TTFT CDFs and the learnt "
+                                              "trade-off (needs matplotlib)",
+                                              callback=output_path)] = Path("canopy-fleet.png"),
+) -> None:
+    """Replay a trace through N simulated replicas under each replica policy: TTFT p50/p90/p99
+    (mean and 95% interval over seeds), hit rate, load imbalance and decision time, with
+    the best fixed trade-off and the oracle as references."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+    from rich.table import Table
+
+    from canopy.apps.fleet.sim import load_trace, sweep
+    from canopy.fleet.policies import NAMES
+    from canopy.reporting import progress_lines
+
+    names = [p.strip() for p in policies.split(",") if p.strip()]
+    unknown = [p for p in names if p not in NAMES]
+    if not names or unknown:
+        raise typer.BadParameter(f"--policies: unknown policy {', '.join(unknown) or policies!r}"
+                                 f"; known: {', '.join(NAMES)}")
+    if eviction not in ("lru", "canopy"):
+        raise typer.BadParameter(f"--eviction must be lru or canopy, got {eviction!r}")
+    loads = _numbers(load, "--load")
+    from canopy.prefix.ttft import TTFTModel
+
+    TTFTModel(ms_per_token=ms_per_token, overhead_ms=overhead_ms)  # checks both
+    fleet_trace = load_trace(trace)
+    capacity = capacity or max(1, fleet_trace.working_set // max(replicas, 1))
+    console = Console(stderr=True)
+    with Progress("[progress.description]{task.description}", BarColumn(),
+                  MofNCompleteColumn(), TimeRemainingColumn(), console=console,
+                  disable=not console.is_terminal) as bar:
+        task = bar.add_task("replays", total=None)
+        lines = None if console.is_terminal else progress_lines("replays", console)
+
+        def advance(done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total)
+            if lines is not None:
+                lines(done, total)
+
+        rows, runs = sweep(fleet_trace, n_replicas=replicas, capacity=capacity, loads=loads,
+                           names=names, seeds=seeds, ms_per_token=ms_per_token,
+                           overhead_ms=overhead_ms, tpot_ms=tpot_ms, every_fixed=every_fixed,
+                           eviction=eviction,
+                           progress=advance)
+    out = {"trace": fleet_trace.name, "replicas": replicas, "capacity": capacity,
+           "seeds": seeds, "eviction": eviction,
+           "ttft_model": {"ms_per_token": ms_per_token, "overhead_ms": overhead_ms},
+           "results": rows}
+    if as_json:
+        typer.echo(json.dumps(out))
+        return
+    table = Table(title=f"{fleet_trace.name}: {replicas} replicas x {capacity:,} blocks, "
+                        f"TTFT (s), mean [95% CI] over {seeds} seeds")
+    for column in ("load", "policy", "index", "p50", "p90", "p99", "hit", "load cv", "us"):
+        table.add_column(column, justify="left" if column in ("policy", "index") else "right")
+    for row in rows:
+        us = row["decision_us_p50"]
+        table.add_row(f"{row['load']:g}", row["policy"] + (f" ({row['theta']:g})"
+                                                           if "theta" in row else ""),
+                      row["index"], _cell(row["ttft_p50_s"]), _cell(row["ttft_p90_s"]),
+                      _cell(row["ttft_p99_s"]), f"{row['hit_rate']:.3f}",
+                      f"{row['load_cv']:.3f}", "" if us is None else f"{us:.1f}")
+    Console().print(table)
+    if plot is not None:
+        try:
+            from canopy.apps.fleet.plots import plot_fleet
+
+            plot_fleet(runs, loads, plot, title=f"{fleet_trace.name}, {replicas} replicas")
+            Console().print(f"plot written to {plot.resolve()}")
+        except ImportError:
+            Console().print("matplotlib is not installed (pip install 'canopy-bandits[plots]')"
+                            ": no plot written")
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``fleet`` command group to the ``canopy`` app."""
+    app.add_typer(fleet_app, name="fleet")

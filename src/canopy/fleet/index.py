@@ -1,0 +1,328 @@
+"""Replica index: which replicas hold each block of the prefix tree.
+
+One node per block, keyed by its block hash (an engine's hashes are chained, so a hash names
+the whole prefix up to its block) in the compact key index of :mod:`canopy.prefix.hashindex`,
+with its parent node and a ``uint64`` bitmask of the replicas holding it: memory grows with
+the blocks, not with blocks x replicas (at most 64 replicas). Two ways to feed it:
+
+* ``precise``: the engines' KV events, ``BlockStored`` / ``BlockRemoved`` / ``AllBlocksCleared``
+  (vLLM's ``distributed/kv_events.py``), each batch with a per-replica sequence number; a
+  batch at or below the last seen number is a duplicate and is dropped, one beyond the next
+  number leaves a gap, recorded so the host can ask the engine's replay socket for it.
+* ``approximate``: what was sent where (sglang-router's tree of routing history). A node's
+  bits expire ``ttl_s`` seconds after the last request that sent it anywhere, and the TTL is
+  calibrated online by the cached-token counts the engines report
+  (:meth:`ReplicaIndex.reported`): a report below the index's prediction shortens it, one
+  above lengthens it.
+
+A node whose mask empties is freed (its key leaves the key index; its id is reused), so the
+index holds only blocks some replica holds. The node-level kernels (:func:`match_nodes`,
+:func:`send_nodes`, :func:`match_keys`) are what a compiled host loop (the fleet simulator)
+calls on node ids directly.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numba as nb
+import numpy as np
+
+from canopy.prefix import hashindex
+from canopy.validation import check_count, check_positive
+
+__all__ = ["MAX_REPLICAS", "MODES", "ReplicaIndex", "calibrate_ttl", "match_keys", "match_nodes",
+           "send_nodes"]
+
+MODES = ("precise", "approximate")
+MAX_REPLICAS = 64
+TTL_STEP = 0.05
+"""Relative change of the approximate index's TTL per report that disagrees with it."""
+TTL_RANGE = (1.0, 86_400.0)
+
+
+@nb.njit(cache=True)
+def _settle(lost, j, out):
+    """Replicas in ``lost`` (bits) matched ``j`` blocks."""
+    while lost:
+        bit = lost & -lost
+        r = 0
+        while (np.uint64(1) << np.uint64(r)) != bit:
+            r += 1
+        out[r] = j
+        lost ^= bit
+
+
+@nb.njit(cache=True)
+def match_nodes(mask: np.ndarray, stamp: np.ndarray, nodes: np.ndarray, now: float,
+                ttl: float, out: np.ndarray) -> None:
+    """``out[r]``: how many of ``nodes`` (a root-first chain) replica ``r`` holds before its
+    first miss. ``stamp`` is empty for a precise index; else a node's bits count only while
+    ``now - stamp <= ttl``. O(blocks + replicas)."""
+    n_rep = out.size
+    alive = np.uint64(0xFFFFFFFFFFFFFFFF) if n_rep == 64 else \
+        (np.uint64(1) << np.uint64(n_rep)) - np.uint64(1)
+    out[:] = 0
+    j = 0
+    for j in range(nodes.size):
+        v = nodes[j]
+        held = mask[v] if v >= 0 else np.uint64(0)
+        if stamp.size and v >= 0 and now - stamp[v] > ttl:
+            held = np.uint64(0)
+        lost = alive & ~held
+        if lost:
+            _settle(lost, j, out)
+            alive &= held
+            if not alive:
+                return
+    _settle(alive, nodes.size, out)
+
+
+@nb.njit(cache=True)
+def send_nodes(mask: np.ndarray, stamp: np.ndarray, nodes: np.ndarray, replica: int,
+               now: float, ttl: float) -> None:
+    """Approximate index: ``nodes`` were sent to ``replica`` at ``now``. An expired node
+    forgets its other replicas first."""
+    bit = np.uint64(1) << np.uint64(replica)
+    for v in nodes:
+        if now - stamp[v] > ttl:
+            mask[v] = bit
+        else:
+            mask[v] |= bit
+        stamp[v] = now
+
+
+@nb.njit(cache=True)
+def calibrate_ttl(ttl: float, predicted_blocks: int, reported_blocks: int) -> float:
+    """One step of the approximate index's TTL towards the engines' reports."""
+    if reported_blocks < predicted_blocks:
+        ttl *= 1.0 - TTL_STEP
+    elif reported_blocks > predicted_blocks:
+        ttl *= 1.0 + TTL_STEP
+    return min(max(ttl, TTL_RANGE[0]), TTL_RANGE[1])
+
+
+@nb.njit(cache=True)
+def _lookup(hkeys, hvals, keys, nodes):
+    for j in range(keys.size):
+        nodes[j] = hashindex.find(hkeys, hvals, keys[j])
+        if nodes[j] < 0:
+            return j
+    return keys.size
+
+
+@nb.njit(cache=True)
+def match_keys(hkeys: np.ndarray, hvals: np.ndarray, mask: np.ndarray, stamp: np.ndarray,
+               keys: np.ndarray, now: float, ttl: float, nodes: np.ndarray,
+               out: np.ndarray) -> None:
+    """:func:`match_nodes` for a chain of block keys (``nodes`` is scratch of their size)."""
+    n = _lookup(hkeys, hvals, keys, nodes)
+    match_nodes(mask, stamp, nodes[:n], now, ttl, out)
+
+
+@nb.njit(cache=True)
+def _store(hkeys, hvals, mask, parent, keys, parent_node, bit, free, n_free):
+    """Nodes of ``keys`` (new ones taken from the top of the ``free`` stack) gain ``bit``;
+    returns the stack's new height. The caller leaves room for every key."""
+    p = parent_node
+    for j in range(keys.size):
+        v = hashindex.find(hkeys, hvals, keys[j])
+        if v < 0:
+            n_free -= 1
+            v = free[n_free]
+            hashindex.put(hkeys, hvals, keys[j], v)
+            mask[v] = np.uint64(0)
+            parent[v] = p
+        mask[v] |= bit
+        p = v
+    return n_free
+
+
+@nb.njit(cache=True)
+def _remove(hkeys, hvals, mask, keys, bit, freed):
+    """Nodes of ``keys`` lose ``bit``; emptied nodes leave the key index into ``freed``.
+    Returns how many were freed."""
+    n = 0
+    for j in range(keys.size):
+        v = hashindex.find(hkeys, hvals, keys[j])
+        if v < 0:
+            continue
+        mask[v] &= ~bit
+        if mask[v] == np.uint64(0):
+            hashindex.delete(hkeys, hvals, keys[j])
+            freed[n] = v
+            n += 1
+    return n
+
+
+class ReplicaIndex:
+    """Which of ``n_replicas`` (<= 64) replicas hold each block, keyed by block hash.
+
+    Keys are int64 (:func:`canopy.prefix.hashindex.fold` turns an engine's hash into one).
+    """
+
+    def __init__(self, n_replicas: int, *, mode: str = "precise", ttl_s: float = 180.0,
+                 capacity: int = 1024) -> None:
+        check_count(n_replicas, "n_replicas")
+        if n_replicas > MAX_REPLICAS:
+            raise ValueError(f"n_replicas must be <= {MAX_REPLICAS}, got {n_replicas}")
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {sorted(MODES)}, got {mode!r}")
+        self.n_replicas, self.mode = n_replicas, mode
+        self.ttl_s = math.inf if mode == "precise" else check_positive(ttl_s, "ttl_s")
+        check_count(capacity, "capacity")
+        self._keys = hashindex.HashIndex(capacity)
+        self.mask = np.zeros(capacity, dtype=np.uint64)
+        self.parent = np.full(capacity, -1, dtype=np.int32)
+        self.stamp = np.zeros(capacity if mode == "approximate" else 0, dtype=np.float32)
+        self._free = np.arange(capacity - 1, -1, -1, dtype=np.int32)  # a stack of ids
+        self._n_free = capacity
+        self.last_seq = np.full(n_replicas, -1, dtype=np.int64)
+        self.gaps: list[tuple[int, int, int]] = []
+        self._scratch = np.empty(64, dtype=np.int64)
+
+    # -- state -------------------------------------------------------------------------
+    @property
+    def n_blocks(self) -> int:
+        """Blocks some replica holds (or, approximate, was sent and not yet freed)."""
+        return len(self._keys)
+
+    @property
+    def nbytes(self) -> int:
+        """Memory of the index's tables."""
+        return (self._keys.nbytes + self.mask.nbytes + self.parent.nbytes + self.stamp.nbytes
+                + self._free.nbytes)
+
+    def _grow(self) -> None:
+        room = self.mask.size
+        self.mask = np.concatenate([self.mask, np.zeros(room, dtype=np.uint64)])
+        self.parent = np.concatenate([self.parent, np.full(room, -1, dtype=np.int32)])
+        if self.stamp.size:
+            self.stamp = np.concatenate([self.stamp, np.zeros(room, dtype=np.float32)])
+        free = np.empty(2 * room, dtype=np.int32)
+        free[:self._n_free] = self._free[:self._n_free]
+        free[self._n_free:self._n_free + room] = np.arange(2 * room - 1, room - 1, -1)
+        self._free, self._n_free = free, self._n_free + room
+
+    def _keys_of(self, keys: object) -> np.ndarray:
+        arr = np.asarray(keys, dtype=np.int64)
+        if arr.ndim != 1:
+            raise ValueError(f"block keys must be a 1-d sequence, got shape {arr.shape}")
+        return arr
+
+    def _bit(self, replica: int) -> np.uint64:
+        if not 0 <= replica < self.n_replicas:
+            raise ValueError(f"replica must be in 0..{self.n_replicas - 1}, got {replica}")
+        return np.uint64(1) << np.uint64(replica)
+
+    def _add(self, replica: int, keys: np.ndarray, parent: int) -> None:
+        bit = self._bit(replica)
+        while 2 * (self._keys.size + keys.size + 1) > self._keys.keys.size:
+            self._keys.grow()
+        while self._n_free < keys.size:
+            self._grow()
+        n_free = _store(self._keys.keys, self._keys.values, self.mask, self.parent, keys,
+                        parent, bit, self._free, self._n_free)
+        self._keys.size += self._n_free - n_free
+        self._n_free = n_free
+
+    # -- precise: the engines' KV events -----------------------------------------------
+    def sequence(self, replica: int, seq: int) -> bool:
+        """Check a batch's sequence number: False for a duplicate (drop the batch); a gap is
+        recorded in :attr:`gaps` as ``(replica, first missing, received)``."""
+        self._bit(replica)
+        last = int(self.last_seq[replica])
+        if seq <= last:
+            return False
+        if last >= 0 and seq > last + 1:
+            self.gaps.append((replica, last + 1, seq))
+        self.last_seq[replica] = seq
+        return True
+
+    def stored(self, replica: int, keys: object, parent: int | None = None) -> None:
+        """``BlockStored``: ``replica`` now holds ``keys`` (a chain, root first, under the
+        block ``parent`` or at the root)."""
+        arr = self._keys_of(keys)
+        parent_node = -1 if parent is None else self._keys.get(parent)
+        self._add(replica, arr, parent_node)
+
+    def removed(self, replica: int, keys: object) -> None:
+        """``BlockRemoved``: ``replica`` dropped ``keys``."""
+        arr = self._keys_of(keys)
+        freed = np.empty(arr.size, dtype=np.int32)
+        n = _remove(self._keys.keys, self._keys.values, self.mask, arr, self._bit(replica),
+                    freed)
+        self._keys.size -= n
+        self._release(freed[:n])
+
+    def cleared(self, replica: int) -> None:
+        """``AllBlocksCleared`` (or a replica that left): ``replica`` holds nothing."""
+        bit = self._bit(replica)
+        live = np.flatnonzero(self.mask & bit)
+        self.mask[live] &= ~bit
+        emptied = live[self.mask[live] == 0]
+        if emptied.size:  # the keys of the emptied nodes leave the key index
+            keys, values = self._keys.keys, self._keys.values
+            slots = np.flatnonzero(np.isin(values, emptied))
+            for key in keys[slots].tolist():
+                self._keys.pop(key)
+            self._release(emptied.astype(np.int32))
+
+    def _release(self, nodes: np.ndarray) -> None:
+        self.parent[nodes] = -1
+        self._free[self._n_free:self._n_free + nodes.size] = nodes
+        self._n_free += nodes.size
+
+    # -- approximate: what was sent where ----------------------------------------------
+    def sent(self, replica: int, keys: object, now: float) -> None:
+        """A request whose blocks are ``keys`` was sent to ``replica`` at ``now`` (s)."""
+        if self.mode != "approximate":
+            raise ValueError("sent() feeds an approximate index; a precise one takes events")
+        arr = self._keys_of(keys)
+        self._add(replica, arr, -1)  # creates the nodes; the stamps follow
+        nodes = self._nodes(arr)
+        send_nodes(self.mask, self.stamp, nodes, replica, now, self.ttl_s)
+
+    def reported(self, predicted_blocks: int, cached_blocks: int) -> None:
+        """An engine reported ``cached_blocks`` cached where the index predicted
+        ``predicted_blocks``: calibrate the TTL."""
+        if self.mode == "approximate":
+            self.ttl_s = float(calibrate_ttl(self.ttl_s, predicted_blocks, cached_blocks))
+
+    def expire(self, now: float) -> int:
+        """Free every node not sent anywhere within the TTL; returns how many."""
+        if self.mode != "approximate":
+            return 0
+        used = self.mask != 0
+        stale = np.flatnonzero(used & (now - self.stamp > self.ttl_s))
+        if stale.size:
+            slots = np.flatnonzero(np.isin(self._keys.values, stale))
+            for key in self._keys.keys[slots].tolist():
+                self._keys.pop(key)
+            self.mask[stale] = 0
+            self._release(stale.astype(np.int32))
+        return int(stale.size)
+
+    # -- queries -----------------------------------------------------------------------
+    def _nodes(self, keys: np.ndarray) -> np.ndarray:
+        nodes = np.empty(keys.size, dtype=np.int64)
+        n = _lookup(self._keys.keys, self._keys.values, keys, nodes)
+        return nodes[:n]
+
+    def match(self, keys: object, now: float = 0.0, out: np.ndarray | None = None
+              ) -> np.ndarray:
+        """Blocks of the chain ``keys`` each replica holds before its first miss."""
+        arr = self._keys_of(keys)
+        if out is None:
+            out = np.zeros(self.n_replicas, dtype=np.int64)
+        if self._scratch.size < arr.size:
+            self._scratch = np.empty(2 * arr.size, dtype=np.int64)
+        match_keys(self._keys.keys, self._keys.values, self.mask, self.stamp, arr, now,
+                   self.ttl_s, self._scratch, out)
+        return out
+
+    def holders(self, key: int) -> list[int]:
+        """Replicas holding the block ``key``."""
+        v = self._keys.get(key)
+        bits = int(self.mask[v]) if v >= 0 else 0
+        return [r for r in range(self.n_replicas) if bits >> r & 1]

@@ -1,0 +1,994 @@
+"""Radix block cache: an ancestor-closed set of prefix-tree nodes under a block budget.
+
+A request (a root-first path of blocks, :class:`~canopy.prefix.traces.Trace`) reuses its
+longest cached prefix (reuse stops at the first miss), then inserts its remaining blocks. While
+a request runs its blocks are pinned, as engines pin blocks with a positive reference count;
+when the cache is full a victim is chosen among unpinned *leaves* only, so the cache stays
+ancestor-closed (a node is cached only if its parent is). When every cached block is pinned
+(a request longer than the cache), the rest of that request is not cached.
+
+A request is served by one numba kernel per eviction structure, each keeping its hot scalars
+in local variables (paper Section 4, "Serving systems": the prefix tree is the cache itself):
+
+* ``LRU`` keeps an intrusive doubly linked free queue in vLLM's order (a finished request's
+  blocks are appended tail first; the victim is the queue front, always a leaf);
+* ``SIEVE`` keeps a list of the leaves in insertion order and a hand (Zhang et al., NSDI
+  2024) walking it that skips pinned leaves and clears visited bits, so an eviction is
+  O(1), as LRU's is. Inner nodes' bits are cleared lazily (a bit set before the hand's next
+  pass over the node's position is cleared when the node becomes a leaf), which evicts
+  exactly what a walk over every node would. A parent that becomes a leaf mostly takes its
+  evicted child's place in the list, and the chain of blocks a request inserts is linked in
+  once, when the request ends (only its newest block is a leaf);
+* the priority policies (``LFU``, ``CANOPY``, ``OPTIMAL`` and ``PRIORITY``: any
+  :class:`~canopy.prefix.policies.PriorityPolicy` with its own key function) keep a binary
+  min-heap of evictable leaves with lazy deletion (per-node versions); a node is pushed when
+  it becomes a leaf or a leaf is used. A key changes only when its node is used, so the heap
+  is exact. ``CANOPY``'s main cache is LRU's queue while it evicts by recency (the same
+  victims as the recency key's heap) and builds its heap, or re-keys it, when it switches
+  arms.
+
+A cache's state travels as a :class:`Cache` (node table, scalars, heap), ``CANOPY``'s shadows
+as a :class:`ShadowState`; hosts (:mod:`canopy.prefix.stream`) call the public kernels
+:func:`request`, :func:`canopy_request`, :func:`observe` and :func:`priorities` (``_keyed``
+for a policy's own key).
+
+``CANOPY`` values cells by statistics of the request stream (:func:`_cells_update`, shared by
+the main cache and its shadows) and replays a hashed sample of the requests in one
+metadata-only shadow cache per arm (the same kernel, its own cache state), see
+:class:`~canopy.prefix.policies.Canopy`.
+"""
+
+from __future__ import annotations
+
+from collections import namedtuple
+
+import numba as nb
+import numpy as np
+
+__all__ = ["CANOPY", "LFU", "LRU", "OPTIMAL", "PRIORITY", "SIEVE", "Cache", "RadixCache",
+           "ShadowState", "Shadows", "canopy_request", "canopy_shadows", "cell_counts",
+           "next_use",
+           "node_table", "observe", "priorities", "priorities_keyed", "request",
+           "request_keyed", "scalars", "shadow_heap_size", "unit_hash"]
+
+LRU, LFU, SIEVE, CANOPY, OPTIMAL, PRIORITY = 0, 1, 2, 3, 4, 5
+"""Kernel codes: the built-in policies, and ``PRIORITY``: a policy's own key function
+``key(v, ni, depth, params)`` of node ``v``, its row of cache fields ``ni[v]`` (columns
+``HITS``: uses since insertion, ``LAST``: the last request using it), its depth ``depth[v]``
+(root blocks: 1) and the policy's parameter vector."""
+
+# integer node fields (columns of ``ni``, one row a node for locality)
+CACHED, NCHILD, PIN, VER, PREV, NEXT, HITS, LAST, VISITED, NEXT_USE = range(10)
+_NI = 10
+# SIEVE has no heap and counts nothing in the replay: its leaf list, the lap of the hand's
+# next pass over a node whose visited bit is set, its insertion order and its parent (in the
+# row the eviction reads anyway, not in a line of the trace's parent array) reuse those columns
+LPREV, LNEXT, LAP, SEQ, PAR = VER, HITS, LAST, NEXT_USE, PREV
+# ``CANOPY`` cell statistics (columns of ``cells``, one row a node of the prefix tree, cached
+# or not): clock at the last use (-1: never used), children seen, then one discounted use
+# count (as of the last use) per decayed arm
+CELL_CLOCK, CELL_KIDS, CELL_S0 = range(3)
+# scalars (``sc``): blocks cached, list ends, SIEVE's hand leaf, heap length, blocks
+# referenced so far, the arm whose priority orders the heap (``CANOPY``: 0 recency, ``j >= 1``
+# decayed arm j), SIEVE's leaf list ends, the hand's position (the insertion order it examines
+# next) and laps, and the next insertion order
+SIZE, HEAD, TAIL, HAND, HLEN, CLOCK, ARM, LHEAD, LTAIL, HPOS, LAPS, SEQN = range(12)
+_SC = 12
+Cache = namedtuple("Cache", "ni sc hkey hnode hver")
+"""One cache's state, as the kernels take it: the node table (one row of the columns above a
+node), the scalars, and the heap of the priority policies (keys, nodes, versions)."""
+
+ShadowState = namedtuple("ShadowState",
+                         "ac stats pairs got sm kinds capacity ni sc hkey hnode hver")
+"""``canopy``'s shadows, as the kernels take them: sampling and switching configuration
+(rate, discount, z, evidence), the discounted statistics, the switches and sample salt, and
+per arm (stacked on the first axis) its kernel code and a :class:`Cache` of ``capacity``
+blocks."""
+
+# shadows' counters (``sm``): switches so far, the sample's hash salt, and whether the recency
+# shadow rides on the main cache (1: at full rate and capacity, while the main cache has only
+# evicted by recency, shadow 0 *is* the main cache and is not replayed)
+SWITCHES, SALT, RIDES = range(3)
+
+# decayed-count configuration (``params``): prior weight, deepest depth, the cells' epoch
+# length in referenced blocks, one decay rate (per referenced block) per decayed arm
+RHO, DMAX, PERIOD, LAM0 = range(4)
+
+
+@nb.njit(cache=True)
+def next_use(offsets: np.ndarray, nodes: np.ndarray, n_nodes: int) -> np.ndarray:
+    """For each block reference, the index of the next request using that block (or the
+    number of requests when none does): what the offline optimum knows."""
+    n_req = len(offsets) - 1
+    seen = np.full(n_nodes, n_req, dtype=np.int64)
+    out = np.empty(len(nodes), dtype=np.int64)
+    for t in range(n_req - 1, -1, -1):
+        for r in range(offsets[t], offsets[t + 1]):
+            v = nodes[r]
+            out[r] = seen[v]
+            seen[v] = t
+    return out
+
+
+# ---------------------------------------------------------------- intrusive linked list
+@nb.njit(cache=True, inline="always")
+def _unlink(ni, head, tail, v):
+    """Take ``v`` out of the list with ends ``head`` (newest) and ``tail``; returns the ends."""
+    p, n = ni[v, PREV], ni[v, NEXT]
+    if p >= 0:
+        ni[p, NEXT] = n
+    else:
+        tail = n
+    if n >= 0:
+        ni[n, PREV] = p
+    else:
+        head = p
+    ni[v, PREV] = -1
+    ni[v, NEXT] = -1
+    return head, tail
+
+
+@nb.njit(cache=True, inline="always")
+def _push_head(ni, head, tail, v):
+    """Append ``v`` at the list's ``head``; returns the ends."""
+    ni[v, PREV] = head
+    ni[v, NEXT] = -1
+    if head >= 0:
+        ni[head, NEXT] = v
+    else:
+        tail = v
+    return v, tail
+
+
+# ---------------------------------------------------------------- SIEVE's hand over leaves
+@nb.njit(cache=True, inline="always")
+def _sieve_join(ni, a, n, lhead, ltail):
+    """Link leaves ``a`` and ``n`` (-1: an end of the list) as neighbours, dropping what was
+    between them; returns the list's ends (newest, oldest). (It takes the node table alone:
+    an inlined helper that takes two arrays, or loops, costs reference counting per call.)"""
+    if a >= 0:
+        ni[a, LNEXT] = n
+    else:
+        ltail = n
+    if n >= 0:
+        ni[n, LPREV] = a
+    else:
+        lhead = a
+    return lhead, ltail
+
+
+@nb.njit(cache=True)
+def _sieve_request(t, lo, hi, nodes, parent, capacity, ni, sc):
+    """SIEVE's request: :func:`request`'s steps with the hand over the leaf list. What every
+    block reads (the size, the hand, the newest leaf, the next insertion order) is in locals,
+    written back at the end; the rest (the hand's position and laps, the oldest leaf) stays
+    in ``sc``, read where the hand wraps, a block is reused or a parent's bit is checked.
+
+    The blocks a request inserts form a chain (a request is a root-first path) whose newest
+    block is its only leaf: the list holds the chain's first block in its place until the
+    request ends (pinned, the hand only passes it, as it would the chain's end).
+    """
+    size, hand, lhead, seqn = sc[SIZE], sc[HAND], sc[LHEAD], sc[SEQN]
+    k = lo
+    if k < hi and ni[nodes[k], CACHED] == 1:
+        hpos, laps = sc[HPOS], sc[LAPS]
+        while k < hi and ni[nodes[k], CACHED] == 1:
+            v = nodes[k]
+            ni[v, PIN] = t
+            ni[v, VISITED] = 1  # the lap of the hand's next pass over v
+            ni[v, LAP] = laps if ni[v, SEQ] >= hpos else laps + 1
+            k += 1
+    w = -1  # the newest block inserted
+    for r in range(k, hi):
+        if size >= capacity:
+            u = hand
+            if u < 0 or ni[u, PIN] == t or ni[u, VISITED] != 0:
+                # mostly the hand rests on a leaf to evict; else it walks the leaves oldest
+                # to newest and around, clearing visited bits, to the first unvisited
+                # unpinned leaf, found within two laps (none: every leaf is pinned, every
+                # bit cleared, the hand stays and the rest of the request is not cached)
+                laps0, hpos0 = sc[LAPS], sc[HPOS]
+                laps, hpos = laps0, hpos0
+                while laps <= laps0 + 2:
+                    if u < 0:
+                        laps += 1
+                        hpos = -1
+                        u = sc[LTAIL]
+                    elif ni[u, PIN] != t and ni[u, VISITED] == 0:
+                        break
+                    else:
+                        ni[u, VISITED] = 0
+                        hpos = ni[u, SEQ] + 1
+                        u = ni[u, LNEXT]
+                if laps > laps0 + 2:
+                    sc[LAPS], sc[HPOS] = laps0 + 2, hpos0
+                    break
+                sc[LAPS], sc[HPOS] = laps, hpos
+            after, n = ni[u, LPREV], ni[u, LNEXT]
+            ni[u, CACHED] = 0  # its list links go stale: only leaves' are read
+            size -= 1
+            p = ni[u, PAR]
+            if p >= 0:
+                ni[p, NCHILD] -= 1
+                if ni[p, NCHILD] > 0:
+                    p = -1  # p is not a leaf yet
+            if p >= 0 and n >= 0 and (after < 0 or ni[after, SEQ] < ni[p, SEQ]):
+                # mostly: p becomes a leaf in u's place and the hand moves on, past it
+                sc[HPOS] = ni[u, SEQ] + 1
+                hand = n
+                if ni[p, VISITED] == 1 and sc[LAPS] >= ni[p, LAP]:
+                    ni[p, VISITED] = 0  # the hand passed p since its bit was set
+                ni[p, LPREV] = after
+                ni[p, LNEXT] = n
+                ni[n, LPREV] = p
+                if after >= 0:
+                    ni[after, LNEXT] = p
+                else:
+                    sc[LTAIL] = p
+            else:  # u out of the list and the hand past it; p after the newest older leaf
+                if n < 0:  # the newest leaf (the newest block is a leaf): the hand starts over
+                    sc[LAPS] += 1
+                    sc[HPOS] = -1
+                    hand = sc[LTAIL] if sc[LTAIL] != u else n
+                else:
+                    sc[HPOS] = ni[u, SEQ] + 1
+                    hand = n
+                lhead, sc[LTAIL] = _sieve_join(ni, after, n, lhead, sc[LTAIL])
+                if p >= 0:
+                    s = ni[p, SEQ]
+                    if ni[p, VISITED] == 1 and (sc[LAPS] > ni[p, LAP] or (
+                            sc[LAPS] == ni[p, LAP] and sc[HPOS] > s)):
+                        ni[p, VISITED] = 0
+                    while after >= 0 and ni[after, SEQ] > s:
+                        after = ni[after, LPREV]
+                    n = sc[LTAIL] if after < 0 else ni[after, LNEXT]
+                    lhead, sc[LTAIL] = _sieve_join(ni, after, p, lhead, sc[LTAIL])
+                    lhead, sc[LTAIL] = _sieve_join(ni, p, n, lhead, sc[LTAIL])
+                    if s >= sc[HPOS] and (hand < 0 or s < ni[hand, SEQ]):
+                        hand = p  # the hand rests on the first leaf at or after HPOS
+        v = nodes[r]
+        ni[v, CACHED] = 1
+        ni[v, PIN] = t
+        ni[v, VISITED] = 0
+        ni[v, SEQ] = seqn
+        seqn += 1
+        size += 1
+        if w >= 0:  # v extends the chain (its parent is w)
+            ni[v, PAR] = w
+            ni[w, NCHILD] = 1
+            w = v
+            continue
+        w = v
+        p = parent[v]
+        ni[v, PAR] = p
+        if p >= 0:
+            ni[p, NCHILD] += 1
+            if ni[p, NCHILD] == 1:  # p is no longer a leaf: out of the list
+                if hand == p:
+                    hand = v
+                if p == lhead:
+                    lhead = ni[p, LPREV]
+                else:
+                    pn = ni[p, LNEXT]
+                    if hand == v:
+                        hand = pn
+                    lhead, sc[LTAIL] = _sieve_join(ni, ni[p, LPREV], pn, lhead, sc[LTAIL])
+        lhead, sc[LTAIL] = _sieve_join(ni, lhead, v, lhead, sc[LTAIL])  # the newest leaf
+        lhead = v
+        ni[v, LNEXT] = -1
+        if hand < 0:
+            hand = v
+    if w >= 0 and w != lhead:  # the chain's end takes its first block's place
+        if hand == lhead:
+            hand = w
+        lhead, sc[LTAIL] = _sieve_join(ni, ni[lhead, LPREV], w, lhead, sc[LTAIL])
+        lhead = w
+        ni[w, LNEXT] = -1
+    sc[SIZE], sc[HAND], sc[LHEAD], sc[SEQN] = size, hand, lhead, seqn
+    return k - lo
+
+
+# ---------------------------------------------------------------- heap with lazy deletion
+@nb.njit(cache=True, inline="always")
+def _heap_push(hkey, hnode, hver, n, key, v, ver):
+    """Push onto the heap of ``n`` entries; returns its new length."""
+    i = n
+    while i > 0:
+        up = (i - 1) >> 1
+        if hkey[up] <= key:
+            break
+        hkey[i], hnode[i], hver[i] = hkey[up], hnode[up], hver[up]
+        i = up
+    hkey[i], hnode[i], hver[i] = key, v, ver
+    return n + 1
+
+
+@nb.njit(cache=True, inline="always")
+def _heap_pop(hkey, hnode, hver, n):
+    """Drop the root of the heap of ``n`` entries; returns its new length."""
+    n -= 1
+    key, v, ver = hkey[n], hnode[n], hver[n]
+    i = 0
+    while True:
+        c = 2 * i + 1
+        if c >= n:
+            break
+        if c + 1 < n and hkey[c + 1] < hkey[c]:
+            c += 1
+        if hkey[c] >= key:
+            break
+        hkey[i], hnode[i], hver[i] = hkey[c], hnode[c], hver[c]
+        i = c
+    if n > 0:
+        hkey[i], hnode[i], hver[i] = key, v, ver
+    return n
+
+
+# ---------------------------------------------------------------- policy hooks
+@nb.njit(cache=True, inline="always")
+def _key(kind, key, v, depth, ni, nf, params, arm):
+    if key is not None:  # ``PRIORITY``; ``None`` for the built-in policies
+        return key(v, ni, depth, params)
+    if kind == LFU:
+        return ni[v, HITS] * params[0] + ni[v, LAST]
+    if kind == OPTIMAL:
+        return -(ni[v, NEXT_USE] * params[0] + depth[v])
+    if arm == 0:  # CANOPY; ``nf`` holds the cell statistics
+        return _recency(v, depth, ni, params[DMAX])
+    period = params[PERIOD]  # the cell is scaled to its epoch's start (see _cells_update)
+    return np.log(nf[v, CELL_S0 + arm - 1]) + params[LAM0 + arm - 1] * period * np.floor(
+        nf[v, CELL_CLOCK] / period)
+
+
+@nb.njit(cache=True, inline="always")
+def _recency(v, depth, ni, dmax):
+    """Recency, deepest first within a request (vLLM's tail-first order): LRU's order as a
+    key, for blocks no deeper than ``dmax``."""
+    return ni[v, LAST] * (dmax + 1.0) + dmax - depth[v]
+
+
+@nb.njit(cache=True)
+def _heap_compact(kind, key, depth, ni, nf, params, sc, hkey, hnode, hver, rekey):
+    """Drop dead entries (when the heap array is full: rare, pushes are O(1) per request);
+    with ``rekey``, also recompute every key (when ``CANOPY`` switches arms)."""
+    entries, n = sc[HLEN], 0
+    keys, nodes_, vers = hkey[:entries].copy(), hnode[:entries].copy(), hver[:entries].copy()
+    for e in range(entries):
+        v = nodes_[e]
+        if ni[v, CACHED] == 1 and ni[v, NCHILD] == 0 and ni[v, VER] == vers[e]:
+            k = _key(kind, key, v, depth, ni, nf, params, sc[ARM]) if rekey else keys[e]
+            n = _heap_push(hkey, hnode, hver, n, k, v, vers[e])
+    sc[HLEN] = n
+
+
+@nb.njit(cache=True, inline="always")
+def _push_leaf(kind, key, v, k, depth, ni, nf, params, hkey, hnode, hver, sc, n):
+    """Push leaf ``v`` with key ``k`` (retiring its older entries) onto the heap of ``n``
+    entries, compacted first when full; returns the heap's new length."""
+    if n == len(hkey):
+        sc[HLEN] = n
+        _heap_compact(kind, key, depth, ni, nf, params, sc, hkey, hnode, hver, False)
+        n = sc[HLEN]
+    ni[v, VER] += 1
+    return _heap_push(hkey, hnode, hver, n, k, v, ni[v, VER])
+
+
+@nb.njit(cache=True, inline="always")
+def _touch(v, t, nu, ni):
+    """Account one use of cached block ``v`` by request ``t``."""
+    ni[v, HITS] += 1
+    ni[v, LAST] = t
+    ni[v, NEXT_USE] = nu
+
+
+@nb.njit(cache=True, inline="always")
+def _cells_update(lo, hi, nodes, parent, cells, sc, params, now):
+    """Cell values after a request used ``nodes[lo:hi]`` (all of them, cached or not).
+
+    For each decayed arm ``j``, ``S_j(v)`` is ``v``'s use count discounted by
+    ``2^{-(c - c_i) lam_j / ln 2}`` (``c``: blocks referenced so far). A cell stores it as of
+    its last use ``c_last``, scaled by ``e^{lam_j (c_last - b)}`` where ``b`` is the start of
+    ``c_last``'s epoch (a multiple of ``params[PERIOD]``): within an epoch a use adds
+    ``e^{lam_j (c - b)}`` to the stored value, one exponential a request and arm rather than
+    one a block, and only a cell last used in an older epoch is rescaled. The heap key
+    ``log S_j + lam_j * c_last`` (:func:`_key`) orders blocks by their discounted count at any
+    common later time, so keys never need rescaling. The statistics are of the request
+    stream, not of a cache: a block that is evicted and comes back resumes its history, and
+    the main cache and every shadow read the same cells. A cell with less evidence of its own
+    than its parent's share, ``rho * (S_j(parent) - 1) / children(parent)`` (the parent's
+    count before this use, split over the children seen), starts from that share: optimism
+    where evidence is thin, from the aggregate of the subtree above it. ``now``: scratch, one
+    entry a decayed arm.
+    """
+    clock, period, rho = sc[CLOCK], params[PERIOD], params[RHO]
+    base = period * np.floor(clock / period)
+    for j in range(len(now)):  # one use, in the epoch's scale
+        now[j] = np.exp(params[LAM0 + j] * (clock - base))
+    for r in range(lo, hi):
+        v = nodes[r]
+        p = parent[v]
+        last = cells[v, CELL_CLOCK]
+        share = 0.0
+        if p >= 0:
+            if last < 0:
+                cells[p, CELL_KIDS] += 1.0
+            share = rho / cells[p, CELL_KIDS]
+        for j in range(len(now)):
+            own = 0.0 if last < 0 else cells[v, CELL_S0 + j]
+            if 0 <= last < base:  # last used in an older epoch: rescaled to this one
+                own *= np.exp(-params[LAM0 + j] * (base - period * np.floor(last / period)))
+            if p >= 0:
+                if r > lo:  # the parent, updated just before: in this epoch's scale
+                    above = cells[p, CELL_S0 + j] - now[j]
+                else:  # a parent observed with an earlier request: its count as stored
+                    at = cells[p, CELL_CLOCK]
+                    above = now[j] * (cells[p, CELL_S0 + j] * np.exp(-params[LAM0 + j] * (
+                        at - period * np.floor(at / period))) - 1.0)
+                own = max(own, share * above)
+            cells[v, CELL_S0 + j] = own + now[j]
+        cells[v, CELL_CLOCK] = clock
+    sc[CLOCK] = clock + hi - lo
+
+
+def cell_counts(cells: np.ndarray, clock: float, params: np.ndarray) -> np.ndarray:
+    """Each cell's discounted counts ``S_j`` at ``clock`` (one column a decayed arm), from
+    the scaled values :func:`_cells_update` stores."""
+    last = cells[:, CELL_CLOCK]
+    base = params[PERIOD] * np.floor(np.maximum(last, 0.0) / params[PERIOD])
+    return cells[:, CELL_S0:] * np.exp(-np.outer(clock - base, params[LAM0:]))
+
+
+# ---------------------------------------------------------------- one request
+@nb.njit(cache=True)
+def _lru_request(t, lo, hi, nodes, nu, parent, capacity, ni, sc):
+    """LRU's request: the victim is the free queue's front; a request's blocks join the
+    queue's end when it finishes, deepest first (the queue's ends and the cache's size in
+    locals)."""
+    size, head, tail = sc[SIZE], sc[HEAD], sc[TAIL]
+    k = lo
+    while k < hi and ni[nodes[k], CACHED] == 1:
+        ni[nodes[k], PIN] = t
+        head, tail = _unlink(ni, head, tail, nodes[k])
+        k += 1
+    end = k
+    for r in range(k, hi):
+        if size >= capacity:
+            u = tail
+            if u < 0:  # every cached block is pinned
+                break
+            head, tail = _unlink(ni, head, tail, u)
+            ni[u, CACHED] = 0
+            size -= 1
+            if parent[u] >= 0:
+                ni[parent[u], NCHILD] -= 1
+        v = nodes[r]
+        ni[v, CACHED] = 1
+        ni[v, PIN] = t
+        ni[v, VISITED] = 0
+        ni[v, HITS] = 0
+        size += 1
+        if parent[v] >= 0:
+            ni[parent[v], NCHILD] += 1
+        end = r + 1
+    for r in range(lo, end):
+        _touch(nodes[r], t, nu[r], ni)
+    for r in range(end - 1, lo - 1, -1):  # freed tail first, as vLLM does
+        head, tail = _push_head(ni, head, tail, nodes[r])
+    sc[SIZE], sc[HEAD], sc[TAIL] = size, head, tail
+    return k - lo
+
+
+@nb.njit(cache=True)
+def _heap_request(kind, key, t, lo, hi, nodes, nu, parent, depth, capacity, params, ni, nf, sc,
+                  hkey, hnode, hver):
+    """A priority policy's request: the victim is the unpinned leaf with the lowest key, from
+    a heap with lazy deletion (the heap's length and the cache's size in locals)."""
+    size, n = sc[SIZE], sc[HLEN]
+    k = lo
+    while k < hi and ni[nodes[k], CACHED] == 1:
+        ni[nodes[k], PIN] = t
+        k += 1
+    end = k
+    held, kheld = -1, 0.0  # a parent that just became the lowest leaf, kept off the heap
+    for r in range(k, hi):
+        if size >= capacity:
+            u, held = held, -1
+            while u < 0 and n > 0:
+                v, ver = hnode[0], hver[0]
+                n = _heap_pop(hkey, hnode, hver, n)
+                if ni[v, CACHED] == 1 and ni[v, NCHILD] == 0 and ni[v, VER] == ver and (
+                        ni[v, PIN] != t):  # else dead, or in use (pushed when it ends)
+                    u = v
+            if u < 0:  # every cached block is pinned
+                break
+            ni[u, CACHED] = 0
+            size -= 1
+            p = parent[u]
+            if p >= 0:
+                ni[p, NCHILD] -= 1
+                if ni[p, NCHILD] == 0 and ni[p, PIN] != t:
+                    # evicting a chain tail first: when the parent's key is at most every
+                    # heap key it is the next victim, so skip its push and pop
+                    ni[p, VER] += 1  # retires heap entries from when it was a leaf before
+                    kp = _key(kind, key, p, depth, ni, nf, params, sc[ARM])
+                    if n == 0 or kp <= hkey[0]:
+                        held, kheld = p, kp  # not used by this request: its key holds
+                    else:
+                        n = _push_leaf(kind, key, p, kp, depth, ni, nf, params, hkey, hnode,
+                                       hver, sc, n)
+        v = nodes[r]
+        ni[v, CACHED] = 1
+        ni[v, PIN] = t
+        ni[v, VISITED] = 0
+        ni[v, HITS] = 0
+        size += 1
+        if parent[v] >= 0:
+            ni[parent[v], NCHILD] += 1
+        end = r + 1
+    if held >= 0:
+        n = _push_leaf(kind, key, held, kheld, depth, ni, nf, params, hkey, hnode, hver, sc, n)
+    for r in range(lo, end):
+        _touch(nodes[r], t, nu[r], ni)
+    if end > lo:
+        v = nodes[end - 1]
+        n = _push_leaf(kind, key, v, _key(kind, key, v, depth, ni, nf, params, sc[ARM]), depth,
+                       ni, nf, params, hkey, hnode, hver, sc, n)
+    sc[SIZE], sc[HLEN] = size, n
+    return k - lo
+
+
+@nb.njit(cache=True)
+def _serve(kind, key, t, lo, hi, nodes, nu, parent, depth, capacity, params, ni, nf, sc, hkey,
+           hnode, hver):
+    if kind == SIEVE:
+        return _sieve_request(t, lo, hi, nodes, parent, capacity, ni, sc)
+    if kind == LRU:
+        return _lru_request(t, lo, hi, nodes, nu, parent, capacity, ni, sc)
+    return _heap_request(kind, key, t, lo, hi, nodes, nu, parent, depth, capacity, params, ni,
+                         nf, sc, hkey, hnode, hver)
+
+
+@nb.njit(cache=True)
+def request(kind, t, lo, hi, nodes, nu, parent, depth, capacity, params, nf, c):
+    """Serve request ``t``, ``nodes[lo:hi]`` (``nu``: their next uses, read by ``OPTIMAL``),
+    of a built-in policy ``kind`` in :class:`Cache` ``c``: reuse its cached prefix, insert the
+    rest, evict; returns the blocks reused."""
+    ni, sc, hkey, hnode, hver = c
+    return _serve(kind, None, t, lo, hi, nodes, nu, parent, depth, capacity, params, ni, nf,
+                  sc, hkey, hnode, hver)
+
+
+@nb.njit(cache=True)
+def request_keyed(key, t, lo, hi, nodes, nu, parent, depth, capacity, params, nf, c):
+    """:func:`request` for a policy evicting the leaf with the lowest ``key(v, ni, depth,
+    params)`` (compiled for each key function, once a process)."""
+    ni, sc, hkey, hnode, hver = c
+    return _serve(PRIORITY, key, t, lo, hi, nodes, nu, parent, depth, capacity, params, ni, nf,
+                  sc, hkey, hnode, hver)
+
+
+@nb.njit(cache=True)
+def _run(kind, key, t0, t1, offsets, nodes, nu, parent, depth, capacity, params, nf, c, reused):
+    ni, sc, hkey, hnode, hver = c
+    if kind == SIEVE:  # one loop a structure: one call a request
+        for t in range(t0, t1):
+            reused[t] = _sieve_request(t, offsets[t], offsets[t + 1], nodes, parent, capacity,
+                                       ni, sc)
+    elif kind == LRU:
+        for t in range(t0, t1):
+            reused[t] = _lru_request(t, offsets[t], offsets[t + 1], nodes, nu, parent,
+                                     capacity, ni, sc)
+    else:
+        for t in range(t0, t1):
+            reused[t] = _heap_request(kind, key, t, offsets[t], offsets[t + 1], nodes, nu,
+                                      parent, depth, capacity, params, ni, nf, sc, hkey, hnode,
+                                      hver)
+
+
+@nb.njit(cache=True)
+def _run_builtin(kind, t0, t1, offsets, nodes, nu, parent, depth, capacity, params, nf, c,
+                 reused):
+    _run(kind, None, t0, t1, offsets, nodes, nu, parent, depth, capacity, params, nf, c, reused)
+
+
+@nb.njit(cache=True)
+def _run_keyed(key, t0, t1, offsets, nodes, nu, parent, depth, capacity, params, nf, c,
+               reused):
+    _run(PRIORITY, key, t0, t1, offsets, nodes, nu, parent, depth, capacity, params, nf, c,
+         reused)
+
+
+# ---------------------------------------------------------------- canopy: arms on shadows
+@nb.njit(cache=True, inline="always")
+def unit_hash(v, salt):
+    """splitmix64 of a node id (salted by the sample seed), mapped to [0, 1): the spatial
+    hash that picks the sample."""
+    z = np.uint64(v) + np.uint64(salt) * np.uint64(0xD1B54A32D192ED03) + np.uint64(
+        0x9E3779B97F4A7C15)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    z = z ^ (z >> np.uint64(31))
+    return (z >> np.uint64(11)) * (1.0 / 9007199254740992.0)
+
+
+@nb.njit(cache=True, inline="always")
+def _score(stats, pairs, got, gamma):
+    """Fold one sampled request's shadow reuse ``got[a]`` into the discounted statistics:
+    ``stats[a]`` sums reuse, ``stats[-1]`` the weights, ``pairs[0, a, b]`` and
+    ``pairs[1, a, b]`` the paired differences ``got[a] - got[b]`` and their squares."""
+    k = len(got)
+    stats[k] = gamma * stats[k] + 1.0
+    for a in range(k):
+        stats[a] = gamma * stats[a] + got[a]
+        for b in range(k):
+            d = got[a] - got[b]
+            pairs[0, a, b] = gamma * pairs[0, a, b] + d
+            pairs[1, a, b] = gamma * pairs[1, a, b] + d * d
+
+
+@nb.njit(cache=True, inline="always")
+def _leads(stats, pairs, a, b, z, min_n):
+    """Whether arm ``a``'s discounted mean reuse exceeds arm ``b``'s by ``z`` standard errors
+    of the paired difference (the weight sum ``n`` understates the effective sample size, so
+    the test is conservative); never on less than ``min_n`` of weight, where the variance
+    estimate itself is unreliable."""
+    n = stats[len(stats) - 1]
+    if n < min_n:
+        return False
+    mean = pairs[0, a, b] / n
+    var = max(pairs[1, a, b] / n - mean * mean, 0.0)
+    return mean > 0.0 and mean > z * np.sqrt(var / n)
+
+
+@nb.njit(cache=True)
+def _run_canopy(t0, t1, offsets, nodes, parent, depth, capacity, params, cells, c, arms,
+                reused):
+    """Canopy's replay: update the cells, evict by the current arm; on a hashed sample of
+    requests, replay every arm in its shadow cache, fold its reuse into discounted statistics
+    and switch the main cache to the best arm once it leads the current one significantly."""
+    _canopy_loop(t0, t1, 0, offsets, nodes, parent, depth, capacity, params, cells, c, arms,
+                 reused)
+
+
+@nb.njit(cache=True)
+def canopy_request(t, lo, hi, nodes, parent, depth, capacity, params, cells, c, arms):
+    """One request of ``canopy`` (``nodes[lo:hi]``) in :class:`Cache` ``c`` with its cells and
+    its shadows (:class:`ShadowState`); returns the blocks it reused."""
+    reused = np.zeros(1, dtype=np.int64)
+    _canopy_loop(t, t + 1, t, np.array([lo, hi]), nodes, parent, depth, capacity, params,
+                 cells, c, arms, reused)
+    return reused[0]
+
+
+@nb.njit(cache=True)
+def _canopy_loop(t0, t1, first, offsets, nodes, parent, depth, capacity, params, cells, c,
+                 arms, reused):
+    """Requests ``t0..t1 - 1`` of ``canopy``, request ``t`` being ``nodes[offsets[t - first]:
+    offsets[t - first + 1]]``, its reuse stored in ``reused[t - first]``.
+
+    On the recency arm the main cache is LRU's queue (:func:`_lru_request`): its front is the
+    unpinned block with the lowest recency key, a leaf, so it evicts what the recency key's
+    heap would, at LRU's cost; a decayed arm evicts from the heap. A switch builds the other
+    structure once. The states are unpacked out of the loop and the hot calls made from it
+    directly: a tuple unpacked, or a call with every state passed, per request costs more
+    than a recency request."""
+    ni, sc, hkey, hnode, hver = c
+    ac, stats, pairs, got, sm, skinds, scap, sni, ssc, shkey, shnode, shver = arms
+    rate, salt = ac[0], sm[SALT]
+    now = np.empty(len(params) - LAM0)
+    for t in range(t0, t1):
+        lo, hi = offsets[t - first], offsets[t - first + 1]
+        sampled = hi > lo and unit_hash(nodes[min(lo + 1, hi - 1)], salt) < rate
+        if sm[RIDES] == 1 and not sampled:  # the recency shadow leaves the main cache
+            _unride(ni, sc, sm, sni, ssc)
+        _cells_update(lo, hi, nodes, parent, cells, sc, params, now)
+        arm = sc[ARM]
+        if arm == 0:
+            reused[t - first] = _lru_request(t, lo, hi, nodes, nodes, parent, capacity, ni, sc)
+        else:
+            reused[t - first] = _heap_request(CANOPY, None, t, lo, hi, nodes, nodes, parent,
+                                              depth, capacity, params, ni, cells, sc, hkey,
+                                              hnode, hver)
+        if sampled and _shadows_step(t, lo, hi, nodes, parent, depth, params, cells, sc, ac,
+                                     stats, pairs, got, sm, skinds, scap, sni, ssc, shkey,
+                                     shnode, shver, reused[t - first]):
+            if sm[RIDES] == 1:
+                _unride(ni, sc, sm, sni, ssc)
+            if sc[ARM] == 0:
+                _queue_from_heap(parent, depth, ni, params, sc, hnode, hver)
+            elif arm == 0:
+                _heap_from_queue(depth, ni, cells, params, sc, hkey, hnode, hver)
+            else:
+                _heap_compact(CANOPY, None, depth, ni, cells, params, sc, hkey, hnode, hver,
+                              True)
+
+
+@nb.njit(cache=True)
+def _unride(ni, sc, sm, sni, ssc):
+    """Give the recency shadow its own state: until now it was the main cache (the same
+    kernel, capacity and requests), from now on it is not."""
+    sni[0][:] = ni
+    ssc[0][:] = sc
+    ssc[0][ARM] = 0
+    sm[RIDES] = 0
+
+
+@nb.njit(cache=True)
+def _heap_from_queue(depth, ni, nf, params, sc, hkey, hnode, hver):
+    """The heap of a cache leaving the recency arm: its leaves (every block is in LRU's queue
+    between requests) keyed by the new arm."""
+    n = 0
+    v = sc[TAIL]
+    while v >= 0:
+        if ni[v, NCHILD] == 0:
+            ni[v, VER] += 1
+            n = _heap_push(hkey, hnode, hver, n, _key(CANOPY, None, v, depth, ni, nf, params,
+                                                      sc[ARM]), v, ni[v, VER])
+        v = ni[v, NEXT]
+    sc[HLEN] = n
+
+
+@nb.njit(cache=True)
+def _queue_from_heap(parent, depth, ni, params, sc, hnode, hver):
+    """LRU's queue of a cache returning to the recency arm: every cached block (the heap's
+    live leaves and their ancestors, marked by ``NEXT = -2`` as they are found) in recency
+    order, oldest at the front."""
+    held = np.empty(sc[SIZE], dtype=np.int64)
+    m = 0
+    for e in range(sc[HLEN]):
+        v = hnode[e]
+        if ni[v, CACHED] == 1 and ni[v, NCHILD] == 0 and ni[v, VER] == hver[e]:
+            while v >= 0 and ni[v, NEXT] != -2:
+                ni[v, NEXT] = -2
+                held[m] = v
+                m += 1
+                v = parent[v]
+    keys = np.empty(m)
+    for i in range(m):
+        keys[i] = _recency(held[i], depth, ni, params[DMAX])
+    head, tail = -1, -1
+    for i in np.argsort(keys):
+        head, tail = _push_head(ni, head, tail, held[i])
+    sc[HEAD], sc[TAIL] = head, tail
+
+
+@nb.njit(cache=True)
+def canopy_shadows(t, lo, hi, nodes, parent, depth, params, cells, sc, arms):
+    """When request ``nodes[lo:hi]`` is in the hashed sample, replay it in every arm's shadow
+    cache (:class:`ShadowState`), fold the shadows' reuse into the statistics and switch
+    ``sc[ARM]`` to the best arm once it leads significantly; returns whether the arm
+    switched."""
+    ac, stats, pairs, got, sm, skinds, scap, sni, ssc, shkey, shnode, shver = arms
+    if hi == lo or unit_hash(nodes[min(lo + 1, hi - 1)], sm[SALT]) >= ac[0]:
+        return False
+    return _shadows_step(t, lo, hi, nodes, parent, depth, params, cells, sc, ac, stats, pairs,
+                         got, sm, skinds, scap, sni, ssc, shkey, shnode, shver, 0)
+
+
+@nb.njit(cache=True, inline="always")
+def _shadows_step(t, lo, hi, nodes, parent, depth, params, cells, sc, ac, stats, pairs, got,
+                  sm, skinds, scap, sni, ssc, shkey, shnode, shver, main_reused):
+    """:func:`canopy_shadows` on a sampled request, the shadows' state unpacked;
+    ``main_reused``: the main cache's reuse, the recency shadow's while it rides on it."""
+    for a in range(len(skinds)):
+        if a == 0 and sm[RIDES] == 1:
+            got[a] = main_reused
+        elif skinds[a] == LRU:
+            got[a] = _lru_request(t, lo, hi, nodes, nodes, parent, scap, sni[a], ssc[a])
+        else:
+            got[a] = _heap_request(CANOPY, None, t, lo, hi, nodes, nodes, parent, depth, scap,
+                                   params, sni[a], cells, ssc[a], shkey[a], shnode[a],
+                                   shver[a])
+    _score(stats, pairs, got, ac[1])
+    best = np.argmax(stats[:len(skinds)])
+    if best != sc[ARM] and _leads(stats, pairs, best, sc[ARM], ac[2], ac[3]):
+        sc[ARM] = best
+        sm[SWITCHES] += 1
+        return True
+    return False
+
+
+# ---------------------------------------------------------------- online: a host's cache
+@nb.njit(cache=True)
+def observe(kind, t, nodes, parent, params, ni, cells, sc, seq):
+    """Account one request admitted by a host that keeps the cache itself: ``CANOPY``'s cells
+    (:func:`_cells_update`), then each block's use as :func:`request` accounts it (a block
+    the host does not hold is (re)inserted: hit count restarts, SIEVE's visited bit clears and
+    ``NEXT_USE`` takes the insertion order ``seq``). Returns the next insertion order."""
+    if kind == CANOPY:
+        _cells_update(0, len(nodes), nodes, parent, cells, sc, params,
+                      np.empty(len(params) - LAM0))
+    for v in nodes:
+        if ni[v, CACHED] == 0:
+            ni[v, CACHED] = 1
+            ni[v, HITS] = 0
+            ni[v, VISITED] = 0
+            sc[SIZE] += 1
+            _touch(v, t, seq, ni)
+            seq += 1
+        else:
+            ni[v, VISITED] = 1
+            _touch(v, t, ni[v, NEXT_USE], ni)
+    return seq
+
+
+@nb.njit(cache=True)
+def _rank(kind, key, nodes, depth, ni, cells, params, sc, out):
+    """The eviction key of each node in ``nodes`` for a host (lower evicts first): the replay's
+    heap key (``LFU``, ``CANOPY``), recency for ``LRU``, insertion order for ``SIEVE``."""
+    for i in range(len(nodes)):
+        v = nodes[i]
+        if kind == LRU:
+            out[i] = _recency(v, depth, ni, params[DMAX])
+        elif kind == SIEVE:
+            out[i] = ni[v, NEXT_USE]
+        else:
+            out[i] = _key(kind, key, v, depth, ni, cells, params, sc[ARM])
+
+
+@nb.njit(cache=True)
+def priorities(kind, nodes, depth, ni, cells, params, sc, out):
+    """The eviction key of each node in ``nodes`` for a host (lower evicts first) under
+    built-in policy ``kind``: the replay's heap key (``LFU``, ``CANOPY``), recency for
+    ``LRU``, insertion order for ``SIEVE``."""
+    _rank(kind, None, nodes, depth, ni, cells, params, sc, out)
+
+
+@nb.njit(cache=True)
+def priorities_keyed(key, nodes, depth, ni, cells, params, sc, out):
+    """:func:`priorities` under a policy's own key function."""
+    _rank(PRIORITY, key, nodes, depth, ni, cells, params, sc, out)
+
+
+def node_table(n: int, dtype: type = np.int64, k: int | None = None) -> np.ndarray:
+    """Per-node cache state for ``n`` nodes (``k``: that many tables stacked): nothing cached,
+    unpinned, unlinked (``dtype``: ``int32`` halves a replay's tables where node ids and
+    request indices fit it)."""
+    ni = np.zeros((n, _NI) if k is None else (k, n, _NI), dtype=dtype)
+    for column in (PIN, PREV, NEXT):
+        ni[..., column] = -1
+    return ni
+
+
+def shadow_heap_size(capacity: int, longest: int) -> int:
+    """Heap entries a cache of ``capacity`` blocks needs for requests of up to ``longest``
+    blocks: live leaves plus the dead entries one request can leave before a compaction."""
+    return 8 * capacity + 2 * longest + 16
+
+
+def scalars() -> np.ndarray:
+    """A cache's scalars (``SIZE``, ``HEAD``... ``SEQN``) for an empty cache."""
+    sc = np.full(_SC, -1, dtype=np.int64)
+    sc[[SIZE, HLEN, CLOCK, LAPS, SEQN]] = 0
+    return sc
+
+
+class Shadows:
+    """Metadata-only shadow caches, one per arm, over the sampled requests (see
+    :class:`~canopy.prefix.policies.Canopy`); they read the main cache's cells.
+    ``rides``: the main cache is served by :func:`canopy_request` (not a host's own), so at
+    full rate and capacity the recency shadow rides on it until the main cache leaves recency
+    (:data:`RIDES`)."""
+
+    def __init__(self, n_nodes: int, longest: int, policy, capacity: int,
+                 dtype: type = np.int64, rides: bool = False) -> None:
+        arms = policy.arms(capacity)
+        self.capacity = arms.capacity
+        self.ac = np.array([arms.rate, arms.gamma, arms.z, arms.min_evidence])
+        self.kinds = arms.kinds
+        k = len(arms.kinds)
+        self.stats = np.zeros(k + 1)
+        self.pairs = np.zeros((2, k, k))
+        self.got = np.zeros(k)
+        rides = (rides and arms.rate >= 1.0 and arms.capacity == capacity
+                 and arms.kinds[0] == LRU and policy.start_arm == 0)
+        self.sm = np.array([0, arms.seed, int(rides)], dtype=np.int64)  # SWITCHES, SALT, RIDES
+        self.ni = node_table(n_nodes, dtype, k)
+        self.sc = np.stack([scalars() for _ in range(k)])
+        self.sc[:, ARM] = np.arange(k)  # shadow a evicts by arm a
+        heap = shadow_heap_size(arms.capacity, longest)
+        self.hkey = np.zeros((k, heap), dtype=np.float64)
+        self.hnode = np.zeros((k, heap), dtype=np.int64)
+        self.hver = np.zeros((k, heap), dtype=np.int64)
+
+    def args(self) -> ShadowState:
+        """The shadows as the kernels take them."""
+        return ShadowState(self.ac, self.stats, self.pairs, self.got, self.sm, self.kinds,
+                    self.capacity, self.ni, self.sc, self.hkey, self.hnode, self.hver)
+
+
+class RadixCache:
+    """The cache for one trace's block universe, one policy and a capacity in blocks.
+
+    ``policy`` is an eviction policy object from :mod:`canopy.prefix.policies`. Requests
+    are processed in trace order with :meth:`run` (or :meth:`step`); ``reused_[i]`` holds the
+    prefix-constrained number of blocks request ``i`` found cached.
+    """
+
+    def __init__(self, trace, policy, capacity: int) -> None:
+        if isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer)):
+            raise TypeError(f"capacity must be an int, got {type(capacity).__name__}")
+        if capacity < 1:
+            raise ValueError(f"capacity must be at least 1 block, got {capacity}")
+        self.trace = trace
+        self.policy = policy
+        self.capacity = int(capacity)
+        self.kind, self.params = policy.kernel(trace, self.capacity)
+        n = trace.n_nodes
+        self._nu = (next_use(trace.offsets, trace.nodes, n) if self.kind == OPTIMAL
+                    else trace.nodes)  # read by the optimum only (never out of bounds)
+        dtype = np.int32 if max(n, trace.n_requests) < 2**31 - 1 else np.int64
+        longest = int(np.diff(trace.offsets).max(initial=0))
+        self._ni = node_table(n, dtype)
+        self._sc = scalars()
+        self._cells = np.zeros((1, CELL_S0), dtype=np.float64)  # only ``CANOPY`` reads cells
+        self._shadows = None
+        if self.kind == CANOPY:
+            self._cells = np.zeros((n, len(self.params) - LAM0 + CELL_S0), dtype=np.float64)
+            self._cells[:, CELL_CLOCK] = -1.0
+            self._shadows = Shadows(n, longest, policy, self.capacity, dtype, rides=True)
+            self._sc[ARM] = policy.start_arm
+        heap = shadow_heap_size(self.capacity, longest)  # compacted when full
+        self._hkey = np.zeros(heap, dtype=np.float64)
+        self._hnode = np.zeros(heap, dtype=np.int64)
+        self._hver = np.zeros(heap, dtype=np.int64)
+        self.reused_ = np.zeros(trace.n_requests, dtype=np.int64)
+        self.next_request_ = 0
+
+    def run(self, stop: int | None = None) -> np.ndarray:
+        """Process requests up to ``stop`` (default: all); returns their reused blocks."""
+        stop = self.trace.n_requests if stop is None else stop
+        if not self.next_request_ <= stop <= self.trace.n_requests:
+            raise ValueError(f"stop must be in {self.next_request_}..{self.trace.n_requests}, "
+                             f"got {stop}")
+        if self._shadows is not None:
+            _run_canopy(self.next_request_, stop, self.trace.offsets, self.trace.nodes,
+                        self.trace.parent, self.trace.depth, self.capacity, self.params,
+                        self._cells, self._state(), self._shadows.args(), self.reused_)
+        else:
+            nu = self._nu if self.kind == OPTIMAL else self.trace.nodes  # unused unless optimal
+            run, how = ((_run_builtin, self.kind) if self.kind != PRIORITY
+                        else (_run_keyed, self.policy.key))
+            run(how, self.next_request_, stop, self.trace.offsets, self.trace.nodes, nu,
+                self.trace.parent, self.trace.depth, self.capacity, self.params, self._cells,
+                self._state(), self.reused_)
+        start, self.next_request_ = self.next_request_, stop
+        return self.reused_[start:stop]
+
+    def step(self) -> int:
+        """Process the next request; returns the blocks it reused."""
+        return int(self.run(self.next_request_ + 1)[0])
+
+    @property
+    def size(self) -> int:
+        """Blocks cached now."""
+        return int(self._sc[SIZE])
+
+    def _state(self) -> Cache:
+        return Cache(self._ni, self._sc, self._hkey, self._hnode, self._hver)
+
+    def kernel_args(self) -> tuple[np.ndarray, np.ndarray, Cache, ShadowState | None]:
+        """``(params, cells, cache, shadows)`` as :func:`canopy_request` takes them, for a
+        host that serves this cache from its own compiled loop (the fleet simulator)."""
+        shadows = None if self._shadows is None else self._shadows.args()
+        return self.params, self._cells, self._state(), shadows
+
+    @property
+    def arm(self) -> int:
+        """``canopy``: the arm whose priority evicts now (index into ``policy.arm_names``)."""
+        return int(self._sc[ARM])
+
+    @property
+    def switches(self) -> int:
+        """``canopy``: how many times the evicting arm changed."""
+        return 0 if self._shadows is None else int(self._shadows.sm[SWITCHES])
+
+    @property
+    def table(self) -> np.ndarray:
+        """The node table: one row of cache fields (``CACHED``, ``HITS``, ``LAST``...) a
+        node; read-only for callers."""
+        return self._ni
+
+    def cached(self) -> np.ndarray:
+        """Node ids cached now, ascending."""
+        return np.flatnonzero(self._ni[:, CACHED])

@@ -1,0 +1,144 @@
+"""The fleet simulator on a slice of both Mooncake traces (8 replicas, each an eighth of the
+slice's distinct blocks, load 0.9, three seeds): the learnt policy against the fixed ones
+with margins, determinism per seed; the command's JSON and its bad-input errors."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from canopy.apps.fleet.sim import Spec, load_trace, simulate, sweep
+from canopy.cli import main
+from conftest import require_data
+
+SLICES = {"conversation": 3000, "synthetic": 2000}
+SEEDS = range(3)
+
+
+@pytest.fixture(scope="module", params=sorted(SLICES))
+def cell(request):
+    """p90 TTFT per seed of each row on a slice at load 0.9."""
+    name = request.param
+    require_data("mooncake", f"{name}_trace.jsonl")
+    trace = load_trace(name).head(SLICES[name])
+    capacity = trace.working_set // 8
+    rows = [Spec("canopy", "precise"), Spec("canopy", "approximate"),
+            Spec("sglang", "approximate"), Spec("least_load", "none"),
+            Spec("dynamo", "precise"), Spec("oracle", "precise")]
+    rows += [Spec("canopy", "precise", {"theta": t}) for t in (1.0, 2.0, 4.0)]
+    p90 = {}
+    for spec in rows:
+        p90[(spec.label, spec.index)] = np.array([
+            np.percentile(simulate(trace, spec, n_replicas=8, capacity=capacity, load=0.9,
+                                   seed=s, time_decisions=False).ttft, 90) for s in SEEDS])
+    return name, p90
+
+
+def test_canopy_beats_the_peers_it_must(cell):
+    name, p90 = cell
+    canopy = p90[("canopy", "precise")].mean()
+    assert canopy < 0.8 * p90[("sglang", "approximate")].mean(), name
+    assert canopy < 0.6 * p90[("least_load", "none")].mean(), name
+    assert canopy < 0.9 * p90[("dynamo", "precise")].mean(), name
+    assert p90[("canopy", "approximate")].mean() < 0.8 * p90[("sglang", "approximate")].mean()
+
+
+def test_canopy_learns_close_to_the_best_fixed_trade_off(cell):
+    name, p90 = cell
+    fixed = min(p90[(f"canopy(theta={t:g})", "precise")].mean() for t in (1.0, 2.0, 4.0))
+    assert p90[("canopy", "precise")].mean() <= 1.1 * fixed, name
+    assert p90[("oracle", "precise")].mean() <= 1.02 * fixed, name  # the model's floor
+
+
+def test_a_seed_replays_bit_for_bit_and_seeds_differ():
+    require_data("mooncake", "synthetic_trace.jsonl")
+    trace = load_trace("synthetic").head(500)
+    capacity = trace.working_set // 8
+    runs = [simulate(trace, Spec("canopy", "precise"), n_replicas=8, capacity=capacity,
+                     load=0.9, seed=s, time_decisions=False) for s in (0, 0, 1)]
+    assert np.array_equal(runs[0].ttft, runs[1].ttft)
+    assert np.array_equal(runs[0].replica, runs[1].replica)
+    assert not np.array_equal(runs[0].ttft, runs[2].ttft)
+
+
+ROWS = [{"timestamp": 10 * i, "input_length": 1500 + 100 * (i % 4), "output_length": 20,
+         "hash_ids": [0, 1 + i % 5, 10 + i]} for i in range(60)]
+
+
+def _trace_file(tmp_path, rows):
+    file = tmp_path / "trace.jsonl"
+    file.write_text("\n".join(r if isinstance(r, str) else json.dumps(r) for r in rows) + "\n")
+    return file
+
+
+def test_sweep_rows_follow_the_schema(tmp_path):
+    trace = load_trace(_trace_file(tmp_path, ROWS))
+    rows, _ = sweep(trace, n_replicas=3, capacity=10, loads=[0.5, 0.9],
+                    names=["sglang", "canopy"], seeds=2)
+    keys = [(r["policy"], r["index"], r["load"]) for r in rows]
+    assert keys == [(p, i, load) for load in (0.5, 0.9) for p, i in
+                    [("sglang", "approximate"), ("canopy", "precise"),
+                     ("canopy", "approximate"), ("best_fixed", "precise"),
+                     ("oracle", "precise")]]
+    for row in rows:
+        for q in ("ttft_p50_s", "ttft_p90_s", "ttft_p99_s"):
+            assert row[q]["lo"] <= row[q]["mean"] <= row[q]["hi"]
+        assert 0 <= row["hit_rate"] <= 1 and row["load_cv"] >= 0
+
+
+def test_the_command_prints_json(tmp_path, capsys):
+    file = _trace_file(tmp_path, ROWS)
+    with pytest.raises(SystemExit) as done:
+        main(["fleet", "sim", "--trace", str(file), "--replicas", "3", "--capacity", "10",
+              "--load", "0.7", "--policies", "least_load,canopy", "--seeds", "2", "--json"])
+    assert done.value.code == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [r["policy"] for r in out["results"]] == ["least_load", "canopy", "canopy",
+                                                     "best_fixed", "oracle"]
+    assert out["results"][1]["decision_us_p50"] > 0
+
+
+def _fails_in_one_line(argv, capsys, words):
+    with pytest.raises(SystemExit) as done:
+        main(argv)
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert done.value.code == 2 and len(err) == 1 and "Traceback" not in err[0], err
+    assert all(w in err[0] for w in words), err[0]
+
+
+@pytest.mark.parametrize(("change", "words"), [
+    (["--policies", "canopy,nope"], ["unknown policy", "nope"]),
+    (["--capacity", "2"], ["capacity 2", "cannot hold one request"]),
+    (["--load", "0.5,x"], ["--load"]),
+])
+def test_bad_options_are_one_line(tmp_path, capsys, monkeypatch, change, words):
+    monkeypatch.setenv("COLUMNS", "1000")
+    file = _trace_file(tmp_path, ROWS)
+    _fails_in_one_line(["fleet", "sim", "--trace", str(file), "--seeds", "1", "--json",
+                        *change], capsys, words)
+
+
+@pytest.mark.parametrize(("line", "words"), [
+    ("{not json", ["trace.jsonl:3", "not valid JSON"]),
+    (json.dumps({"timestamp": 50, "input_length": 10}), ["trace.jsonl:3", "hash_ids"]),
+])
+def test_bad_trace_lines_are_one_line(tmp_path, capsys, monkeypatch, line, words):
+    monkeypatch.setenv("COLUMNS", "1000")
+    file = _trace_file(tmp_path, [*ROWS[:2], line, *ROWS[3:]])
+    _fails_in_one_line(["fleet", "sim", "--trace", str(file), "--seeds", "1", "--json"],
+                       capsys, words)
+
+
+def test_replicas_evicting_by_canopy_serve_as_lru_while_on_its_recency_arm(tmp_path):
+    """Canopy's eviction starts on its recency arm, which evicts in vLLM's order: until it
+    switches, each replica hits exactly what the simulator's own LRU replicas hit."""
+    trace = load_trace(_trace_file(tmp_path, ROWS))
+    runs = {ev: simulate(trace, Spec("canopy", "precise"), n_replicas=3, capacity=10, load=0.9,
+                         seed=0, eviction=ev, time_decisions=False) for ev in ("lru", "canopy")}
+    assert runs["lru"].hits.sum() > 0
+    assert np.array_equal(runs["lru"].hits, runs["canopy"].hits)
+    with pytest.raises(ValueError, match="eviction"):
+        simulate(trace, Spec("canopy", "precise"), n_replicas=3, capacity=10, load=0.9, seed=0,
+                 eviction="fifo")
