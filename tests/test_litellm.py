@@ -18,7 +18,8 @@ import pytest
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no cost-map download
 litellm = pytest.importorskip("litellm", reason="needs the litellm extra")
 
-from canopy.integrations.litellm import CanopyRouting, UnknownReply  # noqa: E402
+from canopy.integrations.litellm import CanopyRouting  # noqa: E402
+from canopy.regional.ledger import AlreadyRated, UnknownCall  # noqa: E402
 
 MESSAGES = [{"role": "user", "content": "Say hi."}]
 
@@ -95,14 +96,14 @@ def test_feedback_is_checked_and_counted_once():
 
     async def session() -> None:
         reply = (await router.acompletion(model="chat", messages=MESSAGES)).id
-        with pytest.raises(UnknownReply, match="unknown"):
+        with pytest.raises(UnknownCall, match="unknown"):
             await canopy.afeedback("chatcmpl-never-seen", 0.5, wait_s=0.1)
         await canopy.afeedback(reply, 0.5)
         for bad, error in ((math.nan, ValueError), (1.5, ValueError), (-0.1, ValueError),
                            ("0.5", TypeError), (True, TypeError)):
             with pytest.raises(error, match="quality"):
                 canopy.feedback(reply, bad)
-        with pytest.raises(UnknownReply, match="already rated"):
+        with pytest.raises(AlreadyRated, match="already has feedback"):
             canopy.feedback(reply, 0.5)
 
     asyncio.run(session())
