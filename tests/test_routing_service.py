@@ -207,6 +207,7 @@ def test_a_refused_rating_carries_its_status_and_code_in_its_type():
     ("canopy.apps.routing.proxy.regions", "RegionSource", "canopy.regional.sources"),
     ("canopy.apps.routing.proxy.regions", "load_classifier", "canopy.regional.sources"),
     ("canopy.regional.store", "open_store", "canopy.regional.stores"),
+    ("canopy.apps.routing.proxy.guard", "Breaker", "canopy.regional.breaker"),
 ])
 def test_moved_names_still_import_from_their_old_place_with_a_warning(old, name, new):
     import importlib

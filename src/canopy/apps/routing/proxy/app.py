@@ -70,7 +70,13 @@ from canopy.apps.routing.proxy.metrics import CONTENT_TYPE_LATEST, ProxyMetrics
 from canopy.apps.routing.proxy.upstreams import UpstreamPool
 from canopy.apps.routing.proxy.web import error_json as _error
 from canopy.apps.routing.proxy.web import rating_route, read_json, refusal, refused
-from canopy.llm.client import LLMError, LLMServerError, LLMTimeoutError
+from canopy.llm.client import (
+    LLMConnectionError,
+    LLMError,
+    LLMResponseError,
+    LLMServerError,
+    LLMTimeoutError,
+)
 from canopy.llm.passthrough import AnswerTooLarge, AsyncPassthrough
 from canopy.regional.outcomes import Outcomes
 from canopy.regional.service import Route, RoutingService
@@ -87,7 +93,7 @@ PRIOR_ENV = "CANOPY_PROXY_PRIOR"  # ``--prior LOG`` for the workers
 log = logging.getLogger("canopy.proxy")
 _T = TypeVar("_T")
 # what a failed upstream attempt raises: the proxy moves on to the next model
-_UPSTREAM_FAILURES = (LLMError, asyncio.TimeoutError, httpx.HTTPError, StopAsyncIteration)
+_UPSTREAM_FAILURES = (LLMError, asyncio.TimeoutError, httpx.HTTPError)
 
 
 def _reason(error: LLMError) -> str:
@@ -98,7 +104,7 @@ def _reason(error: LLMError) -> str:
         return "timeout"
     if isinstance(error, LLMServerError):
         return f"http {error.status}"
-    return "unreachable" if "reach" in str(error) else "bad response"
+    return "unreachable" if isinstance(error, LLMConnectionError) else "bad response"
 
 
 @dataclass(frozen=True)
@@ -257,6 +263,9 @@ class _Proxy:
         try:
             chunks = response.aiter_raw()
             return response, chunks, await anext(chunks)
+        except StopAsyncIteration:
+            await response.aclose()
+            raise LLMResponseError("the stream ended before its first byte") from None
         except BaseException:
             await response.aclose()
             raise
@@ -312,7 +321,10 @@ class _Proxy:
         """Count a failed upstream call (breaker, redacted log); the attempt's public record.
         A rejection that blames the request (:func:`client_fault`) is not the upstream's
         failure: the breaker does not count it."""
-        error = error if isinstance(error, LLMError) else LLMTimeoutError("deadline")
+        if not isinstance(error, LLMError):  # past the deadline, or a stream that broke
+            error = LLMTimeoutError("deadline") if isinstance(error, asyncio.TimeoutError) \
+                else LLMResponseError(f"the stream broke before its first byte "
+                                      f"({type(error).__name__})")
         status = getattr(error, "status", None)
         if not client_fault(status):
             self.service.outcome(model, ok=False)

@@ -1,5 +1,6 @@
 """What the proxy checks before it trusts a client or an upstream: API keys, chat bodies,
-reported usage, and secrets in anything it logs; and a circuit breaker per upstream."""
+reported usage, and secrets in anything it logs. (The circuit breaker, once re-exported
+here, is the routing service's: :meth:`~canopy.regional.service.RoutingService.outcome`.)"""
 
 from __future__ import annotations
 
@@ -11,12 +12,12 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from canopy._lazy import deprecated_aliases
 from canopy.apps.routing.prices import estimate_tokens
-from canopy.regional.breaker import Breaker  # re-exported: the proxy's name for it
 from canopy.regional.sources import message_text
 from canopy.validation import check_count, check_nonnegative
 
-__all__ = ["Breaker", "Keys", "Preferences", "SseUsage", "check_chat_body",
+__all__ = ["Keys", "Preferences", "SseUsage", "check_chat_body",
            "check_completion_body", "client_fault", "completion_view", "expected_tokens",
            "redact", "sane_usage"]
 
@@ -263,3 +264,6 @@ class SseUsage:
                     self.chars += len(delta["content"])
                 elif isinstance(choice.get("text"), str):  # a text-completion stream
                     self.chars += len(choice["text"])
+
+
+deprecated_aliases(__name__, {"Breaker": "canopy.regional.breaker"})
