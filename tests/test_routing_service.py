@@ -208,6 +208,8 @@ def test_a_refused_rating_carries_its_status_and_code_in_its_type():
     ("canopy.apps.routing.proxy.regions", "load_classifier", "canopy.regional.sources"),
     ("canopy.regional.store", "open_store", "canopy.regional.stores"),
     ("canopy.apps.routing.proxy.guard", "Breaker", "canopy.regional.breaker"),
+    ("canopy.apps.routing.proxy.guard", "user_text", "canopy.regional.sources"),
+    ("canopy.apps.routing.proxy.embed", "NearestCentroid", "canopy.regional.embed"),
 ])
 def test_moved_names_still_import_from_their_old_place_with_a_warning(old, name, new):
     import importlib

@@ -266,4 +266,5 @@ class SseUsage:
                     self.chars += len(choice["text"])
 
 
-deprecated_aliases(__name__, {"Breaker": "canopy.regional.breaker"})
+deprecated_aliases(__name__, {"Breaker": "canopy.regional.breaker",
+                              "user_text": "canopy.regional.sources"})
