@@ -76,6 +76,75 @@ def test_proxy_load_1000(benchmark, tmp_path, monkeypatch):
     assert result.client_errors == [] and result.status == {200: 1000}
 
 
+def test_proxy_overhead_scripted(benchmark, tmp_path, monkeypatch):
+    """The proxy's own time per request (``X-Canopy-Overhead-Ms``: routing, region, pricing,
+    recording; the upstream's time left out) and the client's round trip, over 400 chats
+    and 100 streams, one at a time, against two scripted upstreams on loopback, each chat
+    rated. Medians and p99 in ``benchmark.extra_info``."""
+    pytest.importorskip("fastapi")
+    import time
+
+    import httpx
+
+    from canopy.apps.routing.proxy.app import create_app, serve_in_thread
+    from canopy.apps.routing.proxy.config import ProxyConfig
+    from llm_server import ScriptedServer
+
+    events = b"data: " + json.dumps({"choices": [{"index": 0, "delta": {"content": "hi"}}]}
+                                    ).encode() + b"\n\ndata: [DONE]\n\n"
+    chat = ScriptedServer.chat_body("hi", prompt_tokens=10, completion_tokens=2)
+    servers = [ScriptedServer().start(), ScriptedServer().start()]
+    for server in servers:  # events when the body asks for a stream
+        server.routes["/v1/chat/completions"] = lambda _, s=server: (
+            200, events if s.bodies[-1].get("stream") else chat, 0.0)
+    monkeypatch.setenv("BENCH_ADMIN_KEY", "bench-admin-key")
+    prices = {"version": "bench-1", "models": {"small": {"input": 1.0, "output": 1.0},
+                                               "large": {"input": 50.0, "output": 50.0}}}
+    config = ProxyConfig.from_mapping({"upstreams": [
+        {"model": "small", "base_url": servers[0].url("/v1")},
+        {"model": "large", "base_url": servers[1].url("/v1")}],
+        "store": f"sqlite:///{tmp_path / 'router.sqlite'}", "lam": 10.0, "prices": prices,
+        "auth": {"admin_key_env": "BENCH_ADMIN_KEY"}})
+    ask = {"messages": [{"role": "user", "content": "Say hi"}], "max_tokens": 2}
+    overhead, total = [], []
+
+    def run(client: httpx.Client) -> None:
+        for n in range(400):
+            t0 = time.perf_counter()
+            answer = client.post("/v1/chat/completions", json=ask,
+                                 headers={"X-Canopy-Region": f"r{n % 8}"})
+            total.append((time.perf_counter() - t0) * 1000.0)
+            overhead.append(float(answer.headers["X-Canopy-Overhead-Ms"]))
+            client.post("/v1/feedback", json={"request_id": answer.json()["canopy"][
+                "request_id"], "quality": 0.5})
+
+    try:
+        with serve_in_thread(create_app(config)) as url, httpx.Client(
+                base_url=url, timeout=30,
+                headers={"Authorization": "Bearer bench-admin-key"}) as client:
+            for _ in range(20):  # warm the connections and the kernels
+                client.post("/v1/chat/completions", json=ask)
+            benchmark.pedantic(run, args=(client,), rounds=1, iterations=1)
+            stream_ms = []
+            for _ in range(100):
+                t0 = time.perf_counter()
+                with client.stream("POST", "/v1/chat/completions",
+                                   json={**ask, "model": "small", "stream": True}) as answer:
+                    b"".join(answer.iter_raw())
+                stream_ms.append((time.perf_counter() - t0) * 1000.0)
+    finally:
+        for server in servers:
+            server.close()
+    summary = {"overhead_ms_p50": float(np.median(overhead)),
+               "overhead_ms_p99": float(np.percentile(overhead, 99)),
+               "round_trip_ms_p50": float(np.median(total)),
+               "round_trip_ms_p99": float(np.percentile(total, 99)),
+               "stream_round_trip_ms_p50": float(np.median(stream_ms))}
+    benchmark.extra_info.update(summary)
+    print(json.dumps(summary, indent=1))
+    assert len(overhead) == 400
+
+
 def test_region_tree_insert_100k(benchmark):
     """100,000 distinct two-level regions into a router: linear growth (issue 16.1)."""
     from canopy.regional import RegionalRouter

@@ -18,7 +18,8 @@ import pytest
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no cost-map download
 litellm = pytest.importorskip("litellm", reason="needs the litellm extra")
 
-from canopy.integrations.litellm import CanopyRouting, UnknownReply  # noqa: E402
+from canopy.integrations.litellm import CanopyRouting  # noqa: E402
+from canopy.regional.ledger import AlreadyRated, UnknownCall  # noqa: E402
 
 MESSAGES = [{"role": "user", "content": "Say hi."}]
 
@@ -95,14 +96,14 @@ def test_feedback_is_checked_and_counted_once():
 
     async def session() -> None:
         reply = (await router.acompletion(model="chat", messages=MESSAGES)).id
-        with pytest.raises(UnknownReply, match="unknown"):
+        with pytest.raises(UnknownCall, match="unknown"):
             await canopy.afeedback("chatcmpl-never-seen", 0.5, wait_s=0.1)
         await canopy.afeedback(reply, 0.5)
         for bad, error in ((math.nan, ValueError), (1.5, ValueError), (-0.1, ValueError),
                            ("0.5", TypeError), (True, TypeError)):
             with pytest.raises(error, match="quality"):
                 canopy.feedback(reply, bad)
-        with pytest.raises(UnknownReply, match="already rated"):
+        with pytest.raises(AlreadyRated, match="already has feedback"):
             canopy.feedback(reply, 0.5)
 
     asyncio.run(session())
@@ -285,10 +286,16 @@ def test_a_rating_route_for_litellm_proxy_users(tmp_path, monkeypatch):
                            json={"request_id": replies[0].id, "quality": 0.5})
         unknown = httpx.post(url + "/v1/feedback", headers=auth, timeout=30,
                              json={"request_id": "nope", "quality": 0.5})
+        invalid = httpx.post(url + "/v1/feedback", headers=auth, timeout=30,
+                             json={"request_id": replies[1].id, "quality": "high"})
         refused = httpx.post(url + "/v1/feedback", timeout=30,
                              json={"request_id": replies[1].id, "quality": 0.5})
     assert statuses == [200] * 12
     assert (again.status_code, unknown.status_code, refused.status_code) == (409, 404, 401)
+    # the ledger's errors as they are, the same as the routing proxy's own route answers
+    assert [answer.json()["error"]["code"] for answer in (again, unknown, invalid)] == [
+        "duplicate_feedback", "unknown_request", "invalid_rating"]
+    assert invalid.status_code == 422
     deadline = time.monotonic() + 30
     while sum(r["count"] for r in routing.stats()["groups"]["chat"] if r["region"] == "/") < 12:
         assert time.monotonic() < deadline, "the routing process never saw the ratings"
@@ -307,3 +314,11 @@ def test_a_deployment_joining_the_group_keeps_what_was_learned():
             if r["region"] == "/"}
     assert rows["a"] + rows["b"] + rows.get("c", 0) == 16
     assert "c" in picks  # the newcomer is tried first
+
+
+def test_unknown_reply_is_a_deprecated_name_for_the_ledgers_errors():
+    import canopy.integrations.litellm as module
+    from canopy.regional.ledger import FeedbackError
+
+    with pytest.warns(DeprecationWarning, match=r"canopy\.regional\.ledger\.FeedbackError"):
+        assert module.UnknownReply is FeedbackError

@@ -298,11 +298,11 @@ def test_the_documented_configuration_runs_as_written(tmp_path, monkeypatch):
     monkeypatch.setenv("CANOPY_CLIENT_KEY", "k" * 32)
     monkeypatch.setenv("CANOPY_ADMIN_KEY", "a" * 32)
     cfg = ProxyConfig.from_mapping(json.loads(block), base=tmp_path)
-    proxy = create_app(cfg).state.proxy
+    service = create_app(cfg).state.proxy.service
     body = {"messages": [{"role": "user", "content": "fix this python bug"}]}
-    assert proxy.region({}, body) == "code"
-    assert proxy.region({}, {"messages": [{"role": "user", "content": "hello there"}]}) \
-        == "chat"
+    assert service.route(None, body).region == "code"
+    assert service.route(None, {"messages": [{"role": "user", "content": "hello there"}]}
+                         ).region == "chat"
 
 
 def test_the_cli_refuses_to_serve_without_keys(tmp_path):
@@ -323,19 +323,18 @@ def test_the_cli_refuses_to_serve_without_keys(tmp_path):
 
 def test_ten_thousand_random_region_headers_leave_the_table_at_its_size(tmp_path, upstreams):
     """Issue 12: 10,000 requests' region headers (random paths up to 4 levels), resolved and
-    routed by the proxy's own objects (in process: the HTTP path is the test above), leave
+    routed by the proxy's routing service (in process: the HTTP path is the test above), leave
     the region table at ``limits.max_regions``."""
     import random
 
     cfg = config(tmp_path, _urls(upstreams), limits={"max_regions": 64})
-    proxy = create_app(cfg).state.proxy
+    service = create_app(cfg).state.proxy.service
     rng = random.Random(0)
     body = {"messages": [{"role": "user", "content": "hi"}]}
     for _ in range(10_000):
         path = "/".join(f"r{rng.randrange(1000)}" for _ in range(rng.randint(1, 4)))
-        region = proxy.region({"X-Canopy-Region": path}, body)
-        proxy.router.ranking(region)
-    assert proxy.router.regions.n_nodes <= 64
+        service.route(path, body)
+    assert service.router.regions.n_nodes <= 64
 
 
 def _free_port() -> int:

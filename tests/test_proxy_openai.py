@@ -132,7 +132,8 @@ def test_the_example_configuration_builds_and_every_key_is_documented(tmp_path,
     of the configuration (and of each section) is named in docs/routing.md."""
     import re
 
-    from canopy.apps.routing.proxy.config import AuthConfig, Limits, RegionConfig, Upstream
+    from canopy.apps.routing.proxy.config import AuthConfig, Limits, Upstream
+    from canopy.regional.sources import RegionConfig
 
     data = json.loads(EXAMPLE.read_text())
     for name in ("CANOPY_CLIENT_KEY", "CANOPY_ADMIN_KEY"):

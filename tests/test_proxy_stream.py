@@ -76,6 +76,29 @@ def test_events_pass_through_with_failover_before_the_first_byte(tmp_path):
         good.close()
 
 
+def test_an_empty_stream_counts_as_a_failure_and_the_next_model_streams(tmp_path):
+    """Chats and streams share one failover loop: an upstream whose stream ends before its
+    first byte is a failed attempt (counted against it), and the next model streams."""
+    empty, good = ScriptedServer().start(), ScriptedServer().start()
+    empty.routes["/v1/chat/completions"] = lambda _: (200, b"", 0.0)
+    good.routes["/v1/chat/completions"] = lambda _: (200, _events(usage=True), 0.0)
+    try:
+        cfg = _config(tmp_path, [empty.url("/v1"), good.url("/v1")])
+        headers = {"Authorization": f"Bearer {KEY}"}
+        with serve_in_thread(create_app(cfg)) as url, httpx.Client(
+                base_url=url, headers=headers, timeout=30) as client:
+            with client.stream("POST", "/v1/chat/completions", json=ASK) as answer:
+                assert answer.status_code == 200
+                assert answer.headers["X-Canopy-Model"] == "large"
+                assert b"".join(answer.iter_raw()) == _events(True)
+            metrics = client.get("/metrics").text
+        assert 'canopy_failovers_total{model="small"} 1.0' in metrics
+        assert empty.counts["/v1/chat/completions"] == 1
+    finally:
+        empty.close()
+        good.close()
+
+
 @pytest.mark.live
 def test_the_openai_client_streams_through_the_proxy(tmp_path, llm_server):
     openai = pytest.importorskip("openai")

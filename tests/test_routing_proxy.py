@@ -278,3 +278,27 @@ def test_metrics_count_requests_failovers_choices_and_feedback(tmp_path, upstrea
     assert float(lines["canopy_request_seconds_count"]) == 4
     assert float(lines['canopy_feedback_total{kind="request",status="200"}']) == 1
     assert float(lines['canopy_feedback_total{kind="request",status="409"}']) == 1
+
+
+def test_feedback_refusals_carry_the_ledger_status_and_code(tmp_path, upstreams):
+    """Over real HTTP: each refusal of the ledger answers with its type's status and code
+    (no message is read to choose them); a malformed body is the ledger's 400."""
+    cfg = config(tmp_path, upstreams[0].url("/v1"), upstreams[1].url("/v1"))
+    with serve_in_thread(create_app(cfg)) as url, httpx.Client(base_url=url, headers=AUTH,
+                                                               timeout=30) as client:
+        rid = client.post("/v1/chat/completions", json=ASK).json()["canopy"]["request_id"]
+        first = client.post("/v1/feedback", json={"request_id": rid, "quality": 1.0})
+        assert first.status_code == 200 and first.json()["reward"] < 1.0
+        cases = [({"request_id": rid, "quality": 0.5}, 409, "duplicate_feedback"),
+                 ({"request_id": "req-never-seen", "quality": 0.5}, 404, "unknown_request"),
+                 ({"request_id": rid, "quality": True}, 422, "invalid_rating"),
+                 ({"request_id": rid}, 422, "invalid_rating"),
+                 ({"request_id": "", "quality": 0.5}, 400, "bad_feedback"),
+                 ({"request_id": rid, "quality": 0.5, "extra": 1}, 400, "bad_feedback")]
+        for body, status, code in cases:
+            answer = client.post("/v1/feedback", json=body)
+            assert (answer.status_code, answer.json()["error"]["code"]) == (status, code), body
+        episode = client.post("/v1/feedback/episode", json={"episode_id": "ep-none",
+                                                            "reward": 0.5})
+        assert (episode.status_code, episode.json()["error"]["code"]) == (404,
+                                                                          "unknown_request")

@@ -1,6 +1,8 @@
-"""The routing service: one ledger's rules, ratings shared between services over one store
-(SQLite and a real Redis), a warm-start prior kept under the stored sums, and a busy store
-that degrades ratings, never routing."""
+"""The routing service: its decision (:meth:`route`: region and ranking) and the outcomes
+it hears (:meth:`outcome`), one ledger's rules and its typed refusals, ratings shared between
+services over one store (SQLite and a real Redis), a warm-start prior kept under the stored
+sums, a busy store that degrades ratings, never routing; and the names that moved into
+:mod:`canopy.regional`, still importable from their old place with a warning."""
 
 from __future__ import annotations
 
@@ -23,8 +25,9 @@ def _service(store: str, **options) -> RoutingService:
 
 
 def _answered(service: RoutingService, ident: str, *, region: str = "code",
-              model: str = "cheap", episode: str | None = None, age_s: float = 0.0) -> None:
-    service.record(Call(ident, region, model, 0.001, time.time() - age_s, episode)
+              model: str = "cheap", episode: str | None = None, age_s: float = 0.0,
+              cost: float = 0.001) -> None:
+    service.record(Call(ident, region, model, cost, time.time() - age_s, episode)
                    ).result(timeout=30)
 
 
@@ -75,7 +78,7 @@ def test_ratings_through_one_service_reach_another_within_a_second(shared):
                 time.sleep(0.01)
             waited.append(time.monotonic() - t0)
         assert one.estimates() == two.estimates()
-        assert one.ranking("code")[0] == two.ranking("code")[0] == "dear"
+        assert one.route("code").ranking[0] == two.route("code").ranking[0] == "dear"
         print(f"rating seen by the other service after median {np.median(waited):.3f} s, "
               f"max {max(waited):.3f} s")
     finally:
@@ -109,7 +112,7 @@ def test_a_locked_store_degrades_ratings_not_routing(tmp_path):
         blocker.execute("BEGIN IMMEDIATE")
         try:
             stored = service.record(Call("during", "code", "dear", 0.001, time.time()))
-            assert service.ranking("code")  # routing reads memory only
+            assert service.route("code").ranking  # routing reads memory only
             with pytest.raises(StoreBusy):
                 service.rate("before", 1.0)
             with pytest.raises(StoreBusy, match="not stored yet"):
@@ -124,3 +127,108 @@ def test_a_locked_store_degrades_ratings_not_routing(tmp_path):
         assert service.counts() == {"requests": 2, "with_feedback": 2}
     finally:
         service.close()
+
+
+def test_route_names_the_region_and_ranks_the_models_within_it():
+    """The service's decision: the region from a given path or the request's text (bounded),
+    the better-rated model first there, the allowed ones only, a request's own trade-off."""
+    from canopy.regional.service import Route
+    from canopy.regional.sources import RegionConfig, RegionSource
+
+    rules = RegionConfig.from_mapping({"rules": [{"pattern": "(?i)python", "region": "code"}]})
+    service = RoutingService(RegionalRouter(MODELS, lam=10.0), "memory", sync_s=0,
+                             regions=RegionSource(rules, max_regions=8))
+    try:
+        for n in range(40):  # in "code", dear (0.9, $0.01) beats cheap (0.3, $0.0001)
+            model = MODELS[n % 2]
+            _answered(service, f"c{n}", model=model, cost=0.01 if n % 2 else 0.0001)
+            service.rate(f"c{n}", 0.9 if model == "dear" else 0.3)
+        asked = {"messages": [{"role": "user", "content": "fix my Python loop"}]}
+        route = service.route(None, asked)
+        assert isinstance(route, Route) and route == ("code", ("dear", "cheap"))
+        assert service.route("code/python", None).region == "code/python"
+        assert service.route(None, asked, allowed=["cheap"]).ranking == ("cheap",)
+        # a request that prices cost 1000 times higher re-weighs by the mean costs recorded
+        costs = {"cheap": 0.0, "dear": 0.001}  # this request's estimates
+        assert service.route(None, asked, lam=10_000.0, costs=costs).ranking[0] == "cheap"
+        assert service.route(None, asked, costs=costs, max_cost=0.0005).ranking == ("cheap",)
+        with pytest.raises(ValueError, match="characters"):
+            service.route("x" * 2000, asked)
+        with pytest.raises(TypeError, match="lam"):
+            service.route(None, asked, lam="high", costs=costs)
+        for n in range(20):  # new regions past max_regions nodes: their nearest ancestor
+            service.route(f"code/r{n}", None)
+        assert service.route("code/new", None).region == "code"
+    finally:
+        service.close()
+
+
+def test_outcome_sets_a_failing_model_aside_until_it_answers_again():
+    service = _service("memory", sync_s=0, breaker_failures=2, breaker_cooldown_s=60.0)
+    try:
+        first = service.route("code").ranking[0]
+        service.outcome(first, ok=False)
+        assert service.ejected() == [] and service.route("code").ranking[0] == first
+        service.outcome(first, ok=False)
+        assert service.ejected() == [first]
+        assert service.route("code").ranking[-1] == first  # tried last, not dropped
+        service.outcome(first, ok=True)
+        assert service.ejected() == [] and service.route("code").ranking[0] == first
+    finally:
+        service.close()
+
+
+def test_a_refused_rating_carries_its_status_and_code_in_its_type():
+    from canopy.regional.ledger import FeedbackError, InvalidRating
+
+    service = _service("memory", sync_s=0)
+    try:
+        _answered(service, "r1")
+        rated = service.rate("r1", 0.5)
+        assert rated.quality == 0.5 and service.reward(0.5, rated.cost) == 0.5 - 10 * 0.001
+        refusals = [(lambda: service.rate("r1", 0.5), AlreadyRated, 409, "duplicate_feedback"),
+                    (lambda: service.rate("nope", 0.5), UnknownCall, 404, "unknown_request"),
+                    (lambda: service.rate("r1", "0.5"), TypeError, 422, "invalid_rating"),
+                    (lambda: service.rate("r1", 1.5), ValueError, 422, "invalid_rating"),
+                    (lambda: service.rate_episode("ep", True), TypeError, 422,
+                     "invalid_rating")]
+        for attempt, kind, status, code in refusals:
+            with pytest.raises(FeedbackError) as refused:
+                attempt()
+            assert isinstance(refused.value, kind)
+            assert (refused.value.status, refused.value.code) == (status, code)
+        assert issubclass(InvalidRating, FeedbackError)
+    finally:
+        service.close()
+
+
+@pytest.mark.parametrize("old, name, new", [
+    ("canopy.apps.routing.proxy.config", "RegionConfig", "canopy.regional.sources"),
+    ("canopy.apps.routing.proxy.regions", "RegionSource", "canopy.regional.sources"),
+    ("canopy.apps.routing.proxy.regions", "load_classifier", "canopy.regional.sources"),
+    ("canopy.regional.store", "open_store", "canopy.regional.stores"),
+    ("canopy.apps.routing.proxy.guard", "Breaker", "canopy.regional.breaker"),
+    ("canopy.apps.routing.proxy.guard", "user_text", "canopy.regional.sources"),
+    ("canopy.apps.routing.proxy.embed", "NearestCentroid", "canopy.regional.embed"),
+])
+def test_moved_names_still_import_from_their_old_place_with_a_warning(old, name, new):
+    import importlib
+
+    pytest.importorskip("fastapi")
+    module = importlib.import_module(old)
+    with pytest.warns(DeprecationWarning, match=new.replace(".", r"\.")):
+        value = getattr(module, name)
+    assert value is getattr(importlib.import_module(new), name)
+    with pytest.raises(AttributeError):
+        module.no_such_name  # noqa: B018
+
+
+def test_the_documented_example_runs_as_written(capsys):
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "routing.md").read_text()
+    block = re.search(r"## The routing service.*?```python\n(.*?)```", text, re.S).group(1)
+    scope = {"__name__": "__docs__"}
+    exec(compile(block, "docs/routing.md", "exec"), scope)
+    assert (scope["region"], scope["ranking"]) == ("code", ("small", "large"))

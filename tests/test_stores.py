@@ -10,7 +10,8 @@ import time
 import numpy as np
 import pytest
 
-from canopy.regional.store import Call, Increment, StoreBusy, moments, open_store
+from canopy.regional.store import Call, Increment, StoreBusy, moments
+from canopy.regional.stores import open_store
 
 
 @pytest.fixture(params=["memory", "sqlite", "redis"])

@@ -1,15 +1,18 @@
 """Lazy package exports (PEP 562): a package names what it exports and the module of each,
-and imports that module on first use, so ``canopy --help`` loads no numba or scipy."""
+and imports that module on first use, so ``canopy --help`` loads no numba or scipy. Names
+that moved stay importable from their old module for one release, with a warning
+(:func:`deprecated_aliases`)."""
 
 from __future__ import annotations
 
 import importlib
 import sys
 import types
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["lazy_exports"]
+__all__ = ["deprecated_aliases", "lazy_exports"]
 
 
 class _Package(types.ModuleType):
@@ -42,3 +45,24 @@ def lazy_exports(package: str, exports: Mapping[str, str]) -> None:
     module.__getattr__ = __getattr__  # type: ignore[method-assign]
     module._exports = dict(exports)  # type: ignore[attr-defined]
     module.__class__ = _Package
+
+
+def deprecated_aliases(module: str, moved: Mapping[str, str]) -> None:
+    """Keep each name of ``moved`` importable from ``module`` for one more release: reading
+    it there warns (``DeprecationWarning``, naming the new place) and returns the object
+    from its new place, ``"package.module"`` (same name) or ``"package.module:name"``."""
+    target = sys.modules[module]
+    before = target.__dict__.get("__getattr__")
+
+    def __getattr__(name: str) -> Any:
+        source = moved.get(name)
+        if source is None:
+            if before is not None:
+                return before(name)
+            raise AttributeError(f"module {module!r} has no attribute {name!r}")
+        place, _, new_name = source.partition(":")
+        warnings.warn(f"{module}.{name} is deprecated and goes in the next release: use "
+                      f"{place}.{new_name or name}", DeprecationWarning, stacklevel=2)
+        return getattr(importlib.import_module(place), new_name or name)
+
+    target.__getattr__ = __getattr__  # type: ignore[method-assign]

@@ -21,8 +21,12 @@ the breaker's ejected ones last. LiteLLM's success and failure callbacks feed th
 :meth:`CanopyRouting.feedback`, or at once as ``success_quality`` when the caller has no
 quality signal. A failed call counts against the breaker and is rated ``failure_quality``.
 The region comes from the request's ``metadata["canopy_region"]``, else the proxy's region
-rules, classifier or centroids
-(:class:`~canopy.apps.routing.proxy.config.RegionConfig`), bounded the same way.
+rules, classifier or centroids (:class:`~canopy.regional.sources.RegionConfig`), bounded the
+same way. The strategy decides nothing itself: each pick is the service's
+:meth:`~canopy.regional.service.RoutingService.route` among the healthy deployments, each
+outcome its :meth:`~canopy.regional.service.RoutingService.outcome`, and a refused rating
+raises the ledger's own error (:class:`~canopy.regional.ledger.FeedbackError`: unknown,
+already rated, expired, not in [0, 1]), whose type carries the HTTP status and code.
 
 LiteLLM proxy users (``config.yaml``) load :class:`CanopyRouting` as a callback: its
 ``async_filter_deployments`` hook narrows the healthy deployments LiteLLM hands it to the one
@@ -33,7 +37,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import threading
 import time
 import uuid
@@ -44,25 +47,22 @@ from typing import Any
 from litellm.integrations.custom_logger import CustomLogger
 from litellm.types.router import CustomRoutingStrategyBase
 
-from canopy.apps.routing.proxy.config import RegionConfig
-from canopy.apps.routing.proxy.regions import RegionSource
-from canopy.regional.ledger import AlreadyRated, FeedbackError, FeedbackExpired, UnknownCall
+from canopy._lazy import deprecated_aliases
+from canopy.regional.ledger import FeedbackError, UnknownCall
 from canopy.regional.router import RegionalRouter
 from canopy.regional.service import RoutingService
-from canopy.regional.store import Call, StoreBusy, open_store
+from canopy.regional.sources import RegionConfig, RegionSource
+from canopy.regional.store import Call, Store, StoreBusy
+from canopy.regional.stores import open_store
 from canopy.validation import check_count, check_nonnegative, check_number
 
-__all__ = ["CanopyRouting", "UnknownReply"]
+__all__ = ["CanopyRouting"]
 
 REGION_KEY = "canopy_region"
 _NAMESPACE = "litellm"  # each model group's statistics live under litellm/<group>
 _RESOLVED_KEY = "canopy_region_resolved"
 _STRATEGY_KEY = "canopy_strategy"
 log = logging.getLogger("canopy.litellm")
-
-
-class UnknownReply(KeyError):
-    """Feedback for a reply this strategy did not route, already rated, or expired."""
 
 
 def _deployments(router: Any, group: str) -> list[Mapping[str, Any]]:
@@ -95,8 +95,9 @@ def _writable_metadata(request_kwargs: dict[str, Any] | None) -> dict[str, Any]:
 def _priced(kwargs: Mapping[str, Any], cost: Any) -> bool:
     """Whether ``cost`` is a real price: LiteLLM reports 0 for a model it cannot price, so
     zero counts only when the deployment declares its prices."""
-    if isinstance(cost, bool) or not isinstance(cost, (int, float)) or \
-            not math.isfinite(cost) or cost < 0:
+    try:
+        check_nonnegative(cost, "response_cost")
+    except (TypeError, ValueError):
         return False
     info = (kwargs.get("litellm_params") or {}).get("model_info") or {}
     return cost > 0 or "input_cost_per_token" in info or "output_cost_per_token" in info
@@ -144,6 +145,7 @@ class CanopyRouting(CustomRoutingStrategyBase, CustomLogger):
         self.store = store
         self._catalog = open_store(store, namespace=_NAMESPACE)  # a bad store is refused now
         self.services: dict[str, RoutingService] = {}
+        self._stores: dict[str, Store] = {}  # each group's, kept across its services
         self.counts = {"routed": 0, "succeeded": 0, "failed": 0, "rated": 0, "unpriced": 0}
         self._lock = threading.Lock()
         self._token = uuid.uuid4().hex
@@ -168,16 +170,17 @@ class CanopyRouting(CustomRoutingStrategyBase, CustomLogger):
             service = self.services.get(group)
             if service is not None and set(ids) <= set(service.models):
                 return service
-            store = None
             if service is not None:
                 log.info("model group %r gained deployments; its service reloads", group)
                 ids = sorted(set(ids) | set(service.models))
                 service.close(store=False)
-                store = service.store
+            store = self._stores.get(group)
+            if store is None:
+                store = self._stores[group] = open_store(self.store,
+                                                         namespace=f"{_NAMESPACE}/{group}")
             service = self.services[group] = RoutingService(
-                RegionalRouter(sorted(ids), seed=0, **self._settings),
-                store or open_store(self.store, namespace=f"{_NAMESPACE}/{group}"),
-                **self._service_options)
+                RegionalRouter(sorted(ids), seed=0, **self._settings), store,
+                regions=self.regions, **self._service_options)
             return service
 
     def _choose(self, group: str, every: list[Mapping[str, Any]],
@@ -191,14 +194,12 @@ class CanopyRouting(CustomRoutingStrategyBase, CustomLogger):
         service = self._service(group, sorted({_deployment_id(d) for d in every} | set(by_id)))
         metadata = _writable_metadata(request_kwargs)
         given = metadata.get(REGION_KEY)
-        with service.lock:
-            region = self.regions.region(given if isinstance(given, str) else None,
-                                         {"messages": messages or []}, service.router.regions)
-        choice = service.ranking(region, allowed=list(by_id))[0]
+        region, ranking = service.route(given if isinstance(given, str) else None,
+                                        {"messages": messages or []}, allowed=by_id)
         with self._lock:
             self.counts["routed"] += 1
         metadata[_RESOLVED_KEY], metadata[_STRATEGY_KEY] = region, self._token
-        return by_id[choice]
+        return by_id[ranking[0]]
 
     def _usable(self, group: str, deployments: list[Mapping[str, Any]]
                 ) -> list[Mapping[str, Any]]:
@@ -281,10 +282,10 @@ class CanopyRouting(CustomRoutingStrategyBase, CustomLogger):
         if not ok:
             with self._lock:
                 self.counts["failed"] += 1
-            service.breaker.failure(deployment)
+            service.outcome(deployment, ok=False)
             self._rate_now(service, region, deployment, extra, self.failure_quality)
             return
-        service.breaker.success(deployment)
+        service.outcome(deployment, ok=True)
         with self._lock:
             self.counts["succeeded"] += 1
         cost = kwargs.get("response_cost")
@@ -329,50 +330,44 @@ class CanopyRouting(CustomRoutingStrategyBase, CustomLogger):
         with self._lock:
             return list(self.services.values())
 
-    def _find(self, reply_id: str) -> RoutingService:
+    def _find(self, reply_id: str) -> tuple[RoutingService, Call]:
+        """The group's service holding the reply's call, and the call; ``UnknownCall``."""
         for service in self._groups():
-            if service.store.calls([reply_id])[0] is not None:
-                return service
-        raise UnknownReply(f"unknown or expired reply id {reply_id!r}")
+            call = service.call(reply_id)
+            if call is not None:
+                return service, call
+        raise UnknownCall(f"unknown request id {reply_id!r}")
 
-    def feedback(self, reply_id: str, quality: float) -> None:
-        """Credit ``quality`` in [0, 1] to the call that produced reply ``reply_id``: once
-        (:class:`UnknownReply` for a second rating, an unknown or an expired id). Waits at
-        most the store's wait; raises ``StoreBusy`` when the store is busy (retry later)."""
-        quality = check_number(quality, "quality", low=0.0, high=1.0)
-        for service in self._groups():
-            try:
-                service.rate(reply_id, quality)
-            except UnknownCall:
-                continue
-            except AlreadyRated:
-                raise UnknownReply(f"reply {reply_id!r} is already rated") from None
-            except FeedbackExpired:
-                raise UnknownReply(f"reply {reply_id!r} expired") from None
-            with self._lock:
-                self.counts["rated"] += 1
-            return
-        raise UnknownReply(f"unknown or expired reply id {reply_id!r}")
+    def feedback(self, reply_id: str, quality: float) -> Call:
+        """Credit ``quality`` in [0, 1] to the call that produced reply ``reply_id``, once;
+        the call, rated. A refusal is the ledger's
+        :class:`~canopy.regional.ledger.FeedbackError`: ``UnknownCall`` (an id never routed,
+        or forgotten), ``AlreadyRated``, ``FeedbackExpired``, ``InvalidRating`` (also a
+        ``TypeError`` or ``ValueError``). Waits at most the store's wait; raises
+        ``StoreBusy`` when the store is busy (retry later)."""
+        service, _ = self._find(reply_id)
+        call = service.rate(reply_id, quality)
+        with self._lock:
+            self.counts["rated"] += 1
+        return call
 
-    async def afeedback(self, reply_id: str, quality: float, *, wait_s: float = 2.0) -> None:
+    async def afeedback(self, reply_id: str, quality: float, *, wait_s: float = 2.0
+                        ) -> Call:
         """:meth:`feedback` from async code right after the call (in a thread: the store is
         never waited on in the event loop). LiteLLM runs its success callback after returning
-        the reply, so this waits up to ``wait_s`` for it to be recorded."""
+        the reply, so an unknown reply or a busy store is retried for up to ``wait_s``."""
         deadline = time.monotonic() + wait_s
         while True:
             try:
                 return await asyncio.to_thread(self.feedback, reply_id, quality)
-            except (UnknownReply, StoreBusy) as error:
-                if time.monotonic() >= deadline or "already" in str(error):
+            except (UnknownCall, StoreBusy):
+                if time.monotonic() >= deadline:
                     raise
             await asyncio.sleep(0.005)
 
     def deployment_of(self, reply_id: str) -> str:
         """The deployment that produced a reply awaiting (or given) its rating."""
-        call = self._find(reply_id).store.calls([reply_id])[0]
-        if call is None:
-            raise UnknownReply(f"unknown or expired reply id {reply_id!r}")
-        return call.model
+        return self._find(reply_id)[1].model
 
     def stats(self) -> dict[str, Any]:
         """Counters and, per model group, the service's estimates per region and
@@ -388,7 +383,7 @@ class CanopyRouting(CustomRoutingStrategyBase, CustomLogger):
     def close(self) -> None:
         """Stop every group's service (storing what is queued)."""
         with self._lock:
-            services, self.services = list(self.services.values()), {}
+            services, self.services, self._stores = list(self.services.values()), {}, {}
         for service in services:
             service.close()
         self._catalog.close()
@@ -435,3 +430,6 @@ class _Callback(CustomLogger):
 
 
 _CALLBACK = _Callback()
+
+
+deprecated_aliases(__name__, {"UnknownReply": "canopy.regional.ledger:FeedbackError"})

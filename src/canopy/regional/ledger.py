@@ -2,12 +2,15 @@
 router, whoever serves the calls (the proxy, LiteLLM).
 
 A routed call is kept (:meth:`FeedbackLedger.record`) until it is rated or its window
-passes. A rating is a quality in [0, 1]; the call's reward is ``quality - lam * cost``
-(paper Section 5, "Routing"), added at every region of its chain. Each call is rated once;
+passes. A rating is a quality in [0, 1], checked here and nowhere else; the call's reward is
+the router's ``quality - lam * cost`` (paper Section 5, "Routing"), added at every region of
+its chain. Each call is rated once;
 an episode's terminal reward is credited to every open call of the episode (paper Appendix
 E). Calls are written by one background thread, in batches, so a caller never waits on the
 store longer than it chooses; a busy store raises :class:`~canopy.regional.store.StoreBusy`
-on a rating (retry later) and never loses a call it holds in its queue.
+on a rating (retry later) and never loses a call it holds in its queue. Every refusal is a
+:class:`FeedbackError` whose type carries the HTTP ``status`` and ``code`` a service answers
+with.
 """
 
 from __future__ import annotations
@@ -19,12 +22,14 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 from canopy.regional.store import Call, Increment, Store, StoreBusy
-from canopy.stats import check_observation
+from canopy.validation import check_number
 
 __all__ = ["AlreadyRated", "FeedbackError", "FeedbackExpired", "FeedbackLedger",
-           "UnknownCall"]
+           "InvalidRating", "RatingOfWrongKind", "RatingOutOfRange", "UnknownCall",
+           "check_rating"]
 
 log = logging.getLogger("canopy.regional")
 
@@ -48,19 +53,47 @@ class FeedbackExpired(FeedbackError):
     status, code = 410, "feedback_expired"
 
 
+class InvalidRating(FeedbackError):
+    """A rating that is not a number in [0, 1]."""
+
+    status, code = 422, "invalid_rating"
+
+
+class RatingOfWrongKind(InvalidRating, TypeError):
+    """A rating that is not a number at all (a string, a bool, ``None``)."""
+
+
+class RatingOutOfRange(InvalidRating, ValueError):
+    """A number outside [0, 1], or not finite."""
+
+
+def check_rating(value: object, name: str = "quality") -> float:
+    """``value`` as a rating in [0, 1] (:func:`canopy.validation.check_number`), refused as
+    an :class:`InvalidRating` that is also the ``TypeError`` or ``ValueError`` of the rule."""
+    try:
+        return check_number(value, name, low=0.0, high=1.0)
+    except TypeError:
+        raise RatingOfWrongKind(f"{name} must be a number in [0, 1], got "
+                                f"{type(value).__name__}") from None
+    except ValueError as error:
+        raise RatingOutOfRange(str(error)) from None
+
+
 class FeedbackLedger:
     """Pending calls and their ratings over a :class:`~canopy.regional.store.Store`.
 
     ``chain(region)`` gives the region paths a reward in ``region`` updates (the router's
-    :meth:`~canopy.regional.router.RegionalRouter.chain_paths`); ``lam`` prices cost;
+    :meth:`~canopy.regional.router.RegionalRouter.chain_paths`); ``reward(quality, cost)``
+    is the router's reward (:meth:`~canopy.regional.router.RegionalRouter.reward`);
     ``window_s`` is how long a call accepts its rating; at most ``max_queued`` calls wait
     for the store (past that a call is dropped, with a warning: it is served, not rated)."""
 
-    def __init__(self, store: Store, *, lam: float, chain: Callable[[str], list[str]],
-                 window_s: float = 7 * 24 * 3600.0, max_queued: int = 100_000) -> None:
+    def __init__(self, store: Store, *, reward: Callable[[float, float], float],
+                 chain: Callable[[str], list[str]], window_s: float = 7 * 24 * 3600.0,
+                 max_queued: int = 100_000) -> None:
         self.store = store
-        self.lam = float(lam)
         self.window_s = float(window_s)
+        self._reward = reward
         self._chain = chain
         self._queue: queue.Queue[tuple[Call, concurrent.futures.Future[None]] | None] = \
             queue.Queue(maxsize=max_queued)
@@ -130,19 +163,25 @@ class FeedbackLedger:
             raise StoreBusy(f"call {waiting[0]} is not stored yet")
         return self.store.calls(ids)
 
+    def call(self, call_id: str) -> Call | None:
+        """The call of ``call_id`` as stored (``None``: unknown or forgotten); ``StoreBusy``
+        while it waits in the queue."""
+        return self._stored([call_id])[0]
+
     # -- ratings ---------------------------------------------------------------------------
     def _credit(self, calls: Sequence[Call], quality: float) -> None:
-        increments = [Increment(path, c.model, 1.0, quality - self.lam * c.cost)
+        increments = [Increment(path, c.model, 1.0, self._reward(quality, c.cost))
                       for c in calls for path in self._chain(c.region)]
         if not self.store.rate([c.id for c in calls], quality, increments,
                                max(c.cost for c in calls)):
             raise AlreadyRated("already has feedback (another rating came first)")
 
     def rate(self, call_id: str, quality: float) -> Call:
-        """Credit ``quality`` to one call; the call. Raises :class:`UnknownCall`,
-        :class:`AlreadyRated`, :class:`FeedbackExpired` or ``StoreBusy``."""
-        quality = check_observation(quality, 0.0, 1.0)
-        call = self._stored([call_id])[0]
+        """Credit ``quality`` to one call; the call, rated. Raises :class:`InvalidRating`,
+        :class:`UnknownCall`, :class:`AlreadyRated`, :class:`FeedbackExpired` or
+        ``StoreBusy``."""
+        quality = check_rating(quality)
+        call = self.call(call_id)
         if call is None:
             raise UnknownCall(f"unknown request id {call_id!r}")
         if call.quality is not None:
@@ -151,12 +190,12 @@ class FeedbackLedger:
             raise FeedbackExpired(f"request {call_id!r} is older than the feedback window "
                                   f"({self.window_s:g} s)")
         self._credit([call], quality)
-        return call
+        return replace(call, quality=quality)
 
     def rate_episode(self, episode: str, reward: float) -> list[Call]:
         """Credit an episode's terminal ``reward`` as the quality of each of its calls not
-        yet rated and within the window (paper Appendix E); those calls."""
-        reward = check_observation(reward, 0.0, 1.0)
+        yet rated and within the window (paper Appendix E); those calls, rated."""
+        reward = check_rating(reward, "reward")
         with self._queued_lock:
             if any(c.episode == episode for c in self._queued.values()):
                 raise StoreBusy(f"a call of episode {episode!r} is not stored yet")
@@ -169,7 +208,7 @@ class FeedbackLedger:
             raise AlreadyRated(f"every call of episode {episode!r} already has feedback or "
                                "has expired")
         self._credit(open_calls, reward)
-        return open_calls
+        return [replace(c, quality=reward) for c in open_calls]
 
     def expire(self) -> int:
         """Forget the calls older than two windows (at least a window and a second), so a

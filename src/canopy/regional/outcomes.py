@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from canopy.regional.regions import RegionTree, normalize_region
-from canopy.regional.router import check_lam
+from canopy.validation import check_nonnegative
 
 __all__ = ["Outcomes", "category_choices", "query_choices"]
 
@@ -79,22 +79,6 @@ class Outcomes:
         """``quality - lam * cost`` per query and model (the routing reward, Section 5)."""
         return self.quality - lam * self.cost
 
-    def select_models(self, models: tuple[str, ...] | list[str]) -> Outcomes:
-        """The same queries restricted to ``models`` (unknown names raise ``KeyError``)."""
-        columns = []
-        for model in models:
-            if model not in self.models:
-                raise KeyError(f"{self.name}: unknown model {model!r}; known: "
-                               f"{', '.join(self.models)}")
-            columns.append(self.models.index(model))
-
-        def pick(array: np.ndarray | None) -> np.ndarray | None:
-            return None if array is None else array[:, columns]
-
-        return Outcomes(self.name, self.query_ids, self.regions, tuple(models),
-                        pick(self.quality), pick(self.cost), pick(self.input_tokens),
-                        pick(self.output_tokens), self.notes)
-
     def summary(self) -> dict[str, object]:
         """Sizes and per-model mean quality and cost."""
         return {"name": self.name, "queries": self.n_queries, "models": list(self.models),
@@ -109,7 +93,7 @@ def category_choices(outcomes: Outcomes, lam: float) -> tuple[np.ndarray, np.nda
     The best model of a region maximises the mean of ``quality - lam * cost`` over the
     region's queries (ties to the cheaper, then the lower index)."""
     _, nodes = outcomes.region_tree()
-    reward = outcomes.reward(check_lam(lam))
+    reward = outcomes.reward(check_nonnegative(lam, "lam"))
     n_nodes = int(nodes.max()) + 1
     sums = np.zeros((n_nodes, outcomes.n_models))
     np.add.at(sums, nodes, reward)
@@ -124,5 +108,5 @@ def category_choices(outcomes: Outcomes, lam: float) -> tuple[np.ndarray, np.nda
 
 def query_choices(outcomes: Outcomes, lam: float) -> np.ndarray:
     """Per-query oracle: the best model of each query (ties to the cheaper)."""
-    reward = outcomes.reward(check_lam(lam))
+    reward = outcomes.reward(check_nonnegative(lam, "lam"))
     return np.lexsort((outcomes.cost.T, -reward.T), axis=0)[0]

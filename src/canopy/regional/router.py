@@ -12,7 +12,6 @@ shallow) tree bandit, used by routing and trimming alike.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Hashable, Sequence
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
@@ -22,6 +21,7 @@ from canopy import sharing as sharing_module
 from canopy.regional import kernels
 from canopy.regional.regions import RegionTree
 from canopy.stats import check_observation
+from canopy.validation import check_nonnegative, check_positive
 
 if TYPE_CHECKING:
     from canopy.regional.outcomes import Outcomes
@@ -32,7 +32,6 @@ __all__ = [
     "Router",
     "ThompsonRouter",
     "check_feedback",
-    "check_lam",
     "check_models",
     "logged_moments",
 ]
@@ -58,12 +57,6 @@ def check_models(models: Sequence[str]) -> tuple[str, ...]:
     if len(set(models)) != len(models):
         raise ValueError(f"models has repeated names: {models}")
     return models
-
-
-def check_lam(lam: float) -> float:
-    if not isinstance(lam, (int, float)) or not math.isfinite(lam) or lam < 0:
-        raise ValueError(f"lam must be a finite number >= 0, got {lam!r}")
-    return float(lam)
 
 
 def check_feedback(models: Sequence[str], model: str, quality: float, cost: float
@@ -98,8 +91,7 @@ def logged_moments(chains: np.ndarray, quality: np.ndarray, cost: np.ndarray, la
     own = chains[np.arange(chains.shape[0]), depth - 1]  # each query's own region
     weight = np.ones(chains.shape[0])
     if max_count is not None:
-        if not math.isfinite(max_count) or max_count <= 0:
-            raise ValueError(f"max_count must be a finite number > 0, got {max_count!r}")
+        check_positive(max_count, "max_count")
         weight = np.minimum(1.0, max_count / np.bincount(own, minlength=n_nodes)[own])
     k = reward.shape[1]
     sums = np.zeros((n_nodes, k, 2))  # (sum of weights, weighted sum of rewards)
@@ -141,11 +133,10 @@ class _Learner:
                  kappa: float = 5.0, explore: float = 1.0,
                  seed: int | np.random.Generator | None = 0) -> None:
         self.models = check_models(models)
-        self.lam = check_lam(lam)
+        self.lam = check_nonnegative(lam, "lam")
         self._rule = sharing_module.sharing_rule(sharing, delta=delta, kappa=kappa,
                                                  arms=len(self.models))
-        if not isinstance(explore, (int, float)) or not math.isfinite(explore) or explore < 0:
-            raise ValueError(f"explore must be finite and >= 0, got {explore!r}")
+        check_nonnegative(explore, "explore")
         self.sharing, self.delta, self.kappa = sharing, float(delta), float(kappa)
         self.explore = float(explore)
         self.rng = np.random.default_rng(seed)
@@ -206,10 +197,15 @@ class _Learner:
     def route(self, region: str, *, query: Hashable | None = None) -> str:
         return self.ranking(region)[0]
 
+    def reward(self, quality: float, cost: float) -> float:
+        """The reward of an outcome, ``quality - lam * cost`` (paper Section 5, "Routing"):
+        the one place the router's trade-off is applied."""
+        return quality - self.lam * cost
+
     def update(self, region: str, model: str, quality: float, cost: float) -> None:
         index, quality, cost = check_feedback(self.models, model, quality, cost)
         chain = self.chain(region)  # may grow the statistics: take it first
-        kernels.push(self._stats, chain, index, quality - self.lam * cost)
+        kernels.push(self._stats, chain, index, self.reward(quality, cost))
         self._observe_cost(cost)
 
     def chain_paths(self, region: str) -> list[str]:

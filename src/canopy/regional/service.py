@@ -1,14 +1,21 @@
 """The routing service: a regional router, one feedback ledger and one circuit breaker over
-a store that several processes may share (paper Section 5, "Routing", as a service). The
-routing proxy and the LiteLLM strategy are thin adapters over it.
+a store that several processes may share (paper Section 5, "Routing", as a service). It owns
+the routing decision; the routing proxy and the LiteLLM strategy are thin adapters that call
+its public methods: :meth:`RoutingService.route` (a request's region and the models to try,
+best first), :meth:`~RoutingService.outcome` (how a model's call went, for the breaker),
+:meth:`~RoutingService.record` and :meth:`~RoutingService.rate` (a call and its rating).
 
-Routing never touches the store: :meth:`RoutingService.scores` reads the router in memory,
+Routing never touches the store: :meth:`RoutingService.route` reads the router in memory,
 under a lock held for microseconds. A background thread pulls the cells that any process
 changed (every ``sync_s``, 0.25 s by default) and writes their moments into the router, so
 every worker ranks with every worker's ratings within about a second; it also forgets the
 calls past the feedback window. A rating is stored first (one atomic step) and reaches this
 process's router at once, the others' at their next pull. Statistics the router held when
 the service was built (a warm start) are kept as a prior under the stored sums.
+
+The service chooses a *model*; which replica of that model's upstream serves the call is the
+adapter's to ask of the upstream, after the choice (the proxy's
+:class:`~canopy.apps.routing.proxy.upstreams.UpstreamPool`).
 """
 
 from __future__ import annotations
@@ -17,45 +24,62 @@ import concurrent.futures
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from canopy.regional.breaker import Breaker
 from canopy.regional.ledger import FeedbackLedger
 from canopy.regional.router import RegionalRouter
-from canopy.regional.store import Call, Changes, Store, StoreBusy, moments, open_store
+from canopy.regional.sources import RegionSource
+from canopy.regional.store import Call, Changes, Store, StoreBusy, moments
+from canopy.regional.stores import open_store
+from canopy.validation import check_nonnegative
 
-__all__ = ["RoutingService"]
+__all__ = ["Route", "RoutingService"]
 
 log = logging.getLogger("canopy.regional")
 
 
+class Route(NamedTuple):
+    """A request's routing decision: its region and the models to try, best first (the
+    breaker's ejected ones last)."""
+
+    region: str
+    ranking: tuple[str, ...]
+
+
 class RoutingService:
-    """``router`` (its models are the arms) over ``store`` (a :class:`Store` or a URL for
-    :func:`~canopy.regional.store.open_store`; ``namespace`` separates services sharing a
-    store). ``window_s``: how long a call accepts its rating; ``breaker_failures`` and
-    ``breaker_cooldown_s``: the circuit breaker; ``sync_s``: how often the store is read
-    (``0``: only on :meth:`sync`); ``expire_every_s``: how often calls past the window are
-    forgotten (default: every minute, or every half window when that is shorter)."""
+    """``router`` (its models are the arms; it holds the trade-off ``lam``) over ``store``
+    (a :class:`Store` or a URL for :func:`~canopy.regional.stores.open_store`;
+    ``namespace`` separates services sharing a store). ``regions`` says where a request's
+    region comes from (default: the region it names, else the root). ``window_s``: how long
+    a call accepts its rating; ``breaker_failures`` and ``breaker_cooldown_s``: the circuit
+    breaker; ``sync_s``: how often the store is read (``0``: only on :meth:`sync`);
+    ``expire_every_s``: how often calls past the window are forgotten (default: every
+    minute, or every half window when that is shorter)."""
 
     def __init__(self, router: RegionalRouter, store: Store | str = "memory", *,
-                 namespace: str = "", window_s: float = 7 * 24 * 3600.0,
-                 breaker_failures: int = 3, breaker_cooldown_s: float = 30.0,
-                 sync_s: float = 0.25, expire_every_s: float | None = None,
-                 wait_s: float = 1.0,
+                 regions: RegionSource | None = None, namespace: str = "",
+                 window_s: float = 7 * 24 * 3600.0, breaker_failures: int = 3,
+                 breaker_cooldown_s: float = 30.0, sync_s: float = 0.25,
+                 expire_every_s: float | None = None, wait_s: float = 1.0,
                  max_queued: int = 100_000) -> None:
         self.router = router
         self.store = open_store(store, namespace=namespace, wait_s=wait_s) \
             if isinstance(store, str) else store
         self.store.check_meta(router.models, router.lam)
-        self.lock = threading.RLock()
+        self.regions = RegionSource() if regions is None else regions
+        self._lock = threading.RLock()
         self._prior = self._sums()
         self._version = 0
         self._sync_lock = threading.Lock()
-        self.ledger = FeedbackLedger(self.store, lam=router.lam, chain=self.chain_paths,
-                                     window_s=window_s, max_queued=max_queued)
-        self.breaker = Breaker(breaker_failures, breaker_cooldown_s)
+        self._mean_cost: dict[str, tuple[int, float]] = {}  # model -> (calls, mean cost)
+        self._ledger = FeedbackLedger(self.store, reward=router.reward,
+                                      chain=self.chain_paths, window_s=window_s,
+                                      max_queued=max_queued)
+        self._breaker = Breaker(breaker_failures, breaker_cooldown_s)
         self._sync_quietly()
         self._stop = threading.Event()
         self._thread = None
@@ -72,43 +96,117 @@ class RoutingService:
 
     @property
     def lam(self) -> float:
+        """The router's price of cost in quality units per dollar (its one place)."""
         return self.router.lam
 
     # -- routing ---------------------------------------------------------------------------
+    def route(self, given: str | None = None, body: Mapping[str, Any] | None = None, *,
+              allowed: Collection[str] | None = None, lam: float | None = None,
+              costs: Mapping[str, float] | None = None, max_cost: float | None = None
+              ) -> Route:
+        """The decision for one request: its region (:meth:`region`) and the models to try
+        in it, best first (:meth:`ranking`; ``allowed``, ``lam``, ``costs`` and
+        ``max_cost`` as there). Raises ``ValueError`` for a malformed region path."""
+        path = self.regions.propose(given, body)  # a classifier may be slow: no lock
+        with self._lock:
+            region = self.regions.bound(path, self.router.regions)
+            scores = self.router.scores(region)
+        return Route(region, self._order(scores, allowed, lam, costs, max_cost))
+
+    def region(self, given: str | None = None, body: Mapping[str, Any] | None = None) -> str:
+        """A request's region: ``given`` (a header, request metadata), else what the
+        :class:`~canopy.regional.sources.RegionSource` reads in ``body``, held to its
+        bounds (``ValueError`` for a malformed path). Creates nothing."""
+        path = self.regions.propose(given, body)
+        with self._lock:
+            return self.regions.bound(path, self.router.regions)
+
     def scores(self, region: str) -> np.ndarray:
         """Each model's index in ``region`` (higher first), from memory."""
-        with self.lock:
+        with self._lock:
             return self.router.scores(region)
 
-    def ranking(self, region: str, allowed: Sequence[str] | None = None) -> list[str]:
-        """Models by index, the breaker's ejected ones last; only ``allowed`` if given."""
-        order = np.argsort(-self.scores(region), kind="stable")
-        ranked = [self.models[int(m)] for m in order]
-        if allowed is not None:
-            keep = set(allowed)
+    def ranking(self, region: str, allowed: Collection[str] | None = None, *,
+                lam: float | None = None, costs: Mapping[str, float] | None = None,
+                max_cost: float | None = None) -> tuple[str, ...]:
+        """Models by index in ``region``, the breaker's ejected ones last; only ``allowed``
+        if given. A request's own ``lam`` re-weighs each model's index by the difference in
+        cost weight times the model's mean cost so far (before its first recorded call:
+        ``costs[model]``, this request's estimate); ``max_cost`` drops the models whose
+        ``costs`` (this request's estimated cost per model, then required) exceed it."""
+        return self._order(self.scores(region), allowed, lam, costs, max_cost)
+
+    def _order(self, scores: np.ndarray, allowed: Collection[str] | None, lam: float | None,
+               costs: Mapping[str, float] | None, max_cost: float | None
+               ) -> tuple[str, ...]:
+        models = self.models
+        keep = None if allowed is None else set(allowed)
+        if lam is not None or max_cost is not None:
+            estimate = np.zeros(len(models)) if costs is None else \
+                np.array([costs[m] for m in models], dtype=float)
+            if lam is not None:
+                with self._lock:
+                    seen = np.array([self._mean_cost.get(m, (0, c))[1]
+                                     for m, c in zip(models, estimate, strict=True)])
+                scores = scores + (self.lam - check_nonnegative(lam, "lam")) * seen
+            if max_cost is not None:
+                if costs is None:
+                    raise ValueError("max_cost needs each model's estimated cost (costs)")
+                within = estimate <= check_nonnegative(max_cost, "max_cost")
+                keep = {m for m, ok in zip(models, within, strict=True) if ok and
+                        (keep is None or m in keep)}
+        order = np.argsort(-scores, kind="stable")
+        ranked = [models[int(m)] for m in order]
+        if keep is not None:
             ranked = [m for m in ranked if m in keep]
-        return self.breaker.order(ranked)
+        return tuple(self._breaker.order(ranked))
+
+    def outcome(self, model: str, ok: bool) -> None:
+        """How a call to ``model`` went (answered, or failed through the upstream's fault):
+        the circuit breaker sets a model that keeps failing aside for a cool-down."""
+        if ok:
+            self._breaker.success(model)
+        else:
+            self._breaker.failure(model)
+
+    def ejected(self) -> list[str]:
+        """The models the breaker has set aside now."""
+        return self._breaker.ejected()
 
     def chain_paths(self, region: str) -> list[str]:
-        with self.lock:
+        with self._lock:
             return self.router.chain_paths(region)
 
     # -- calls and ratings -----------------------------------------------------------------
     def record(self, call: Call) -> concurrent.futures.Future[None]:
-        """Keep an answered call for its rating (written in the background)."""
-        return self.ledger.record(call)
+        """Keep an answered call for its rating (written in the background), and its cost in
+        its model's mean cost (what a request's own ``lam`` re-weighs by)."""
+        with self._lock:
+            n, mean = self._mean_cost.get(call.model, (0, 0.0))
+            self._mean_cost[call.model] = (n + 1, mean + (call.cost - mean) / (n + 1))
+        return self._ledger.record(call)
+
+    def call(self, call_id: str) -> Call | None:
+        """The call of ``call_id`` awaiting (or given) its rating; ``None`` when unknown or
+        forgotten. Raises ``StoreBusy`` (also while the call waits to be stored)."""
+        return self._ledger.call(call_id)
 
     def rate(self, call_id: str, quality: float) -> Call:
-        """Store a rating, then use it here (see :meth:`FeedbackLedger.rate`)."""
-        call = self.ledger.rate(call_id, quality)
+        """Store a rating, then use it here; the call, rated (see
+        :meth:`FeedbackLedger.rate` for what is refused, as a ``FeedbackError``)."""
+        call = self._ledger.rate(call_id, quality)
         self._sync_quietly()
         return call
 
     def rate_episode(self, episode: str, reward: float) -> list[Call]:
         """Store an episode's reward, then use it here (:meth:`FeedbackLedger.rate_episode`)."""
-        calls = self.ledger.rate_episode(episode, reward)
+        calls = self._ledger.rate_episode(episode, reward)
         self._sync_quietly()
         return calls
+
+    def reward(self, quality: float, cost: float) -> float:
+        """The router's reward of an outcome, ``quality - lam * cost``."""
+        return self.router.reward(quality, cost)
 
     # -- the shared statistics -------------------------------------------------------------
     def _sums(self) -> dict[tuple[str, str], np.ndarray]:
@@ -127,7 +225,7 @@ class RoutingService:
         with self._sync_lock:
             changes: Changes = self.store.changes(self._version)
             known = set(self.models)
-            with self.lock:
+            with self._lock:
                 for cell in changes.cells:
                     if cell.model not in known:
                         continue  # a deployment this router no longer has
@@ -153,7 +251,7 @@ class RoutingService:
                 self.sync()
                 if expire_every_s > 0 and time.monotonic() >= next_expiry:
                     next_expiry = time.monotonic() + expire_every_s
-                    gone = self.ledger.expire()
+                    gone = self._ledger.expire()
                     if gone:
                         log.info("forgot %d calls past the feedback window", gone)
             except StoreBusy as error:
@@ -164,7 +262,7 @@ class RoutingService:
     def estimates(self) -> list[dict[str, object]]:
         """The router's estimates for every region holding data, by region path then model:
         an order that depends on what was learned, not on the order regions were met."""
-        with self.lock:
+        with self._lock:
             rows = self.router.estimates()
         held = {row["region"] for row in rows if row["count"] > 0}
         index = {m: i for i, m in enumerate(self.models)}
@@ -180,6 +278,6 @@ class RoutingService:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
-        self.ledger.close()
+        self._ledger.close()
         if store:
             self.store.close()

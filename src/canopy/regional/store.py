@@ -19,10 +19,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
-from urllib.parse import urlsplit
 
-__all__ = ["Call", "Cell", "Changes", "Increment", "Store", "StoreBusy", "moments",
-           "open_store"]
+from canopy._lazy import deprecated_aliases
+
+__all__ = ["Call", "Cell", "Changes", "Increment", "Store", "StoreBusy", "moments"]
 
 
 class StoreBusy(Exception):
@@ -122,31 +122,4 @@ class Store(Protocol):
     def close(self) -> None: ...
 
 
-def open_store(url: str, *, namespace: str = "", wait_s: float = 1.0) -> Store:
-    """The store a URL names: ``"memory"``, ``"sqlite:///path"`` (four slashes for an
-    absolute path; or a plain path) or ``"redis://host:port/db"``. ``namespace`` separates
-    the statistics of several services in one store; ``wait_s`` bounds how long one
-    operation waits for a busy store."""
-    if not isinstance(url, str) or not url:
-        raise ValueError(f"store must be 'memory', 'sqlite:///path' or 'redis://host:port/db', "
-                         f"got {url!r}")
-    scheme = urlsplit(url).scheme
-    if url == "memory":
-        from canopy.regional.store_memory import MemoryStore
-
-        return MemoryStore(namespace=namespace)
-    if scheme in ("redis", "rediss", "unix"):
-        from canopy.regional.store_redis import RedisStore
-
-        return RedisStore(url, namespace=namespace, wait_s=wait_s)
-    if scheme == "sqlite":
-        url = url[len("sqlite:///"):] if url.startswith("sqlite:///") else ""
-        if not url:
-            raise ValueError("a SQLite store is 'sqlite:///relative/path' or "
-                             "'sqlite:////absolute/path'")
-    elif scheme:
-        raise ValueError(f"unknown store scheme {scheme!r} in {url!r}: use 'memory', "
-                         "'sqlite:///path' or 'redis://host:port/db'")
-    from canopy.regional.store_sqlite import SqliteStore
-
-    return SqliteStore(url, namespace=namespace, wait_s=wait_s)
+deprecated_aliases(__name__, {"open_store": "canopy.regional.stores"})

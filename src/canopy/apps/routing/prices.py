@@ -15,6 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from canopy.validation import check_nonnegative
+
 __all__ = ["CHARS_PER_TOKEN", "Price", "PriceTable", "estimate_tokens"]
 
 CHARS_PER_TOKEN = 4.0
@@ -36,9 +38,8 @@ class Price:
 
     def __post_init__(self) -> None:
         for name in ("input", "output"):
-            value = getattr(self, name)
-            if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-                raise ValueError(f"price {name} must be a finite number >= 0, got {value!r}")
+            object.__setattr__(self, name,
+                               check_nonnegative(getattr(self, name), f"price {name}"))
 
 
 class PriceTable:

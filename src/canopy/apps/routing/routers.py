@@ -23,9 +23,9 @@ from canopy.regional.router import (
     Router,
     ThompsonRouter,
     check_feedback,
-    check_lam,
     check_models,
 )
+from canopy.validation import check_nonnegative
 
 __all__ = [
     "CategoryOracle",
@@ -74,7 +74,7 @@ class RandomRouter:
 class _Oracle:
     def __init__(self, outcomes: Outcomes, *, lam: float = 0.0) -> None:
         self.models = outcomes.models
-        self.lam = check_lam(lam)
+        self.lam = check_nonnegative(lam, "lam")
         self._outcomes = outcomes
 
     def update(self, region: str, model: str, quality: float, cost: float) -> None:

@@ -36,24 +36,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
-import math
 import os
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
-import numpy as np
 from fastapi import FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from starlette.requests import ClientDisconnect
 
 from canopy.apps.routing.proxy.config import Limits, ProxyConfig
 from canopy.apps.routing.proxy.guard import (
@@ -69,12 +67,20 @@ from canopy.apps.routing.proxy.guard import (
     sane_usage,
 )
 from canopy.apps.routing.proxy.metrics import CONTENT_TYPE_LATEST, ProxyMetrics
-from canopy.apps.routing.proxy.regions import RegionSource
-from canopy.llm.client import LLMError, LLMServerError, LLMTimeoutError
+from canopy.apps.routing.proxy.upstreams import UpstreamPool
+from canopy.apps.routing.proxy.web import error_json as _error
+from canopy.apps.routing.proxy.web import rating_route, read_json, refusal, refused
+from canopy.llm.client import (
+    LLMConnectionError,
+    LLMError,
+    LLMResponseError,
+    LLMServerError,
+    LLMTimeoutError,
+)
 from canopy.llm.passthrough import AnswerTooLarge, AsyncPassthrough
-from canopy.regional.ledger import FeedbackError
 from canopy.regional.outcomes import Outcomes
-from canopy.regional.service import RoutingService
+from canopy.regional.service import Route, RoutingService
+from canopy.regional.sources import RegionSource
 from canopy.regional.store import Call, StoreBusy
 
 __all__ = ["AUTO_MODELS", "app_from_env", "create_app", "read_prior", "serve_in_thread"]
@@ -85,12 +91,9 @@ CONFIG_ENV = "CANOPY_PROXY_CONFIG"  # what ``serve router --workers N`` hands it
 INSECURE_ENV = "CANOPY_PROXY_INSECURE_NO_AUTH"
 PRIOR_ENV = "CANOPY_PROXY_PRIOR"  # ``--prior LOG`` for the workers
 log = logging.getLogger("canopy.proxy")
-
-
-def _error(status: int, message: str, kind: str = "invalid_request_error", **extra: Any
-           ) -> JSONResponse:
-    return JSONResponse({"error": {"message": message, "type": kind, **extra}},
-                        status_code=status)
+_T = TypeVar("_T")
+# what a failed upstream attempt raises: the proxy moves on to the next model
+_UPSTREAM_FAILURES = (LLMError, asyncio.TimeoutError, httpx.HTTPError)
 
 
 def _reason(error: LLMError) -> str:
@@ -101,7 +104,7 @@ def _reason(error: LLMError) -> str:
         return "timeout"
     if isinstance(error, LLMServerError):
         return f"http {error.status}"
-    return "unreachable" if "reach" in str(error) else "bad response"
+    return "unreachable" if isinstance(error, LLMConnectionError) else "bad response"
 
 
 @dataclass(frozen=True)
@@ -119,7 +122,10 @@ class _Call:
 
 
 class _Proxy:
-    """The proxy's state and logic, apart from the web framework."""
+    """The proxy's state and logic, apart from the web framework. It decides nothing: the
+    routing service chooses (:meth:`RoutingService.route`) and learns
+    (:meth:`~RoutingService.outcome`, :meth:`~RoutingService.record`,
+    :meth:`~RoutingService.rate`); the proxy forwards, prices and answers."""
 
     def __init__(self, config: ProxyConfig, keys: Keys, prior: Outcomes | None = None
                  ) -> None:
@@ -131,44 +137,29 @@ class _Proxy:
             router.fit(prior)
         try:
             self.service = RoutingService(
-                router, config.store, window_s=limits.feedback_window_s,
-                breaker_failures=limits.breaker_failures,
+                router, config.store,
+                regions=RegionSource(config.region, max_regions=limits.max_regions),
+                window_s=limits.feedback_window_s, breaker_failures=limits.breaker_failures,
                 breaker_cooldown_s=limits.breaker_cooldown_s, wait_s=limits.store_wait_s)
         except ValueError as error:
             raise ValueError(f"{config.store} holds another router's state: {error}; "
                              "use a new store") from None
         except StoreBusy as error:
             raise ValueError(f"cannot open the store {config.store}: {error}") from None
-        self.router = self.service.router
-        self.breaker = self.service.breaker
-        self.upstreams = {u.model: u for u in config.upstreams}
-        cap = config.limits.max_answer_bytes
-        self.clients = {u.model: AsyncPassthrough(u.base_url, model=u.upstream_model,
-                                                  api_key_env=u.api_key_env,
-                                                  max_answer_bytes=cap)
-                        for u in config.upstreams}
-        self.embedders = {u.model: (u, AsyncPassthrough(u.base_url, model=u.upstream_model,
-                                                        api_key_env=u.api_key_env,
-                                                        max_answer_bytes=cap))
+        cap = limits.max_answer_bytes
+        self.upstreams = {u.model: UpstreamPool(u, max_answer_bytes=cap)
+                          for u in config.upstreams}
+        self.embedders = {u.model: UpstreamPool(u, max_answer_bytes=cap)
                           for u in config.embeddings}
         self.secrets = keys.secrets + tuple(os.environ.get(u.api_key_env, "")
                                             for u in (*config.upstreams, *config.embeddings)
                                             if u.api_key_env)
-        self.regions = RegionSource(config.region, max_regions=config.limits.max_regions)
         self.metrics = ProxyMetrics()
-        self.mean_cost: dict[str, tuple[int, float]] = {}  # model -> (count, mean cost)
-
-    def region(self, headers: Any, body: dict[str, Any]) -> str:
-        """The request's region (:class:`RegionSource`), from its header or its text."""
-        with self.service.lock:
-            return self.regions.region(headers.get(self.config.region.header), body,
-                                       self.router.regions)
 
     async def _record(self, request_id: str, region: str, model: str, cost: float,
                       episode: str | None) -> None:
         """Keep an answered request for its feedback (waiting at most ``store_wait_s`` for
-        the store: past that the call is stored in the background), and the model's mean
-        cost."""
+        the store: past that the call is stored in the background)."""
         stored = self.service.record(Call(request_id, region, model, cost, time.time(),
                                           episode))
         try:
@@ -177,34 +168,28 @@ class _Proxy:
         except (asyncio.TimeoutError, StoreBusy) as error:
             log.warning("request %s: its call is not stored yet (%s)", request_id,
                         type(error).__name__)
-        n, mean = self.mean_cost.get(model, (0, 0.0))
-        self.mean_cost[model] = (n + 1, mean + (cost - mean) / (n + 1))
 
-    def _ranking(self, region: str, body: dict[str, Any], preferences: Preferences
-                 ) -> list[str]:
-        """The router's ranking for this request. The stored rewards were taken at the
-        router's ``lam``; a request's own ``lam`` re-weighs each model's index by the
-        difference in cost weight times the model's mean cost so far (this request's estimate
-        before its first answer). ``max_cost`` drops the models whose estimated cost for this
-        request (prompt and ``max_tokens``) exceeds it."""
-        scores = self.service.scores(region)
+    def _route(self, headers: Any, view: dict[str, Any], asked: str,
+               preferences: Preferences) -> Route:
+        """The service's decision for this request: a model asked by name is the only one
+        tried; else the router's ranking, re-weighed by the request's own ``lam`` and cut by
+        its ``max_cost`` (each model's cost for this request estimated from its prompt and
+        ``max_tokens``)."""
+        given = headers.get(self.config.region.header)
+        if asked in self.upstreams:
+            return self.service.route(given, view, allowed=(asked,))
         if preferences.lam is None and preferences.max_cost is None:
-            return [self.router.models[int(m)] for m in np.argsort(-scores, kind="stable")]
-        prompt, completion = expected_tokens(body)
-        costs = np.array([self.config.prices.cost(m, prompt, completion)
-                          for m in self.router.models])
-        if preferences.lam is not None:
-            seen = np.array([self.mean_cost.get(m, (0, c))[1]
-                             for m, c in zip(self.router.models, costs, strict=True)])
-            scores = scores + (self.config.lam - preferences.lam) * seen
-        keep = costs <= (np.inf if preferences.max_cost is None else preferences.max_cost)
-        return [self.router.models[int(m)] for m in np.argsort(-scores, kind="stable")
-                if keep[m]]
+            return self.service.route(given, view)
+        prompt, completion = expected_tokens(view)
+        costs = {m: self.config.prices.cost(m, prompt, completion) for m in self.upstreams}
+        return self.service.route(given, view, lam=preferences.lam, costs=costs,
+                                  max_cost=preferences.max_cost)
 
     # -- chat ----------------------------------------------------------------------------
     async def chat(self, headers: Any, body: Any, endpoint: str = "chat/completions"
-                   ) -> JSONResponse:
-        """A chat (or, with ``endpoint="completions"``, a text) completion, routed."""
+                   ) -> Response:
+        """A chat (or, with ``endpoint="completions"``, a text) completion, routed; streamed
+        when the body asks for a stream."""
         started = time.perf_counter()
         problem = (check_chat_body if endpoint == "chat/completions"
                    else check_completion_body)(body)
@@ -215,13 +200,6 @@ class _Proxy:
         if asked not in AUTO_MODELS and asked not in self.upstreams:
             return _error(400, f"unknown model {asked!r}: use 'auto' or one of "
                                f"{list(self.upstreams)}", code="model_not_found")
-        try:
-            region = self.region(headers, view)
-        except ValueError as error:
-            return _error(400, f"bad region: {error}", code="bad_region")
-        except Exception as error:  # a user classifier's failure is reported, not hidden
-            log.error("region classifier failed: %s", redact(repr(error), self.secrets))
-            return _error(500, "the region classifier failed", "server_error")
         episode = headers.get(EPISODE_HEADER) or None
         if episode is not None and (len(episode) > 128 or not episode.isprintable()):
             return _error(400, f"{EPISODE_HEADER} must be at most 128 printable characters",
@@ -229,55 +207,97 @@ class _Proxy:
         preferences = Preferences.pop(body)
         if isinstance(preferences, str):
             return _error(400, preferences)
-        if asked in self.upstreams:
-            ranking = [asked]
-        else:
-            ranking = self._ranking(region, view, preferences)
-            if not ranking:
-                return _error(400, f"no model's estimated cost is within canopy.max_cost "
-                                   f"({preferences.max_cost:g} $)", code="over_max_cost")
-        ranking = self.breaker.order(ranking)
-        request_id = f"req-{uuid.uuid4().hex}"
-        call = _Call(endpoint, body, view, region, request_id, episode,
+        try:
+            region, ranking = self._route(headers, view, asked, preferences)
+        except ValueError as error:
+            return _error(400, f"bad region: {error}", code="bad_region")
+        except Exception as error:  # a user classifier's failure is reported, not hidden
+            log.error("region classifier failed: %s", redact(repr(error), self.secrets))
+            return _error(500, "the region classifier failed", "server_error")
+        if not ranking:
+            return _error(400, f"no model's estimated cost is within canopy.max_cost "
+                               f"({preferences.max_cost:g} $)", code="over_max_cost")
+        call = _Call(endpoint, body, view, region, f"req-{uuid.uuid4().hex}", episode,
                      started + self.config.deadline_s)
         if body.get("stream"):
-            return await self._stream(call, ranking)
+            streamed = await self._first(call, ranking, self._open_stream)
+            if isinstance(streamed, JSONResponse):
+                return streamed
+            model, (response, chunks, first), _, _ = streamed
+            return StreamingResponse(
+                self._relay(call, model, first, chunks, response),
+                media_type="text/event-stream",
+                headers={"X-Canopy-Model": model, "X-Canopy-Request-Id": call.request_id,
+                         "X-Canopy-Region": call.region})
+        answered = await self._first(call, ranking, self._ask)
+        if isinstance(answered, JSONResponse):
+            return answered
+        model, answer, attempts, upstream_s = answered
+        prompt, completion, usage = sane_usage(view, len(answer.text), answer.raw,
+                                               answer.prompt_tokens, answer.completion_tokens)
+        cost = self.config.prices.cost(model, prompt, completion)
+        await self._record(call.request_id, region, model, cost, episode)
+        overhead_ms = (time.perf_counter() - started - upstream_s) * 1000.0
+        out = dict(answer.raw)
+        out["model"] = model
+        out["canopy"] = {"request_id": call.request_id, "model": model, "region": region,
+                         "episode": episode, "cost": cost, "usage": usage,
+                         "failed_attempts": [{"model": a["model"], "reason": a["reason"]}
+                                             for a in attempts],
+                         "upstream_ms": upstream_s * 1000.0, "overhead_ms": overhead_ms}
+        return JSONResponse(out, headers={"X-Canopy-Model": model,
+                                          "X-Canopy-Request-Id": call.request_id,
+                                          "X-Canopy-Usage": usage,
+                                          "X-Canopy-Overhead-Ms": f"{overhead_ms:.3f}"})
+
+    @staticmethod
+    async def _ask(client: AsyncPassthrough, call: _Call, budget: float) -> Any:
+        """One upstream's whole answer."""
+        return await client.chat(call.body, timeout=budget, endpoint=call.endpoint)
+
+    @staticmethod
+    async def _open_stream(client: AsyncPassthrough, call: _Call, budget: float
+                           ) -> tuple[Any, AsyncIterator[bytes], bytes]:
+        """One upstream's event stream, up to its first byte (closed if that never comes)."""
+        response = await client.open_stream(call.body, timeout=budget, endpoint=call.endpoint)
+        try:
+            chunks = response.aiter_raw()
+            return response, chunks, await anext(chunks)
+        except StopAsyncIteration:
+            await response.aclose()
+            raise LLMResponseError("the stream ended before its first byte") from None
+        except BaseException:
+            await response.aclose()
+            raise
+
+    async def _first(self, call: _Call, ranking: Sequence[str],
+                     attempt: Callable[[AsyncPassthrough, _Call, float], Awaitable[_T]]
+                     ) -> tuple[str, _T, list[dict[str, Any]], float] | JSONResponse:
+        """The failover of chats and streams alike: ``attempt`` on each model of
+        ``ranking`` in turn (on the replica its upstream names), each within its timeout and
+        all within the request's deadline, until one succeeds: ``(model, what it gave, the
+        failed attempts, seconds spent on upstreams)``; when none does, the answer saying
+        so. Every outcome reaches the service's breaker."""
         attempts: list[dict[str, Any]] = []
         upstream_s = 0.0
         for model in ranking:
             remaining = call.deadline - time.perf_counter()
             if remaining <= 0:
                 break
+            upstream = self.upstreams[model]
+            budget = min(remaining, upstream.timeout_s)
             t0 = time.perf_counter()
-            budget = min(remaining, self.upstreams[model].timeout_s)
             try:  # the deadline holds for the whole call, not per read
-                answer = await asyncio.wait_for(
-                    self.clients[model].chat(body, timeout=budget, endpoint=endpoint),
-                    timeout=budget)
-            except (LLMError, asyncio.TimeoutError) as error:
-                upstream_s += time.perf_counter() - t0
-                attempts.append(self._attempt_failed(model, error, request_id))
+                result = await asyncio.wait_for(
+                    attempt(upstream.replica(call.body), call, budget), timeout=budget)
+            except _UPSTREAM_FAILURES as error:
+                attempts.append(self._attempt_failed(model, error, call.request_id))
                 continue
-            upstream_s += time.perf_counter() - t0
-            self.breaker.success(model)
-            prompt, completion, usage = sane_usage(view, len(answer.text), answer.raw,
-                                                   answer.prompt_tokens,
-                                                   answer.completion_tokens)
-            cost = self.config.prices.cost(model, prompt, completion)
-            await self._record(request_id, region, model, cost, episode)
-            overhead_ms = (time.perf_counter() - started - upstream_s) * 1000.0
-            out = dict(answer.raw)
-            out["model"] = model
-            out["canopy"] = {"request_id": request_id, "model": model, "region": region,
-                             "episode": episode, "cost": cost, "usage": usage,
-                             "failed_attempts": [{"model": a["model"], "reason": a["reason"]}
-                                                 for a in attempts],
-                             "upstream_ms": upstream_s * 1000.0, "overhead_ms": overhead_ms}
-            return JSONResponse(out, headers={"X-Canopy-Model": model,
-                                              "X-Canopy-Request-Id": request_id,
-                                              "X-Canopy-Usage": usage,
-                                              "X-Canopy-Overhead-Ms": f"{overhead_ms:.3f}"})
-        return self._failed(attempts, request_id, call.deadline)
+            finally:
+                upstream_s += time.perf_counter() - t0
+            self.service.outcome(model, ok=True)
+            return model, result, attempts, upstream_s
+        return self._failed(attempts, call.request_id, call.deadline)
 
     def _failed(self, attempts: list[dict[str, Any]], request_id: str, deadline: float
                 ) -> JSONResponse:
@@ -301,44 +321,17 @@ class _Proxy:
         """Count a failed upstream call (breaker, redacted log); the attempt's public record.
         A rejection that blames the request (:func:`client_fault`) is not the upstream's
         failure: the breaker does not count it."""
-        error = error if isinstance(error, LLMError) else LLMTimeoutError("deadline")
+        if not isinstance(error, LLMError):  # past the deadline, or a stream that broke
+            error = LLMTimeoutError("deadline") if isinstance(error, asyncio.TimeoutError) \
+                else LLMResponseError(f"the stream broke before its first byte "
+                                      f"({type(error).__name__})")
         status = getattr(error, "status", None)
         if not client_fault(status):
-            self.breaker.failure(model)
+            self.service.outcome(model, ok=False)
         self.metrics.failovers.labels(model=model).inc()
         log.warning("request %s: upstream %s failed: %s", request_id, model,
                     redact(str(error), self.secrets))
         return {"model": model, "reason": _reason(error), "status": status}
-
-    async def _stream(self, call: _Call, ranking: list[str]) -> Any:
-        """Server-sent events passed through from the first upstream that sends a byte
-        within the deadline (failover only before the first byte); the cost is recorded
-        when the stream ends, from its final usage chunk or, failing that, estimated."""
-        attempts: list[dict[str, Any]] = []
-        for model in ranking:
-            remaining = call.deadline - time.perf_counter()
-            if remaining <= 0:
-                break
-            budget = min(remaining, self.upstreams[model].timeout_s)
-            response = None
-            try:
-                response = await asyncio.wait_for(self.clients[model].open_stream(
-                    call.body, timeout=budget, endpoint=call.endpoint), timeout=budget)
-                chunks = response.aiter_raw()
-                first = await asyncio.wait_for(anext(chunks), timeout=budget)
-            except (LLMError, asyncio.TimeoutError, httpx.HTTPError, StopAsyncIteration
-                    ) as error:
-                if response is not None:
-                    await response.aclose()
-                attempts.append(self._attempt_failed(model, error, call.request_id))
-                continue
-            self.breaker.success(model)
-            return StreamingResponse(
-                self._relay(call, model, first, chunks, response),
-                media_type="text/event-stream",
-                headers={"X-Canopy-Model": model, "X-Canopy-Request-Id": call.request_id,
-                         "X-Canopy-Region": call.region})
-        return self._failed(attempts, call.request_id, call.deadline)
 
     async def _relay(self, call: _Call, model: str, first: bytes,
                      chunks: AsyncIterator[bytes], response: Any) -> AsyncIterator[bytes]:
@@ -401,9 +394,10 @@ class _Proxy:
             return _error(400, f"unknown embedding model {asked!r}: use one of "
                                f"{list(self.embedders)}", code="model_not_found")
         request_id = f"req-{uuid.uuid4().hex}"
-        budget = min(self.config.deadline_s, self.embedders[asked][0].timeout_s)
+        upstream = self.embedders[asked]
+        budget = min(self.config.deadline_s, upstream.timeout_s)
         try:
-            raw = await asyncio.wait_for(self.embedders[asked][1].post(
+            raw = await asyncio.wait_for(upstream.replica(body).post(
                 "embeddings", body, timeout=budget), timeout=budget)
         except (LLMError, asyncio.TimeoutError) as error:
             error = error if isinstance(error, LLMError) else LLMTimeoutError("deadline")
@@ -433,63 +427,25 @@ class _Proxy:
         scratch.update("warm-up", scratch.models[0], 0.5, 0.0)
         body = {"messages": [{"role": "user", "content": "warm up"}]}
         try:
-            self.regions.region(None, body, scratch.regions)
+            self.service.region(None, body)  # reads the live tree, adds nothing to it
         except Exception as error:  # a user classifier's failure shows on real requests
             log.warning("warm-up: the region classifier failed: %s",
                         redact(repr(error), self.secrets))
         self.config.prices.cost(scratch.models[0], *expected_tokens(body))
 
-    # -- feedback ------------------------------------------------------------------------
-    @staticmethod
-    def _refused(error: FeedbackError | StoreBusy) -> JSONResponse:
-        """The answer to a rating the ledger refused, or that a busy store could not take."""
-        if isinstance(error, StoreBusy):
-            log.error("feedback not stored: %s", error)
-            answer = _error(503, "the statistics store is busy; nothing was recorded, retry "
-                                 "the feedback", "server_error")
-            answer.headers["Retry-After"] = "1"
-            return answer
-        return _error(error.status, str(error), code=error.code)
-
-    @staticmethod
-    def _rating(body: Any, key: str, value_key: str) -> tuple[str, float] | JSONResponse:
-        """``(id, value)`` of a feedback body ``{key: str, value_key: number in [0, 1]}``,
-        or the 400/422 answer."""
-        if not isinstance(body, dict) or set(body) - {key, value_key}:
-            return _error(400, f"feedback must be {{'{key}': str, '{value_key}': number}}")
-        ident, value = body.get(key), body.get(value_key)
-        if not isinstance(ident, str) or not ident:
-            return _error(400, f"'{key}' must be a non-empty string")
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or \
-                not math.isfinite(value) or not 0.0 <= value <= 1.0:
-            return _error(422, f"'{value_key}' must be a number in [0, 1], got {value!r}")
-        return ident, float(value)
-
-    def feedback(self, body: Any) -> JSONResponse | dict[str, Any]:
-        """Runs in a worker thread (the store is never waited on in the event loop)."""
-        rating = self._rating(body, "request_id", "quality")
-        if isinstance(rating, JSONResponse):
-            return rating
-        request_id, quality = rating
-        try:
-            call = self.service.rate(request_id, quality)
-        except (FeedbackError, StoreBusy) as error:
-            return self._refused(error)
+    # -- feedback (through :func:`~canopy.apps.routing.proxy.web.rating_route`) ---------
+    def feedback(self, request_id: str, quality: Any) -> dict[str, Any]:
+        """Rate one call. Runs in a worker thread (the store is never waited on in the
+        event loop)."""
+        call = self.service.rate(request_id, quality)
         return {"ok": True, "request_id": request_id, "region": call.region,
-                "model": call.model, "reward": quality - self.config.lam * call.cost}
+                "model": call.model, "reward": self.service.reward(call.quality, call.cost)}
 
-    def episode_feedback(self, body: Any) -> JSONResponse | dict[str, Any]:
+    def episode_feedback(self, episode: str, reward: Any) -> dict[str, Any]:
         """An episode's terminal reward, credited as the quality of every call of the
         episode not yet rated (paper Appendix E: each (region, model) pull of the episode
         gets the episode's outcome). Runs in a worker thread."""
-        rating = self._rating(body, "episode_id", "reward")
-        if isinstance(rating, JSONResponse):
-            return rating
-        episode, reward = rating
-        try:
-            calls = self.service.rate_episode(episode, reward)
-        except (FeedbackError, StoreBusy) as error:
-            return self._refused(error)
+        calls = self.service.rate_episode(episode, reward)
         return {"ok": True, "episode_id": episode, "credited": len(calls),
                 "calls": [{"request_id": c.id, "region": c.region, "model": c.model}
                           for c in calls]}
@@ -499,15 +455,15 @@ class _Proxy:
         try:
             counts = self.service.counts()
         except StoreBusy as error:
-            return self._refused(error)
-        return {"models": list(self.config.models), "lam": self.config.lam,
+            return refused(error)
+        return {"models": list(self.service.models), "lam": self.service.lam,
                 "learner": self.config.learner, "sharing": self.config.sharing,
-                "price_table": self.config.prices.version, "ejected": self.breaker.ejected(),
+                "price_table": self.config.prices.version, "ejected": self.service.ejected(),
                 **counts, "statistics": self.service.estimates()}
 
     async def close(self) -> None:
-        for client in (*self.clients.values(), *(e[1] for e in self.embedders.values())):
-            await client.aclose()
+        for upstream in (*self.upstreams.values(), *self.embedders.values()):
+            await upstream.aclose()
         await asyncio.to_thread(self.service.close)
 
 
@@ -532,40 +488,9 @@ def create_app(config: ProxyConfig, *, insecure_no_auth: bool = False,
     app = FastAPI(title="Canopy routing proxy", lifespan=lifespan)
     app.state.proxy = proxy
 
-    def refusal(request: Request, *, admin: bool) -> JSONResponse | None:
-        status = keys.refusal(request.headers.get("authorization"), admin=admin)
-        if status == 403:
-            return _error(403, "the client key cannot use this route: it needs the admin key",
-                          "permission_error")
-        if status == 401:
-            return _error(401, "missing or wrong API key (Authorization: Bearer ...)"
-                          + (": this route needs the admin key" if admin else ""),
-                          "authentication_error")
-        return None
-
-    async def json_body(request: Request, *, admin: bool) -> tuple[Any, Any]:
-        refused = refusal(request, admin=admin)
-        if refused is not None:
-            return None, refused
-        declared = request.headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > limit:
-            return None, _error(413, f"the body exceeds {limit} bytes")
-        raw = bytearray()
-        try:
-            async for chunk in request.stream():
-                raw += chunk
-                if len(raw) > limit:
-                    return None, _error(413, f"the body exceeds {limit} bytes")
-        except ClientDisconnect:  # closed mid-body (limits.client_timeout_s): nobody to answer
-            return None, _error(400, "the client left before sending its whole body")
-        try:
-            return json.loads(raw), None
-        except (ValueError, RecursionError):
-            return None, _error(400, "the request body is not valid JSON (or nests too deep)")
-
     async def routed(request: Request, endpoint: str) -> Any:
         started = time.perf_counter()
-        body, problem = await json_body(request, admin=False)
+        body, problem = await read_json(request, keys, admin=False, limit=limit)
         answer = problem or await proxy.chat(request.headers, body, endpoint)
         proxy.metrics.chat(answer.status_code, answer.headers.get("X-Canopy-Model"),
                            time.perf_counter() - started)
@@ -581,40 +506,32 @@ def create_app(config: ProxyConfig, *, insecure_no_auth: bool = False,
 
     @app.post("/v1/embeddings")
     async def embeddings(request: Request) -> Any:
-        body, problem = await json_body(request, admin=False)
+        body, problem = await read_json(request, keys, admin=False, limit=limit)
         return problem or await proxy.embeddings(body)
 
     @app.get("/v1/models")
     async def models(request: Request) -> Any:
-        return refusal(request, admin=False) or proxy.model_list()
+        return refusal(keys, request, admin=False) or proxy.model_list()
 
-    async def rate(request: Request, kind: str, handler: Any) -> Any:
-        body, problem = await json_body(request, admin=True)
-        answer = problem or await run_in_threadpool(handler, body)
-        status = getattr(answer, "status_code", 200)
-        proxy.metrics.feedback.labels(kind=kind, status=str(status)).inc()
-        return answer
-
-    @app.post("/v1/feedback")
-    async def feedback(request: Request) -> Any:
-        return await rate(request, "request", proxy.feedback)
-
-    @app.post("/v1/feedback/episode")
-    async def episode_feedback(request: Request) -> Any:
-        return await rate(request, "episode", proxy.episode_feedback)
+    for path, kind, key, value_key, rate in (
+            ("/v1/feedback", "request", "request_id", "quality", proxy.feedback),
+            ("/v1/feedback/episode", "episode", "episode_id", "reward",
+             proxy.episode_feedback)):
+        rating_route(app, path, rate, keys=keys, limit=limit, key=key, value_key=value_key,
+                     answered=functools.partial(proxy.metrics.rated, kind))
 
     @app.get("/metrics")
     async def metrics(request: Request) -> Any:
-        refused = refusal(request, admin=True)
-        if refused is not None:
-            return refused
+        refused_key = refusal(keys, request, admin=True)
+        if refused_key is not None:
+            return refused_key
         return Response(proxy.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/router/stats")
     async def stats(request: Request) -> Any:
-        refused = refusal(request, admin=True)
-        if refused is not None:
-            return refused
+        refused_key = refusal(keys, request, admin=True)
+        if refused_key is not None:
+            return refused_key
         return await run_in_threadpool(proxy.stats)
 
     @app.get("/health")
@@ -658,7 +575,7 @@ def serve_in_thread(app: Any, *, host: str = "127.0.0.1", port: int = 0,
             port = sock.getsockname()[1]
     proxy = getattr(app.state, "proxy", None)  # None: another app (e.g. a ratings route)
     limits, upstreams = (Limits(), 0) if proxy is None else (proxy.config.limits,
-                                                             len(proxy.clients))
+                                                             len(proxy.upstreams))
     server = uvicorn.Server(uvicorn_config(app, limits, upstreams=upstreams, host=host,
                                            port=port))
     thread = threading.Thread(target=server.run, daemon=True, name=f"canopy-router-{port}")

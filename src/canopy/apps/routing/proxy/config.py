@@ -30,17 +30,18 @@ themselves never appear in the file: ``auth`` names the environment variables th
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from canopy import safeio
+from canopy._lazy import deprecated_aliases
 from canopy.apps.routing.prices import PriceTable
+from canopy.regional import sources
 from canopy.regional.router import RegionalRouter
-from canopy.validation import check_positive
+from canopy.validation import check_count, check_positive
 
-__all__ = ["AuthConfig", "Limits", "ProxyConfig", "RegionConfig", "Upstream"]
+__all__ = ["AuthConfig", "Limits", "ProxyConfig", "Upstream"]
 
 
 @dataclass(frozen=True)
@@ -62,52 +63,6 @@ class Upstream:
         object.__setattr__(self, "timeout_s", check_positive(self.timeout_s, "timeout_s"))
         if not self.upstream_model:
             object.__setattr__(self, "upstream_model", self.model)
-
-
-@dataclass(frozen=True)
-class RegionConfig:
-    """Where a request's region comes from: a header, else the first matching rule (a regular
-    expression over the user messages), else a classifier, else the nearest centroid of
-    example texts, else ``default``. With ``allowed``, a region outside the list becomes its
-    nearest allowed ancestor (or ``default``)."""
-
-    header: str = "X-Canopy-Region"
-    default: str = ""
-    allowed: tuple[str, ...] = ()
-    rules: tuple[tuple[re.Pattern[str], str], ...] = ()
-    classifier: str | None = None
-    centroids: dict[str, list[str]] = field(default_factory=dict)
-
-    @classmethod
-    def from_mapping(cls, data: Any) -> RegionConfig:
-        if not isinstance(data, dict):
-            raise ValueError("'region' must be a JSON object")
-        unknown = set(data) - {"header", "default", "allowed", "rules", "classifier",
-                               "centroids"}
-        if unknown:
-            raise ValueError(f"unknown region keys: {sorted(unknown)}")
-        rules = []
-        for number, rule in enumerate(data.get("rules", [])):
-            if not isinstance(rule, dict) or set(rule) != {"pattern", "region"} or \
-                    not all(isinstance(v, str) for v in rule.values()):
-                raise ValueError(f"region.rules[{number}] must be "
-                                 "{'pattern': regex, 'region': path}")
-            try:
-                rules.append((re.compile(rule["pattern"]), rule["region"]))
-            except re.error as error:
-                raise ValueError(f"region.rules[{number}]: bad pattern ({error})") from None
-        allowed = data.get("allowed", [])
-        if not isinstance(allowed, list) or not all(isinstance(a, str) for a in allowed):
-            raise ValueError("region.allowed must be a list of region paths")
-        centroids = data.get("centroids", {})
-        if not isinstance(centroids, dict):
-            raise ValueError("region.centroids must map regions to lists of example texts")
-        classifier = data.get("classifier")
-        if classifier is not None and not isinstance(classifier, str):
-            raise ValueError("region.classifier must be 'package.module:function'")
-        return cls(header=str(data.get("header", "X-Canopy-Region")),
-                   default=str(data.get("default", "")), allowed=tuple(allowed),
-                   rules=tuple(rules), classifier=classifier, centroids=centroids)
 
 
 @dataclass(frozen=True)
@@ -152,9 +107,7 @@ class Limits:
     def __post_init__(self) -> None:
         for name in ("max_body_bytes", "max_regions", "breaker_failures", "max_connections",
                      "max_header_bytes", "max_answer_bytes"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"limits.{name} must be an integer >= 1, got {value!r}")
+            check_count(getattr(self, name), f"limits.{name}")
         for name in ("feedback_window_s", "breaker_cooldown_s", "store_wait_s",
                      "client_timeout_s", "keep_alive_s"):
             object.__setattr__(self, name, check_positive(getattr(self, name), f"limits.{name}"))
@@ -174,7 +127,7 @@ class ProxyConfig:
     explore: float = 1.0
     deadline_s: float = 30.0
     prices: PriceTable = field(default_factory=PriceTable.default)
-    region: RegionConfig = field(default_factory=RegionConfig)
+    region: sources.RegionConfig = field(default_factory=sources.RegionConfig)
     auth: AuthConfig = field(default_factory=AuthConfig)
     limits: Limits = field(default_factory=Limits)
     embeddings: tuple[Upstream, ...] = ()
@@ -240,7 +193,7 @@ class ProxyConfig:
         options = {k: data[k] for k in ("lam", "learner", "sharing", "delta", "kappa",
                                         "explore", "deadline_s") if k in data}
         return cls(upstreams, store, prices=table,
-                   region=RegionConfig.from_mapping(data.get("region", {})),
+                   region=sources.RegionConfig.from_mapping(data.get("region", {})),
                    auth=AuthConfig.from_mapping(data.get("auth", {})), limits=limits,
                    embeddings=embeddings, **options)
 
@@ -271,3 +224,6 @@ def _store_url(data: dict[str, Any], base: Path) -> str:
         return store
     path = Path(store.removeprefix("sqlite:///"))
     return f"sqlite:///{path if path.is_absolute() else base / path}"
+
+
+deprecated_aliases(__name__, {"RegionConfig": "canopy.regional.sources"})

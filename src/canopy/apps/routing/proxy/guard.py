@@ -1,23 +1,25 @@
 """What the proxy checks before it trusts a client or an upstream: API keys, chat bodies,
-reported usage, and secrets in anything it logs; and a circuit breaker per upstream."""
+reported usage, and secrets in anything it logs. (The circuit breaker, once re-exported
+here, is the routing service's: :meth:`~canopy.regional.service.RoutingService.outcome`.)"""
 
 from __future__ import annotations
 
 import hmac
 import json
-import math
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from canopy._lazy import deprecated_aliases
 from canopy.apps.routing.prices import estimate_tokens
-from canopy.regional.breaker import Breaker  # re-exported: the proxy's name for it
+from canopy.regional.sources import message_text
+from canopy.validation import check_count, check_nonnegative
 
-__all__ = ["Breaker", "Keys", "Preferences", "SseUsage", "check_chat_body",
+__all__ = ["Keys", "Preferences", "SseUsage", "check_chat_body",
            "check_completion_body", "client_fault", "completion_view", "expected_tokens",
-           "redact", "sane_usage", "user_text"]
+           "redact", "sane_usage"]
 
 MAX_TOKENS_PER_CALL = 2_000_000  # beyond any context window: such a usage report is wrong
 MAX_SSE_LINE = 1 << 20  # an event line longer than this is skipped, not buffered
@@ -82,18 +84,6 @@ class Keys:
         return 401
 
 
-def _text(content: Any) -> str | None:
-    """A message's text: a string, a list of parts (``{"type": "text", "text": ...}``; other
-    part types count as no text), or ``None`` (an assistant's tool call)."""
-    if content is None or isinstance(content, str):
-        return content or ""
-    if isinstance(content, list) and all(isinstance(p, dict) and isinstance(p.get("type"), str)
-                                         for p in content):
-        return "\n".join(p["text"] for p in content
-                         if p["type"] == "text" and isinstance(p.get("text"), str))
-    raise TypeError
-
-
 def check_chat_body(body: Any) -> str | None:
     """Why a chat-completion body is malformed, or ``None``."""
     if not isinstance(body, dict):
@@ -107,13 +97,13 @@ def check_chat_body(body: Any) -> str | None:
         if message.get("content") is None and message["role"] not in ("assistant", "tool"):
             return f"messages[{number}] needs 'content' (a string or a list of parts)"
         try:
-            _text(message.get("content"))
+            message_text(message.get("content"))
         except TypeError:
             return f"messages[{number}].content must be a string or a list of parts"
     return check_common(body)
 
 
-def _prompt_text(prompt: Any) -> str | None:
+def _promptmessage_text(prompt: Any) -> str | None:
     """A text completion's prompt as text: a string, or a list of strings (or of token ids,
     which count as no text); ``None`` when it is neither."""
     if isinstance(prompt, str):
@@ -122,7 +112,7 @@ def _prompt_text(prompt: Any) -> str | None:
         if all(isinstance(p, str) for p in prompt):
             return "\n".join(prompt)
         flat = [t for p in prompt for t in (p if isinstance(p, list) else [p])]
-        if flat and all(isinstance(t, int) and not isinstance(t, bool) for t in flat):
+        if flat and all(type(t) is int for t in flat):  # token ids (JSON integers)
             return ""
     return None
 
@@ -131,7 +121,7 @@ def check_completion_body(body: Any) -> str | None:
     """Why a text-completion body is malformed, or ``None``."""
     if not isinstance(body, dict):
         return "the body must be a JSON object"
-    if _prompt_text(body.get("prompt")) is None:
+    if _promptmessage_text(body.get("prompt")) is None:
         return "'prompt' must be a string or a non-empty list of strings (or of token ids)"
     return check_common(body)
 
@@ -139,7 +129,7 @@ def check_completion_body(body: Any) -> str | None:
 def completion_view(body: dict[str, Any]) -> dict[str, Any]:
     """A text-completion body as the chat body the router reads (region rules, centroids,
     classifier, cost estimates): its prompt as one user message."""
-    return {"messages": [{"role": "user", "content": _prompt_text(body["prompt"]) or ""}],
+    return {"messages": [{"role": "user", "content": _promptmessage_text(body["prompt"]) or ""}],
             **{k: body[k] for k in ("max_tokens", "model") if k in body}}
 
 
@@ -151,9 +141,19 @@ def check_common(body: dict[str, Any]) -> str | None:
         return "'model' must be a string"
     for name in ("max_tokens", "max_completion_tokens"):
         value = body.get(name)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
-                                  or value < 0):
-            return f"'{name}' must be an integer >= 0, got {str(value)[:40]}"
+        problem = None if value is None else _problem(check_count, value, f"'{name}'", low=0)
+        if problem:
+            return problem
+    return None
+
+
+def _problem(check: Callable[..., object], value: object, name: str, **bounds: Any
+             ) -> str | None:
+    """Why ``value`` fails a :mod:`canopy.validation` check (named ``name``), or ``None``."""
+    try:
+        check(value, name, **bounds)
+    except (TypeError, ValueError) as error:
+        return str(error)[:200]
     return None
 
 
@@ -184,36 +184,32 @@ class Preferences:
             return "'canopy' must be an object with optional 'lam' and 'max_cost'"
         for name in ("lam", "max_cost"):
             value = given.get(name)
-            if value is not None and (isinstance(value, bool) or
-                                      not isinstance(value, (int, float)) or
-                                      not math.isfinite(value) or value < 0):
-                return f"canopy.{name} must be a finite number >= 0, got {value!r}"
+            problem = None if value is None else _problem(check_nonnegative, value,
+                                                          f"canopy.{name}")
+            if problem:
+                return problem
         return cls(given.get("lam"), given.get("max_cost"))
 
 
 def expected_tokens(body: dict[str, Any]) -> tuple[int, int]:
     """Estimated prompt tokens and the completion tokens a request may cost (its
-    ``max_tokens``, at most :data:`MAX_TOKENS_PER_CALL`, or 0 when it sets none)."""
-    prompt = estimate_tokens("\n".join(_text(m.get("content")) or "" for m in body["messages"]))
+    ``max_tokens``, at most :data:`MAX_TOKENS_PER_CALL`, or 0 when it sets none), for a body
+    :func:`check_chat_body` accepted (or its :func:`completion_view`)."""
+    prompt = estimate_tokens("\n".join(message_text(m.get("content")) or ""
+                                       for m in body["messages"]))
     limit = body.get("max_tokens") or body.get("max_completion_tokens") or 0
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit <= 0:
-        return prompt, 0
     return prompt, min(limit, MAX_TOKENS_PER_CALL)
-
-
-def user_text(body: dict[str, Any]) -> str:
-    """The text of the user messages (what region rules and centroids read)."""
-    return "\n".join(_text(m.get("content")) or "" for m in body["messages"]
-                     if m.get("role") == "user")
 
 
 def _count(value: object) -> int | None:
     """A reported token count, or ``None`` when it is not a whole number >= 0."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if type(value) is int:  # exactly: JSON's integers, never a bool
+        return value if value >= 0 else None
+    try:
+        number = check_nonnegative(value, "a token count")
+    except (TypeError, ValueError):
         return None
-    if isinstance(value, float) and not (math.isfinite(value) and value.is_integer()):
-        return None
-    return int(value) if value >= 0 else None
+    return int(number) if number.is_integer() else None
 
 
 def sane_usage(body: dict[str, Any], answer_chars: int, raw: dict[str, Any],
@@ -268,3 +264,7 @@ class SseUsage:
                     self.chars += len(delta["content"])
                 elif isinstance(choice.get("text"), str):  # a text-completion stream
                     self.chars += len(choice["text"])
+
+
+deprecated_aliases(__name__, {"Breaker": "canopy.regional.breaker",
+                              "user_text": "canopy.regional.sources"})

@@ -42,6 +42,10 @@ class ProxyMetrics:
         if model:
             self.choices.labels(model=model).inc()
 
+    def rated(self, kind: str, status: int) -> None:
+        """A rating of ``kind`` (``request``, ``episode``) answered with ``status``."""
+        self.feedback.labels(kind=kind, status=str(status)).inc()
+
     def exposition(self) -> bytes:
         """The metrics in Prometheus' text format."""
         return generate_latest(self.registry)

@@ -1,0 +1,119 @@
+"""What the HTTP surfaces of the routing service share: the routing proxy
+(:mod:`~canopy.apps.routing.proxy.app`) and the rating app for LiteLLM proxy users
+(:mod:`canopy.integrations.litellm_feedback`). The error answer, the key check, a JSON body
+read within a size limit, and the one rating route: a rating's body is read here, its value
+checked once, by the feedback ledger, and every refusal answers with the ``status`` and
+``code`` its type carries (:class:`~canopy.regional.ledger.FeedbackError`), a busy store
+with 503 and ``Retry-After``."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse, Response
+from starlette.requests import ClientDisconnect
+
+from canopy.apps.routing.proxy.guard import Keys
+from canopy.regional.ledger import FeedbackError
+from canopy.regional.store import StoreBusy
+
+__all__ = ["error_json", "rating_route", "read_json", "read_rating", "refusal", "refused"]
+
+log = logging.getLogger("canopy.proxy")
+
+
+def error_json(status: int, message: str, kind: str = "invalid_request_error", **extra: Any
+               ) -> JSONResponse:
+    """The error answer of every route: ``{"error": {"message", "type", ...extra}}``."""
+    return JSONResponse({"error": {"message": message, "type": kind, **extra}},
+                        status_code=status)
+
+
+def refusal(keys: Keys, request: Request, *, admin: bool) -> JSONResponse | None:
+    """``None`` when the request's key opens the route (``admin``: the admin key's), else
+    the 401 or 403 answer."""
+    status = keys.refusal(request.headers.get("authorization"), admin=admin)
+    if status == 403:
+        return error_json(403, "the client key cannot use this route: it needs the admin key",
+                          "permission_error")
+    if status == 401:
+        return error_json(401, "missing or wrong API key (Authorization: Bearer ...)"
+                          + (": this route needs the admin key" if admin else ""),
+                          "authentication_error")
+    return None
+
+
+async def read_json(request: Request, keys: Keys, *, admin: bool, limit: int
+                    ) -> tuple[Any, JSONResponse | None]:
+    """``(body, None)``: the parsed body of a request whose key opens the route, read
+    within ``limit`` bytes; else ``(None, the refusal)``."""
+    refused_key = refusal(keys, request, admin=admin)
+    if refused_key is not None:
+        return None, refused_key
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        return None, error_json(413, f"the body exceeds {limit} bytes")
+    raw = bytearray()
+    try:
+        async for chunk in request.stream():
+            raw += chunk
+            if len(raw) > limit:
+                return None, error_json(413, f"the body exceeds {limit} bytes")
+    except ClientDisconnect:  # closed mid-body (limits.client_timeout_s): nobody to answer
+        return None, error_json(400, "the client left before sending its whole body")
+    try:
+        return json.loads(raw), None
+    except (ValueError, RecursionError):
+        return None, error_json(400, "the request body is not valid JSON (or nests too deep)")
+
+
+def read_rating(body: Any, key: str, value_key: str) -> tuple[str, Any]:
+    """``(id, value)`` of a rating body ``{key: str, value_key: number}``; the value is left
+    to the ledger to check. Raises :class:`~canopy.regional.ledger.FeedbackError` (400)."""
+    if not isinstance(body, dict) or set(body) - {key, value_key}:
+        raise FeedbackError(f"feedback must be {{'{key}': str, '{value_key}': number}}")
+    ident = body.get(key)
+    if not isinstance(ident, str) or not ident:
+        raise FeedbackError(f"'{key}' must be a non-empty string")
+    return ident, body.get(value_key)
+
+
+def refused(error: FeedbackError | StoreBusy) -> JSONResponse:
+    """The answer to a rating the ledger refused (its type's status and code), or that a
+    busy store could not take (503, retry)."""
+    if isinstance(error, StoreBusy):
+        log.error("feedback not stored: %s", error)
+        answer = error_json(503, "the statistics store is busy; nothing was recorded, retry "
+                                 "the feedback", "server_error")
+        answer.headers["Retry-After"] = "1"
+        return answer
+    return error_json(error.status, str(error), code=error.code)
+
+
+def rating_route(app: FastAPI, path: str, rate: Callable[[str, Any], dict[str, Any]], *,
+                 keys: Keys, limit: int, key: str = "request_id", value_key: str = "quality",
+                 answered: Callable[[int], None] | None = None) -> None:
+    """``POST path`` on ``app``: a rating ``{key: id, value_key: value}`` with the admin key,
+    passed to ``rate(id, value)`` in a worker thread (a store is never waited on in the
+    event loop), whose result is the answer's body; a ``FeedbackError`` or ``StoreBusy``
+    answers as :func:`refused` says. ``answered(status)`` hears every answer's status."""
+
+    def handle(body: Any) -> JSONResponse | dict[str, Any]:
+        try:
+            return rate(*read_rating(body, key, value_key))
+        except (FeedbackError, StoreBusy) as error:
+            return refused(error)
+
+    async def rating(request: Request) -> Any:
+        body, problem = await read_json(request, keys, admin=True, limit=limit)
+        answer = problem or await run_in_threadpool(handle, body)
+        if answered is not None:
+            answered(answer.status_code if isinstance(answer, Response) else 200)
+        return answer
+
+    app.post(path)(rating)
