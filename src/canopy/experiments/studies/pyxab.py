@@ -12,8 +12,10 @@ cell ``(l, i)`` is the box reached by ``l`` halvings along the dimensions in tur
 ``i``, most significant first), and a probe of a cell is the objective at a uniform point of
 the box plus the noise. The default descent plays centre probes (a probe of the cell's deepest
 descendant on its middle path: the centre of a 1-d cell, PyXAB's point; on the 2-d Himmelblau
-the middle of the cell's edge along the dimension it was last halved in); ``canopy-paper``
-plays the paper's uniform probe (Eq. 1) with Eq. (6); ``canopy-uncapped`` is the default
+the middle of an edge, centred along the dimension the cell is halved in next and at the low
+end of the other); ``canopy-paper`` plays the paper's uniform probe (Eq. 1) with Eq. (6)
+and forgets any cell under the memory bound (the former default); ``canopy-uncapped`` is the
+default
 without its memory bound (the bound's diagnostic). Regret is the realised one both ways,
 ``sum_t (f_max - f(x_t))`` over the points played (PyXAB's own ``f_max``; Garland's is 1,
 3e-5 above its true maximum, adding at most 3 at 100k rounds). Simple regret is
