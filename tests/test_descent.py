@@ -246,7 +246,9 @@ def test_the_options_resolve_from_split_and_are_stored_as_given():
     assert (default.probe_, default.forget_) == ("centre", "balanced")
     paper = MemoryBoundedDescent(split="eq6")  # the paper's Eq. 1 / Eq. 6 rule
     assert (paper.probe_, paper.forget_) == ("uniform", "any")
-    assert MemoryBoundedDescent(spread="estimated").probe_ == "uniform"
+    for spread in ("estimated", "certified"):  # their estimates rest on uniform probes
+        data_driven = MemoryBoundedDescent(spread=spread)
+        assert (data_driven.probe_, data_driven.forget_) == ("uniform", "any")
     mixed = MemoryBoundedDescent(split="eq6", probe="centre", forget="balanced")
     assert (mixed.probe_, mixed.forget_) == ("centre", "balanced")
     for kwargs, match in ((dict(split="vhct"), "split"), (dict(probe="corner"), "probe"),

@@ -606,7 +606,8 @@ class MemoryBoundedDescent(ExploredTreePolicy):
       bound ``mean(v) - c sqrt(2 ln t / T(v))``) or one deeper than ``v`` (its region then
       stays at least as fine as ``v``'s children), so memory is shared evenly among regions
       that may hold the optimum instead of being passed back and forth between them.
-      ``None``: ``"any"`` under ``split="eq6"``, else ``"balanced"``.
+      ``None``: ``"balanced"`` under ``split="variance"`` with the assumed spread, else
+      ``"any"`` (the balanced rule reads depth as resolution, true of ``L rho^level`` only).
 
     ``max_nodes=None`` is ``2 b ceil(log_b n) + 1`` with ``b`` the arity and
     ``n = budget / probe_cost`` the horizon: room for a path down to the depth a cell is
@@ -674,11 +675,13 @@ class MemoryBoundedDescent(ExploredTreePolicy):
 
     @property
     def forget_(self) -> str:
-        """The memory bound's rule: ``forget`` as given; by default (``None``) the paper's
-        ``"any"`` under ``split="eq6"``, else ``"balanced"``."""
+        """The memory bound's rule: ``forget`` as given; by default (``None``)
+        ``"balanced"`` under ``split="variance"`` with the assumed spread, else the paper's
+        ``"any"`` (the balanced rule reads a cell's depth as its resolution, which holds for
+        the assumed spread ``L rho^level`` and not for a data-driven one)."""
         if self.forget is not None:
             return self.forget
-        return "any" if self.split == "eq6" else "balanced"
+        return "balanced" if self.split == "variance" and self.spread == "assumed" else "any"
 
     @property
     def depth_reached_(self) -> int:
