@@ -70,6 +70,10 @@ def test_rho_grid_is_grill_et_al_s():
     assert len(rho_schedules(N, arity=4)) > count  # a wider tree: a larger D_max
     with pytest.raises(ValueError, match="schedules"):
         POO(schedules="L")
+    with pytest.raises(ValueError, match="arity"):
+        rho_schedules(N, arity=1)
+    with pytest.raises(ValueError, match="rho_max"):
+        rho_schedules(N, rho_max=1.0)
 
 
 def test_poo_over_rho_recommends_a_near_optimal_leaf():

@@ -27,7 +27,7 @@ from canopy.policies.descent import (
     radius_scale,
     spec_rounds,
 )
-from canopy.validation import check_open_unit, check_positive
+from canopy.validation import check_count, check_open_unit, check_positive
 
 __all__ = ["HOO", "POO", "default_schedules", "rho_schedules"]
 
@@ -69,6 +69,7 @@ def rho_schedules(n_rounds: float, *, arity: int = 2, rho_max: float = 0.9,
     """Grill et al.'s (2015) grid over ``rho``: ``N = ceil(0.5 D_max ln(n / ln n))``
     instances, ``D_max = ln(arity) / ln(1 / rho_max)``, ``rho_i = rho_max^(2N / (2i + 1))``
     for ``i = 0 .. N - 1``, each with ``nu = lipschitz`` (their ``nu_max``)."""
+    check_count(arity, "arity", low=2)
     check_open_unit(rho_max, "rho_max")
     check_positive(lipschitz, "lipschitz")
     n = max(float(n_rounds), 3.0)
