@@ -34,7 +34,7 @@ loop is timed (each replays its run exactly: the same points, the same cells, ch
 PyXAB's HOO, POO and StoSOO refresh their
 whole tree every round, so their cost per round grows with the round: past
 ``slow_max_horizon`` they are not run, HOO (the slowest: ~12 ms of CPU a round at 10k
-rounds) past ``hoo_max_horizon``; Canopy's spread and ``c`` variants past
+rounds) past ``hoo_max_horizon``; Canopy's data-driven spreads past
 ``variants_max_horizon``.
 """
 
