@@ -4,9 +4,11 @@ flat in the horizon). Run with ``pytest benchmarks/test_descent_bench.py --bench
 ``extra_info["us_per_round"]`` holds the CPU-time figure of :func:`policy_overhead_us`.
 ``descent-certified`` composes the sharp certificate up the explored tree;
 ``descent-certified-paper`` is Algorithm 1 per node (the former variant).
-``test_memory_bounded_per_round_overhead``: ``MemoryBoundedDescent`` (the default, ``assumed``,
-and its ``certified`` and ``estimated`` spreads) on ``LazyTree(2)`` (the ``canopy run pyxab``
-setting) from 1k rounds, where PyXAB's HCT costs about 50 us a round (50x that speed: 1 us)."""
+``test_memory_bounded_per_round_overhead``: ``MemoryBoundedDescent`` (the default: assumed
+spread, variance-scaled split, centre probes, balanced memory bound; the paper's
+``split="eq6"``; the ``certified`` and ``estimated`` spreads) on ``LazyTree(2)`` (the
+``canopy run pyxab`` setting) from 1k rounds, where PyXAB's HCT costs about 50 us a round (50x
+that speed: 1 us)."""
 
 from __future__ import annotations
 
@@ -48,11 +50,20 @@ def test_per_round_overhead(benchmark, policy_name, tree_name, rounds):
     assert per_round > 0
 
 
+MEMORY_BOUNDED = {
+    "default": {},
+    "paper": {"split": "eq6"},
+    "certified": {"spread": "certified"},
+    "estimated": {"spread": "estimated"},
+}
+
+
 @pytest.mark.parametrize("rounds", [1_000, 10_000, 100_000])
-@pytest.mark.parametrize("spread", ["assumed", "certified", "estimated"])
-def test_memory_bounded_per_round_overhead(benchmark, spread, rounds):
+@pytest.mark.parametrize("variant", sorted(MEMORY_BOUNDED))
+def test_memory_bounded_per_round_overhead(benchmark, variant, rounds):
+    kwargs = MEMORY_BOUNDED[variant]
     per_round = benchmark.pedantic(policy_overhead_us,
-                                   args=(lambda: MemoryBoundedDescent(spread=spread),
+                                   args=(lambda: MemoryBoundedDescent(**kwargs),
                                          LazyTree(2), rounds),
                                    rounds=1, iterations=1)
     benchmark.extra_info["us_per_round"] = per_round

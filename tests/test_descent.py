@@ -19,7 +19,7 @@ from canopy.policies.descent import (
     MemoryBoundedDescent,
     OptimisticDescent,
 )
-from canopy.problem import LeafMeans, ProblemSpec, Query
+from canopy.problem import FunctionOnInterval, LeafMeans, ProblemSpec, Query
 from canopy.run import run
 from canopy.tree import LazyTree, Tree
 
@@ -195,9 +195,10 @@ def test_composed_certified_spread_covers_every_explored_node_and_beats_uniform(
 
 
 def test_memory_bounded_on_infinite_depth():
+    """The paper's rule (Eq. 6, uniform probes, forgetting any cell) under a tight cap."""
     problem = infinite_depth(3)
     n = 6_000
-    policy = MemoryBoundedDescent(lipschitz=3.0, c=0.1, max_nodes=40)
+    policy = MemoryBoundedDescent(lipschitz=3.0, c=0.1, max_nodes=40, split="eq6")
     curve, result = regret_curve(policy, problem, n, seed=0)
     assert result.spent <= n
     assert policy.max_stored_ <= 40
@@ -213,8 +214,8 @@ def test_memory_bound_forgets_the_told_row_map_with_the_cells():
     """A told node maps to its row by one lookup: the map must hold only rows that still
     hold their cell, through every forget and reuse of a tight cap."""
     problem = infinite_depth(3)
-    policy = MemoryBoundedDescent(c=0.05, max_nodes=10).start(problem.spec, budget=4_000.0,
-                                                              seed=0)
+    policy = MemoryBoundedDescent(c=0.05, max_nodes=10, split="eq6").start(
+        problem.spec, budget=4_000.0, seed=0)
     rng = np.random.default_rng(3)
     def cells() -> set[tuple[int, int]]:
         used = int(policy._ctl[ex.M_USED])
@@ -229,6 +230,104 @@ def test_memory_bound_forgets_the_told_row_map_with_the_cells():
         for (level, index), row in policy._row_of.items():
             assert (policy._ist[row, ex.LEVEL], policy._ist[row, ex.NODE]) == (level, index)
     assert forgets >= 10 and policy.max_stored_ <= 10
+
+
+def _two_peaks(x):
+    return 1.0 - 2.0 * np.minimum(np.abs(x - 0.2), np.abs(x - 0.7))
+
+
+def _final_regrets(make, problem, n, seeds=range(3)):
+    return [regret_curve(make(), problem, n, seed)[0][-1] for seed in seeds]
+
+
+def test_the_options_resolve_from_split_and_are_stored_as_given():
+    default = MemoryBoundedDescent()
+    assert (default.split, default.probe, default.forget) == ("variance", None, None)
+    assert (default.probe_, default.forget_) == ("centre", "balanced")
+    paper = MemoryBoundedDescent(split="eq6")  # the paper's Eq. 1 / Eq. 6 rule
+    assert (paper.probe_, paper.forget_) == ("uniform", "any")
+    for spread in ("estimated", "certified"):  # their estimates rest on uniform probes
+        data_driven = MemoryBoundedDescent(spread=spread)
+        assert (data_driven.probe_, data_driven.forget_) == ("uniform", "any")
+    mixed = MemoryBoundedDescent(split="eq6", probe="centre", forget="balanced")
+    assert (mixed.probe_, mixed.forget_) == ("centre", "balanced")
+    for kwargs, match in ((dict(split="vhct"), "split"), (dict(probe="corner"), "probe"),
+                          (dict(forget="oldest"), "forget")):
+        with pytest.raises(ValueError, match=match):
+            MemoryBoundedDescent(**kwargs)
+    with pytest.raises(ValueError, match="split"):
+        OptimisticDescent(split="vhct")
+
+
+@pytest.mark.parametrize("arity", [2, 3])
+def test_centre_probes_ask_the_middle_descendant_and_carry_only_the_noise(arity):
+    """A centre probe is a probe of the cell's deepest descendant holding its centre: on a
+    slope its probes vary by the noise alone, a uniform probe's also by the slope."""
+    problem = FunctionOnInterval(LazyTree(arity), lambda x: x, sigma=0.1)
+    deepest = math.floor(62 / math.log2(arity))
+    policy = MemoryBoundedDescent(probe="centre").start(problem.spec, budget=200.0, seed=0)
+    level, index = policy.ask().node
+    assert (level, index) == (deepest, arity**deepest // 2)
+    low, high = problem.tree.interval((level, index))
+    assert abs(low - 0.5) < 1e-12 and abs(high - 0.5) < 1e-12  # a point: the centre
+    variances = {}
+    for probe in ("centre", "uniform"):
+        policy = MemoryBoundedDescent(probe=probe, lipschitz=0.01, max_nodes=1 + arity)
+        run(policy, problem, budget=400.0, seed=1)
+        root = policy._fs[0]
+        variances[probe] = root[ex.M2] / (root[ex.COUNT] - 1)
+    assert 0.5 * 0.1**2 < variances["centre"] < 1.5 * 0.1**2
+    assert variances["uniform"] > 0.1**2 + 1 / 24  # the slope's variance over [0, 1) is 1/12
+
+
+@pytest.mark.parametrize("lipschitz, sigma", [(0.05, 0.1), (0.5, 0.3)])
+def test_variance_split_is_one_standard_error_within_the_spread(lipschitz, sigma):
+    """``split="variance"``: the root splits at the first ``T`` with ``T spread^2 >=
+    max(V_hat, sigma^2)``: after ``ceil(sigma^2 / spread^2)`` equal observations (the noise's
+    floor), later when the observations vary more than the noise."""
+    spec = ProblemSpec(LazyTree(2), sigma, 1.0, 1.0)
+    for values, first in ((np.full(400, 0.5), max(2, math.ceil(sigma**2 / lipschitz**2))),
+                          (np.tile([0.0, 1.0], 200), None)):
+        policy = MemoryBoundedDescent(split="variance", lipschitz=lipschitz, probe="uniform")
+        policy.start(spec, budget=400.0, seed=0)
+        told = 0
+        while policy._ist[0, ex.FIRST] < 0:
+            policy.tell(policy.ask(), float(values[told]))
+            told += 1
+        if first is not None:
+            assert told == first
+        else:  # V_hat of alternating 0, 1 is about 1/4, above sigma^2
+            assert told >= 0.25 / lipschitz**2 - 1
+            assert told > sigma**2 / lipschitz**2
+
+
+def test_variance_split_refines_sooner_than_eq6():
+    """Without Eq. 6's ``ln t`` the variance-scaled rule reaches deeper in the same rounds
+    (finite tree and lazy tree)."""
+    problem = tree_lipschitz(2, 10, seed=0)
+    stored = {split: run(policy := OptimisticDescent(split=split), problem, budget=4_000,
+                         seed=0) and policy.max_stored_ for split in ("eq6", "variance")}
+    assert stored["variance"] > 1.5 * stored["eq6"]
+    depth = {}
+    for split in ("eq6", "variance"):
+        policy = MemoryBoundedDescent(split=split, probe="uniform", forget="any",
+                                      max_nodes=10**6)
+        run(policy, infinite_depth(3), budget=3_000, seed=0)
+        depth[split] = policy.depth_reached_
+    assert depth["variance"] > depth["eq6"]
+
+
+def test_balanced_forgetting_keeps_two_equal_peaks_under_a_tight_cap():
+    """Two equal peaks, the default cap: forgetting any cell passes memory back and forth
+    between them; the balanced rule keeps both and pays about what no cap pays."""
+    problem = FunctionOnInterval(LazyTree(2), _two_peaks, sigma=0.1)
+    balanced = np.mean(_final_regrets(MemoryBoundedDescent, problem, 3_000))
+    forgetful = np.mean(_final_regrets(lambda: MemoryBoundedDescent(forget="any"), problem,
+                                       3_000))
+    uncapped = np.mean(_final_regrets(lambda: MemoryBoundedDescent(max_nodes=10**6), problem,
+                                      3_000))
+    assert balanced < 0.8 * forgetful
+    assert balanced < 1.25 * uncapped
 
 
 def test_memory_bounded_default_cap_and_certified_spread():

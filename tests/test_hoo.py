@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
 from canopy.instances import infinite_depth, tree_lipschitz
 from canopy.metrics import cumulative_regret
 from canopy.policies.descent import OptimisticDescent
-from canopy.policies.hoo import HOO, POO, default_schedules
+from canopy.policies.hoo import HOO, POO, default_schedules, rho_schedules
 from canopy.run import run
 
 N = 10_000
@@ -54,6 +56,40 @@ def test_poo_default_grid_and_recommendation():
     assert len(set(result.recommendation.tolist())) == 3
     assert problem.mu_star - problem.means[result.recommendation[0]] < 0.1
     assert policy.n_stored_ == policy.max_stored_ > len(policy.schedules_)
+
+
+def test_rho_grid_is_grill_et_al_s():
+    grid = rho_schedules(N)
+    d_max = math.log(2) / math.log(1 / 0.9)
+    count = math.ceil(0.5 * d_max * math.log(N / math.log(N)))
+    assert len(grid) == count
+    assert [lip for lip, _ in grid] == [1.0] * count
+    rhos = [rho for _, rho in grid]
+    assert rhos == pytest.approx([0.9 ** (2 * count / (2 * i + 1)) for i in range(count)])
+    assert 0 < rhos[0] < rhos[-1] < 0.9
+    assert len(rho_schedules(N, arity=4)) > count  # a wider tree: a larger D_max
+    with pytest.raises(ValueError, match="schedules"):
+        POO(schedules="L")
+    with pytest.raises(ValueError, match="arity"):
+        rho_schedules(N, arity=1)
+    with pytest.raises(ValueError, match="rho_max"):
+        rho_schedules(N, rho_max=1.0)
+
+
+def test_poo_over_rho_recommends_a_near_optimal_leaf():
+    """POO over Grill et al.'s rho grid (c = the noise sd): the simple regret of its
+    recommendation, mean over 3 seeds, against the grid over L and a uniform leaf."""
+    simple = {"rho": [], "L": [], "uniform": []}
+    for seed in SEEDS:
+        problem = tree_lipschitz(2, 10, seed=seed)
+        for name, schedules in (("rho", "rho"), ("L", None)):
+            policy = POO(schedules=schedules, c=None)
+            result = run(policy, problem, budget=N, seed=seed)
+            simple[name].append(problem.mu_star - problem.means[result.recommendation[0]])
+        simple["uniform"].append(problem.mu_star - problem.means.mean())
+    assert len(policy.schedules_) == len(default_schedules(N))
+    assert np.mean(simple["rho"]) < 0.05 * np.mean(simple["uniform"])
+    assert np.mean(simple["rho"]) <= np.mean(simple["L"])
 
 
 def test_hoo_on_an_infinite_tree_and_determinism():

@@ -23,10 +23,11 @@ SCRIPT = textwrap.dedent("""
     for options in (dict(spread="assumed"), dict(spread="estimated"), dict(spread="hybrid"),
                     dict(spread="certified", certificate="paper"),
                     dict(spread="certified", certificate="sharp"),
-                    dict(expand="always"), dict(expand="fixed", max_depth=2)):
+                    dict(expand="always"), dict(expand="fixed", max_depth=2),
+                    dict(split="variance")):
         run(OptimisticDescent(**options), problem, budget=300, seed=0)
-    for spread in ("assumed", "certified"):
-        run(MemoryBoundedDescent(spread=spread, max_nodes=40), infinite_depth(),
+    for options in (dict(), dict(split="eq6"), dict(spread="certified")):
+        run(MemoryBoundedDescent(max_nodes=10, **options), infinite_depth(),
             budget=300, seed=0)
     for policy in (HOO(), POO()):
         run(policy, problem, budget=300, seed=0)

@@ -48,8 +48,8 @@ NODE, LEVEL, PARENT, FIRST, NKIDS, INST, ISLEAF, FREE = range(8)
 N_INT = 8
 # parameters at the start of ``ctl``
 (P_C, P_DELTA, P_SIGMA, P_Z, P_SPREAD, P_EXPAND, P_MAXDEPTH, P_PATH, P_ARITY, P_MAXNODES,
- P_DEPTHM, P_TREECERT, P_LOW, P_WIDTH) = range(14)
-N_PARAMS = 14
+ P_DEPTHM, P_TREECERT, P_LOW, P_WIDTH, P_SPLIT, P_FORGET) = range(16)
+N_PARAMS = 16
 # counters in ``ctl`` (after the parameters)
 M_USED, M_STORED, M_PEAK, M_NFREE, M_ROUNDS, M_DEEPEST = range(N_PARAMS, N_PARAMS + 6)
 INST0 = N_PARAMS + 6  # then (L, rho, t) per schedule
@@ -67,6 +67,10 @@ ASSUMED, CERTIFIED, HYBRID, ESTIMATED = 0, 1, 2, 3
 # then at most 1/2. Fixed a priori, not tuned on any instance.
 MIN_PROBES = 9.0
 REFINE, ALWAYS, FIXED = 0, 1, 2
+# the refine rule's threshold (``P_SPLIT``): Eq. (6) as written, or the variance-scaled one
+EQ6, VARIANCE = 0, 1
+# which cells the memory bound may forget (``P_FORGET``): any, or only dominated or deeper ones
+ANY, BALANCED = 0, 1
 
 
 def entry_point(kernel: numba.core.registry.CPUDispatcher, *example: object) -> object:
@@ -199,7 +203,8 @@ def _finish(v: int, fs: np.ndarray, ist: np.ndarray, ctl: np.ndarray) -> int:
 @kernel
 def _wants_split(v: int, fs: np.ndarray, ist: np.ndarray, ctl: np.ndarray) -> bool:
     """The expand rule: ``always``/``fixed`` split a played explored leaf at once (``fixed``
-    stops at ``max_depth``, folded into ``NKIDS``); ``refine`` is Eq. (6)."""
+    stops at ``max_depth``, folded into ``NKIDS``); ``refine`` is Eq. (6) (``P_SPLIT = EQ6``)
+    or the variance-scaled threshold ``T(v) >= V_hat(v) / spread(v)^2`` (``VARIANCE``)."""
     if ist[v, FIRST] >= 0 or ist[v, NKIDS] == 0 or fs[v, COUNT] < 1.0:
         return False
     if int(ctl[P_EXPAND]) != REFINE:
@@ -209,8 +214,16 @@ def _wants_split(v: int, fs: np.ndarray, ist: np.ndarray, ctl: np.ndarray) -> bo
     spread = fs[v, SPREAD]
     if spread <= 0.0:
         return False
+    n = fs[v, COUNT]
+    if int(ctl[P_SPLIT]) == VARIANCE:
+        # one standard error of the cell's mean within its spread: n spread^2 >= V_hat, with
+        # V_hat the sample variance of the own probes, at least the noise's sigma^2
+        if n < 2.0:
+            return False
+        sigma = ctl[P_SIGMA]
+        return n * spread * spread >= max(fs[v, M2] / (n - 1.0), sigma * sigma)
     c = ctl[P_C]
-    return fs[v, COUNT] >= c * c * _log_t(v, ist, ctl) / (spread * spread)
+    return n >= c * c * _log_t(v, ist, ctl) / (spread * spread)
 
 
 @kernel
@@ -276,10 +289,18 @@ def observe(v: int, x: float, fs: np.ndarray, ist: np.ndarray, ctl: np.ndarray,
 
 
 @kernel
-def _prune_target(keep: int, fs: np.ndarray, ist: np.ndarray, ctl: np.ndarray) -> int:
-    """The explored node whose children the memory bound forgets next: of lowest ``B`` among
-    those whose children are all explored leaves, never ``keep`` (the parent of the row being
-    split); ``-1`` if there is none."""
+def _prune_target(v: int, fs: np.ndarray, ist: np.ndarray, ctl: np.ndarray) -> int:
+    """The explored node whose children the memory bound forgets to split row ``v``: of lowest
+    ``B`` among those whose children are all explored leaves, never ``v``'s parent. With
+    ``P_FORGET = BALANCED`` only a node that ``v`` dominates (its ``B`` below ``v``'s lower
+    confidence bound ``mean(v) - c sqrt(2 ln t / T(v))``: its subtree cannot hold a point as
+    good as ``v``'s cell) or one deeper than ``v`` (forgotten, its region stays at least as
+    fine as ``v``'s children will be). ``-1`` if there is none."""
+    keep = ist[v, PARENT]
+    bar = np.inf
+    if ctl[P_FORGET] == BALANCED:
+        bar = fs[v, MEAN] - ctl[P_C] * math.sqrt(2.0 * _log_t(v, ist, ctl)
+                                                 / max(fs[v, COUNT], 1.0))
     target = -1
     lowest = np.inf
     for p in range(int(ctl[M_USED])):
@@ -291,7 +312,9 @@ def _prune_target(keep: int, fs: np.ndarray, ist: np.ndarray, ctl: np.ndarray) -
             if ist[first + j, FIRST] >= 0:
                 all_leaves = False
                 break
-        if all_leaves and (target < 0 or fs[p, BVAL] < lowest):
+        if not all_leaves or not (fs[p, BVAL] < bar or ist[p, LEVEL] > ist[v, LEVEL]):
+            continue
+        if fs[p, BVAL] < lowest or target < 0:
             target = p
             lowest = fs[p, BVAL]
     return target
@@ -303,14 +326,14 @@ def _split_waits(v: int, fs: np.ndarray, ist: np.ndarray, ctl: np.ndarray) -> bo
     be forgotten (it would then only finish the round)."""
     max_nodes = ctl[P_MAXNODES]
     return (max_nodes > 0 and ctl[M_STORED] + ist[v, NKIDS] > max_nodes
-            and _prune_target(ist[v, PARENT], fs, ist, ctl) < 0)
+            and _prune_target(v, fs, ist, ctl) < 0)
 
 
 @kernel
-def _prune_one(keep: int, fs: np.ndarray, ist: np.ndarray, ctl: np.ndarray) -> bool:
-    """Memory bound: forget the children of :func:`_prune_target`. The pruned node becomes an
-    explored leaf again with its own statistics. Returns whether there was one."""
-    target = _prune_target(keep, fs, ist, ctl)
+def _prune_one(v: int, fs: np.ndarray, ist: np.ndarray, ctl: np.ndarray) -> bool:
+    """Memory bound: forget the children of :func:`_prune_target` of row ``v``. The pruned node
+    becomes an explored leaf again with its own statistics. Returns whether there was one."""
+    target = _prune_target(v, fs, ist, ctl)
     if target < 0:
         return False
     first = ist[target, FIRST]
@@ -351,7 +374,7 @@ def split(v: int, fs: np.ndarray, ist: np.ndarray, ctl: np.ndarray, child_ptr: n
     n_kids = ist[v, NKIDS]
     max_nodes = ctl[P_MAXNODES]
     while max_nodes > 0 and ctl[M_STORED] + n_kids > max_nodes:
-        if not _prune_one(ist[v, PARENT], fs, ist, ctl):
+        if not _prune_one(v, fs, ist, ctl):
             return _finish(v, fs, ist, ctl)
     if ctl[M_NFREE] > 0:
         ctl[M_NFREE] -= 1.0

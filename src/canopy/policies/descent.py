@@ -18,7 +18,8 @@ Choices the paper leaves open, fixed here:
   played or not. A split node keeps its statistics and keeps bounding its subtree through
   ``B = min(U, ...)``, but is no longer played itself.
 - Eq. (6) is used as written, ``T(v) >= c^2 ln t / spread(v)^2`` (the radius of Eq. 4 carries a
-  factor 2 that Eq. 6 drops).
+  factor 2 that Eq. 6 drops), or, with ``split="variance"`` (the memory-bounded descent's
+  default), the variance-scaled ``T(v) >= V_hat(v) / spread(v)^2``.
 - Asynchronous use: ``ask`` without an intervening ``tell`` repeats the current descent.
 - ``c`` defaults to the problem's noise sd ``sigma`` (:func:`radius_scale`): Eq. (4)'s radius
   is then the UCB radius of the declared noise, and Eq. (6) splits a cell once its confidence
@@ -52,6 +53,9 @@ __all__ = ["KnownBiasDescent", "MemoryBoundedDescent", "OptimisticDescent"]
 _SPREADS = {"assumed": ex.ASSUMED, "certified": ex.CERTIFIED, "hybrid": ex.HYBRID,
             "estimated": ex.ESTIMATED}
 _EXPANDS = {"refine": ex.REFINE, "always": ex.ALWAYS, "fixed": ex.FIXED}
+_SPLITS = {"eq6": ex.EQ6, "variance": ex.VARIANCE}
+_PROBES = {"uniform": 0, "centre": 1}
+_FORGETS = {"any": ex.ANY, "balanced": ex.BALANCED}
 _INITIAL_CAPACITY = 64
 _EMPTY = np.zeros(1, dtype=np.int64)
 
@@ -92,7 +96,8 @@ class ExploredTreePolicy(Policy):
     def _begin(self, *, schedules: Sequence[tuple[float, float | None]], spread: str,
                expand: str, max_depth: int | None, path_stats: bool, c: float,
                delta: float = 0.05, z: float = 3.0, max_nodes: int = 0,
-               certificate: str = "paper") -> None:
+               certificate: str = "paper", split: str = "eq6", probe: str = "uniform",
+               forget: str = "any") -> None:
         spec = self.spec_
         tree = spec.tree
         lazy = isinstance(tree, LazyTree)
@@ -112,6 +117,8 @@ class ExploredTreePolicy(Policy):
         ctl[ex.P_Z] = z
         ctl[ex.P_SPREAD] = _SPREADS[spread]
         ctl[ex.P_EXPAND] = _EXPANDS[expand]
+        ctl[ex.P_SPLIT] = _SPLITS[split]
+        ctl[ex.P_FORGET] = _FORGETS[forget]
         ctl[ex.P_MAXDEPTH] = depth_cap
         ctl[ex.P_PATH] = 1.0 if path_stats else 0.0
         ctl[ex.P_ARITY] = tree.arity if lazy else 0
@@ -125,6 +132,9 @@ class ExploredTreePolicy(Policy):
         ctl[ex.M_USED] = ctl[ex.M_STORED] = ctl[ex.M_PEAK] = n_inst
         self._ctl = ctl
         self._lazy = lazy
+        # centre probes: a cell is probed through its descendant at the deepest level the
+        # tree allows whose interval holds the cell's centre (starts at it for an even arity)
+        self._probe_level = int(depth_cap) if lazy and probe == "centre" else -1
         self._max_kids = branching
         certified = spread in ("certified", "hybrid")
         tree_cert = certified and certificate != "paper"
@@ -264,7 +274,13 @@ class ExploredTreePolicy(Policy):
     def _new_query(self, row: int) -> Query:
         fields = self._ist[row].tolist()
         node, level, is_leaf = fields[ex.NODE], fields[ex.LEVEL], fields[ex.ISLEAF]
-        query = Query("leaf" if is_leaf else "probe", (level, node) if self._lazy else node)
+        if self._lazy:
+            below = self._probe_level - level
+            if below > 0:  # centre probes
+                span = self.spec_.tree.arity ** below
+                node, level = node * span + span // 2, self._probe_level
+            node = (level, node)
+        query = Query("leaf" if is_leaf else "probe", node)
         self._queries[row] = query
         self._row_of[query.node] = row
         return query
@@ -467,6 +483,9 @@ class OptimisticDescent(ExploredTreePolicy):
             split a node after its first play, so each round plays a new node) or ``"fixed"``
             (``"always"`` down to ``max_depth`` and never deeper: fixed-resolution play).
         max_depth: deepest level the explored tree may reach (required by ``"fixed"``).
+        split: the refine rule's threshold: ``"eq6"`` (Eq. 6 as written, the default here)
+            or ``"variance"`` (``T(v) >= V_hat(v) / spread(v)^2``, as
+            :class:`MemoryBoundedDescent`, whose default it is).
         delta: level of the certificates: split evenly over the tree's nodes for the
             composed certificates; under ``certificate="paper"`` each node uses ``delta``
             itself (no union bound over nodes, the former behaviour).
@@ -480,8 +499,9 @@ class OptimisticDescent(ExploredTreePolicy):
     def __init__(self, *, spread: str = "assumed", lipschitz: float = 1.0,
                  rho: float | None = None, c: float | None = None, expand: str = "refine",
                  max_depth: int | None = None, delta: float = 0.05, z: float = 3.0,
-                 certificate: str = DEFAULT_METHOD) -> None:
+                 certificate: str = DEFAULT_METHOD, split: str = "eq6") -> None:
         self.spread = _check_choice(spread, _SPREADS, "spread")
+        self.split = _check_choice(split, _SPLITS, "split")
         self.certificate = _check_certificate(certificate)
         _check_schedule(lipschitz, rho, c)
         self.lipschitz, self.rho, self.c = lipschitz, rho, c
@@ -503,8 +523,8 @@ class OptimisticDescent(ExploredTreePolicy):
                             "on a LazyTree")
         self._begin(schedules=[(self.lipschitz, self.rho)], spread=self.spread,
                     expand=self.expand, max_depth=self.max_depth, path_stats=False,
-                    c=radius_scale(self.c, self.spec_),
-                    delta=self.delta, z=self.z, certificate=self.certificate)
+                    c=radius_scale(self.c, self.spec_), delta=self.delta, z=self.z,
+                    certificate=self.certificate, split=self.split)
 
 
 class KnownBiasDescent(OptimisticDescent):
@@ -555,16 +575,43 @@ class KnownBiasDescent(OptimisticDescent):
 
 
 class MemoryBoundedDescent(ExploredTreePolicy):
-    """Optimistic descent with the refine rule (Eq. 6) under a hard memory cap, for trees of
-    unbounded depth (:class:`~canopy.tree.LazyTree`; finite-state compression, Appendix D).
+    """Optimistic descent with a refine rule under a hard memory cap, for trees of unbounded
+    depth (:class:`~canopy.tree.LazyTree`; finite-state compression, Appendix D).
 
-    When a split would take the explored tree past ``max_nodes`` rows, the policy forgets the
-    children of the explored node of lowest ``B`` whose children are all explored leaves (the
-    least promising bottom cell; never the parent of the node being split). The forgotten
-    node keeps its own statistics and becomes an explored leaf again. If nothing can be
-    forgotten the split waits. ``max_nodes=None`` is ``2 b ceil(log_b n) + 1`` with ``b`` the
-    arity and ``n = budget / probe_cost`` the horizon: room for a path down to the depth a cell
-    is resolved by one probe, twice over.
+    Three options, each composable with the others and with the memory bound; ``split``
+    alone switches between the default and the paper's rule (``split="eq6"``: Eq. 6, the
+    uniform probe of Eq. 1 and ``forget="any"``, unless ``probe`` or ``forget`` is given):
+
+    - ``split``: ``"variance"`` (default) splits an explored leaf once one standard error of
+      its mean is within its spread, ``T(v) >= V_hat(v) / spread(v)^2`` with ``V_hat`` the
+      sample variance of its own probes, at least the noise's ``sigma^2`` (the model's floor;
+      at least two probes). The ``ln t`` of Eq. (6) is the optimism of Eq. (4), which decides
+      *where* to play; the split only decides at what resolution, and splitting loses nothing
+      (the cell keeps bounding its subtree through ``B = min(U, ...)``). ``"eq6"``: Eq. (6)
+      as written, ``T(v) >= c^2 ln t / spread(v)^2``.
+    - ``probe``: ``"centre"`` probes a cell at its centre, through its descendant at the
+      deepest level the tree allows (62 for ``b = 2``) whose interval holds the centre (starts
+      at it for an even ``b``): a fixed point a cell, as X-armed bandits play. If ``f`` is
+      Hoelder with exponent ``alpha`` around a maximum placed uniformly in the cell, the
+      centre's expected gap is ``(2 + alpha) / 2^(alpha + 1)`` of a uniform point's (3/4 at
+      ``alpha = 1``). ``"uniform"``: Eq. (1)'s probe, the one the data-driven spreads need.
+      ``None``: ``"centre"`` under ``split="variance"`` with the assumed spread, else
+      ``"uniform"``.
+    - ``forget``: when a split would take the explored tree past ``max_nodes`` rows, the
+      policy forgets the children of the explored node of lowest ``B`` whose children are all
+      explored leaves (never the parent of the node being split); the forgotten node keeps
+      its own statistics and becomes an explored leaf again, and if nothing can be forgotten
+      the split waits. ``"any"`` may forget any such node (the paper's rule); ``"balanced"``
+      only one the splitting cell ``v`` dominates (its ``B`` below ``v``'s lower confidence
+      bound ``mean(v) - c sqrt(2 ln t / T(v))``) or one deeper than ``v`` (its region then
+      stays at least as fine as ``v``'s children), so memory is shared evenly among regions
+      that may hold the optimum instead of being passed back and forth between them.
+      ``None``: ``"balanced"`` under ``split="variance"`` with the assumed spread, else
+      ``"any"`` (the balanced rule reads depth as resolution, true of ``L rho^level`` only).
+
+    ``max_nodes=None`` is ``2 b ceil(log_b n) + 1`` with ``b`` the arity and
+    ``n = budget / probe_cost`` the horizon: room for a path down to the depth a cell is
+    resolved by one probe, twice over.
 
     ``spread`` is ``"assumed"``, ``"estimated"`` or ``"certified"`` (with ``certificate``)
     as in :class:`OptimisticDescent` (the composed certificate splits ``delta`` over the
@@ -581,8 +628,13 @@ class MemoryBoundedDescent(ExploredTreePolicy):
 
     def __init__(self, *, lipschitz: float = 1.0, rho: float | None = None,
                  c: float | None = None, spread: str = "assumed", max_nodes: int | None = None,
-                 delta: float = 0.05, z: float = 3.0, certificate: str = DEFAULT_METHOD) -> None:
+                 delta: float = 0.05, z: float = 3.0, certificate: str = DEFAULT_METHOD,
+                 split: str = "variance", probe: str | None = None,
+                 forget: str | None = None) -> None:
         self.certificate = _check_certificate(certificate)
+        self.split = _check_choice(split, _SPLITS, "split")
+        self.probe = None if probe is None else _check_choice(probe, _PROBES, "probe")
+        self.forget = None if forget is None else _check_choice(forget, _FORGETS, "forget")
         _check_schedule(lipschitz, rho, c)
         self.lipschitz, self.rho, self.c = lipschitz, rho, c
         if spread not in ("assumed", "estimated", "certified"):
@@ -608,8 +660,28 @@ class MemoryBoundedDescent(ExploredTreePolicy):
                              f"got {cap}")
         self._begin(schedules=[(self.lipschitz, self.rho)], spread=self.spread,
                     expand="refine", max_depth=None, path_stats=False,
-                    c=radius_scale(self.c, self.spec_),
-                    delta=self.delta, z=self.z, max_nodes=cap, certificate=self.certificate)
+                    c=radius_scale(self.c, self.spec_), delta=self.delta, z=self.z,
+                    max_nodes=cap, certificate=self.certificate, split=self.split,
+                    probe=self.probe_, forget=self.forget_)
+
+    @property
+    def probe_(self) -> str:
+        """The probe played: ``probe`` as given; by default (``None``) the paper's uniform
+        probe (Eq. 1) under ``split="eq6"`` or a data-driven spread (whose estimates rest on
+        uniform probes), else ``"centre"``."""
+        if self.probe is not None:
+            return self.probe
+        return "centre" if self.split == "variance" and self.spread == "assumed" else "uniform"
+
+    @property
+    def forget_(self) -> str:
+        """The memory bound's rule: ``forget`` as given; by default (``None``)
+        ``"balanced"`` under ``split="variance"`` with the assumed spread, else the paper's
+        ``"any"`` (the balanced rule reads a cell's depth as its resolution, which holds for
+        the assumed spread ``L rho^level`` and not for a data-driven one)."""
+        if self.forget is not None:
+            return self.forget
+        return "balanced" if self.split == "variance" and self.spread == "assumed" else "any"
 
     @property
     def depth_reached_(self) -> int:

@@ -21,10 +21,15 @@ from collections.abc import Sequence
 import numpy as np
 
 from canopy.policies import _explored as ex
-from canopy.policies.descent import ExploredTreePolicy, spec_rounds
-from canopy.validation import check_open_unit, check_positive
+from canopy.policies.descent import (
+    ExploredTreePolicy,
+    max_branching,
+    radius_scale,
+    spec_rounds,
+)
+from canopy.validation import check_count, check_open_unit, check_positive
 
-__all__ = ["HOO", "POO", "default_schedules"]
+__all__ = ["HOO", "POO", "default_schedules", "rho_schedules"]
 
 
 class HOO(ExploredTreePolicy):
@@ -59,36 +64,60 @@ def default_schedules(n_rounds: float) -> list[tuple[float, float | None]]:
     return [(float(lip), None) for lip in np.geomspace(1.0 / 16.0, 4.0, count)]
 
 
+def rho_schedules(n_rounds: float, *, arity: int = 2, rho_max: float = 0.9,
+                  lipschitz: float = 1.0) -> list[tuple[float, float | None]]:
+    """Grill et al.'s (2015) grid over ``rho``: ``N = ceil(0.5 D_max ln(n / ln n))``
+    instances, ``D_max = ln(arity) / ln(1 / rho_max)``, ``rho_i = rho_max^(2N / (2i + 1))``
+    for ``i = 0 .. N - 1``, each with ``nu = lipschitz`` (their ``nu_max``)."""
+    check_count(arity, "arity", low=2)
+    check_open_unit(rho_max, "rho_max")
+    check_positive(lipschitz, "lipschitz")
+    n = max(float(n_rounds), 3.0)
+    d_max = math.log(arity) / math.log(1.0 / rho_max)
+    count = max(1, math.ceil(0.5 * d_max * math.log(n / math.log(n))))
+    return [(float(lipschitz), rho_max ** (2.0 * count / (2 * i + 1))) for i in range(count)]
+
+
 class POO(ExploredTreePolicy):
     """Parallel optimistic optimization over a grid of assumed schedules.
 
     Args:
         schedules: ``(lipschitz, rho)`` pairs (``rho=None`` is ``1/b``); ``None`` is
-            :func:`default_schedules` for the run's horizon.
-        c: scale of every instance's confidence radius (> 0).
+            :func:`default_schedules` for the run's horizon (a grid over ``L``), ``"rho"``
+            :func:`rho_schedules` for the run's horizon and the tree's arity (Grill et al.'s
+            grid over ``rho``).
+        c: scale of every instance's confidence radius (> 0); ``None`` is the problem's
+            noise sd (:func:`~canopy.policies.descent.radius_scale`).
     """
 
     name = "poo"
 
-    def __init__(self, *, schedules: Sequence[tuple[float, float | None]] | None = None,
-                 c: float = 1.0) -> None:
-        if schedules is not None:
+    def __init__(self, *, schedules: Sequence[tuple[float, float | None]] | str | None = None,
+                 c: float | None = 1.0) -> None:
+        if isinstance(schedules, str):
+            if schedules != "rho":
+                raise ValueError(f'schedules must be pairs, None or "rho", got {schedules!r}')
+        elif schedules is not None:
             for i, (lip, rho) in enumerate(schedules):
                 check_positive(lip, f"schedules[{i}] lipschitz")
                 check_open_unit(rho, f"schedules[{i}] rho", allow_none=True)
             if not len(schedules):
                 raise ValueError("schedules is empty: POO needs at least one (lipschitz, rho)")
-        check_positive(c, "c")
+        if c is not None:
+            check_positive(c, "c")
         self.schedules, self.c = schedules, c
 
     def _start(self) -> None:
         grid = self.schedules
+        rounds = spec_rounds(self.spec_, self.ledger_.budget)
         if grid is None:
-            grid = default_schedules(spec_rounds(self.spec_, self.ledger_.budget))
+            grid = default_schedules(rounds)
+        elif isinstance(grid, str):
+            grid = rho_schedules(rounds, arity=max(2, max_branching(self.spec_.tree)))
         self.schedules_ = [(float(lip), None if rho is None else float(rho))
                            for lip, rho in grid]
         self._begin(schedules=self.schedules_, spread="assumed", expand="always",
-                    max_depth=None, path_stats=True, c=self.c)
+                    max_depth=None, path_stats=True, c=radius_scale(self.c, self.spec_))
 
     def _best_root(self) -> int:
         roots = self._fs[:len(self.schedules_)]
