@@ -6,10 +6,11 @@ Instance (the paper does not specify the function): ``canopy.instances.infinite_
 the garland function with noise sigma 0.1; the descent's assumed spread is ``L * 3**-level``,
 run with two constants: ``L = 15.3``, the garland's Lipschitz constant on [0, 1] (max |f'| =
 15.26 on a 2M-point grid), so the spread bounds every cell's bias, and ``L = 1``, the policy's
-default; the memory cap is the policy's default. Beside them, the memory-bounded rule with the
-bias taken from data: ``spread="estimated"`` (the plug-in) and ``spread="certified"`` (the
-composed sharp certificate, issue 11). Each horizon is a separate run (budget = horizon, cost
-1 per probe). The paper gives no seed count: we use 10.
+default; the memory cap is the policy's default, and the split rule the paper's
+(``split="eq6"``: Eq. 6, uniform probes, any cell forgotten). Beside them, the memory-bounded
+rule with the bias taken from data: ``spread="estimated"`` (the plug-in) and
+``spread="certified"`` (the composed sharp certificate). Each horizon is a separate run
+(budget = horizon, cost 1 per probe). The paper gives no seed count: we use 10.
 """
 
 from __future__ import annotations
@@ -87,9 +88,11 @@ PAPER = tuple(PaperValue(method(L), 15000.0, metric, value)
 
 
 def cells(params: CompressionParams) -> list[dict[str, Any]]:
-    policies = [policy_cell(method(L), "MemoryBoundedDescent", c=PAPER_C, lipschitz=L)
+    policies = [policy_cell(method(L), "MemoryBoundedDescent", c=PAPER_C, lipschitz=L,
+                            split="eq6")
                 for L in params.lipschitz]
-    policies += [policy_cell(spread_method(s), "MemoryBoundedDescent", c=PAPER_C, spread=s)
+    policies += [policy_cell(spread_method(s), "MemoryBoundedDescent", c=PAPER_C, spread=s,
+                            split="eq6")
                  for s in params.spreads]
     return [{**policy, "arity": params.arity, "sigma": params.sigma, "horizon": h}
             for policy in policies for h in params.horizons]
