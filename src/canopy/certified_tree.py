@@ -1,4 +1,4 @@
-"""Certified bias bounds composed up a tree (issue 11; paper Section 3.3, Corollary 1).
+"""Certified bias bounds composed up a tree (paper Section 3.3, Corollary 1).
 
 The aggregation bias of a node is ``bias(v) = max_c [f(c) + bias(c)] - f(v)`` over its
 children ``c``: the best leaf below ``v`` is the best leaf below one child. So any upper

@@ -2,7 +2,7 @@
 
 Each phase of a phased policy touches a few dozen cells or arms; written as numpy calls, the
 fixed cost of each call (about 1-3 us here) dominates the work, so the steps a phase repeats
-are single compiled calls instead (issue 15: per-query overhead against a vectorised numpy
+are single compiled calls instead (per-query overhead against a vectorised numpy
 successive-elimination loop). Each kernel states the numpy expression it computes; the tests
 check them against it.
 """

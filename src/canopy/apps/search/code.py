@@ -165,7 +165,7 @@ def arithmetic_tasks(level: str, n: int, *, seed: int = 0) -> list[CodeTask]:
     ``hard``):
     ``f(x)`` computing a seeded arithmetic expression, five tests at fixed points, the first
     one shown in the prompt and used as the probe (a regime where a small model has
-    headroom, issue 14)."""
+    headroom)."""
     if level not in _ARITH:
         raise ValueError(f"arithmetic level must be one of {sorted(_ARITH)}, got {level!r}")
     import random

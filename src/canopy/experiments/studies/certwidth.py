@@ -1,4 +1,4 @@
-"""Certificate study (issue 11, ``docs/certificate.md``): coverage and width of every certificate
+"""Certificate study (``docs/certificate.md``): coverage and width of every certificate
 method on single cells, by Monte Carlo.
 
 A cell has ``m`` leaves with means of one of five shapes (below), noise sigma 0.1, and ``n``
@@ -154,7 +154,7 @@ def headlines(rows: Sequence[Row]) -> list[Headline]:
 
 STUDY = Study(
     name="certificate",
-    title="certificate coverage and width: methods x m x n x cell shapes (issue 11)",
+    title="certificate coverage and width: methods x m x n x cell shapes",
     module=__name__,
     params=CertParams(),
     quick_params=CertParams(leaves=(4, 64, 1024), probes=(16, 256, 4096), trials=400),

@@ -14,7 +14,7 @@ worst-case-valid pruning of Theorem 2 with the schedule ``L rho^l``; "sound (cer
 ``TopKSound(spread="certified")``, the same pruning with Algorithm 1's bound, reported beside
 it (its bound is too loose at ~2 probes per cell to prune), in two forms: Algorithm 1 on each
 cell's own probes (``certificate="paper"``, the former variant) and the composed sharp
-certificate (``"sound (certified, composed)"``, issue 11), with the fraction of examined cells
+certificate (``"sound (certified, composed)"``), with the fraction of examined cells
 each prunes. Budgets
 are in leaf-cost units (``leaf_cost = 1``). Successive elimination evaluates leaves only, so its
 recall does not depend on the probe cost: it runs once per budget (with probe cost = leaf

@@ -5,7 +5,7 @@ expand-versus-refine rule of Eq. (6) with the assumed spread, and the variance-a
 that takes the bias from data, in three forms: ``spread="estimated"`` (Section 3.3's plug-in
 ``sigma_w sqrt(2 log m)``), ``spread="certified"`` with ``certificate="paper"`` (Algorithm 1's
 bound with ``L_hat`` inheritance, the former variant) and ``spread="certified"`` with the
-composed sharp certificate (issue 11), all with the refine rule.
+composed sharp certificate, all with the refine rule.
 
 Instance family (the paper does not specify it): ``canopy.instances.tree_lipschitz`` with
 branching 4, depth 4, Lipschitz constant 1 and noise sigma 0.1, a new instance per seed shared
