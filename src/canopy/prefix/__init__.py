@@ -12,7 +12,8 @@ from canopy._lazy import lazy_exports
 
 _EXPORTS = {
     **dict.fromkeys(("EvictableBlocks", "EvictionOrder"), "canopy.prefix.evictable"),
-    **dict.fromkeys(("RadixCache",), "canopy.prefix.kernels"),
+    "BlockTree": "canopy.prefix.blocks",
+    "RadixCache": "canopy.prefix.radix",
     **dict.fromkeys(("LFU", "LRU", "POLICIES", "SIEVE", "Canopy", "EvictionPolicy", "Optimal",
                      "PriorityPolicy", "make_policy", "policy_class", "resolve_policy"),
                     "canopy.prefix.policies"),

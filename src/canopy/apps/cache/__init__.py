@@ -13,7 +13,7 @@ _EXPORTS = {
     "Optimal": "canopy.prefix.policies",
     "make_policy": "canopy.prefix.policies",
     "OnlinePolicy": "canopy.prefix.stream",
-    "RadixCache": "canopy.prefix.kernels",
+    "RadixCache": "canopy.prefix.radix",
     "ReplayResult": "canopy.apps.cache.replay",
     "recovery_curve": "canopy.apps.cache.replay",
     "replay": "canopy.apps.cache.replay",
