@@ -129,10 +129,10 @@ class OnlinePolicy(_Host):
     * :meth:`evicted` each observed block the engine drops (or could not cache);
     * evict by :meth:`priority` (lower first). Priorities compare across blocks until
       :attr:`epoch` changes (``canopy`` switching arm re-orders them): then re-key.
-    * ``sieve`` is not a priority order but a hand over insertion order: :meth:`priority` is
-      the insertion order, and the hand walks from the oldest block (from the block after its
-      last victim, wrapping), calling :meth:`clear_visited` on each block it passes whose
-      :meth:`visited` is set, and evicts the first unvisited evictable block.
+    * ``sieve`` (:attr:`hand`) is not a priority order but a hand over insertion order:
+      :meth:`priority` is the insertion order, and the hand walks from the oldest block (from
+      the block after its last victim, wrapping), calling :meth:`clear_visited` on each block
+      it passes whose :meth:`visited` is set, and evicts the first unvisited evictable block.
 
     Memory is bounded whatever the run's length: blocks the engine holds (as reported), the
     shadows' blocks, and history whose decayed counts are above ``history_floor`` (see
@@ -147,6 +147,12 @@ class OnlinePolicy(_Host):
         super().__init__(policy, capacity, history_floor, prefix_keys=True, serves=False)
         self._seq = 0
         self._pending: tuple[tuple[Hashable, ...], int] | None = None
+
+    @property
+    def hand(self) -> bool:
+        """Whether the policy evicts by a hand over insertion order (``sieve``), through
+        :meth:`visited` and :meth:`clear_visited`, rather than by priority alone."""
+        return self.policy.hand
 
     @property
     def epoch(self) -> int:
