@@ -93,17 +93,25 @@ class EvictableBlocks:
 
     def release(self, block: int, key: Hashable) -> None:
         """The engine freed ``block``, which caches ``key``: it may be evicted from now on."""
-        self._stamp += 1
-        if self._key.get(block) != key:
-            self.drop(block)
-            self._key[block] = key
-            self._blocks_of.setdefault(key, set()).add(block)
-            parent = self._parent.get(key)
-            if parent is not None:
-                self._children[parent] = self._children.get(parent, 0) + 1
-        self._push(block, self._priorities([key], [self._stamp])[0], self._stamp)
-        if len(self._heap) > 2 * len(self._entry) + 64:
-            self._rebuild()
+        self.release_all([block], [key])
+
+    def release_all(self, blocks: Sequence[int], keys: Sequence[Hashable]) -> None:
+        """:meth:`release` of ``blocks[i]`` caching ``keys[i]``, in that order, the policy's
+        priorities asked once for all."""
+        stamps = range(self._stamp + 1, self._stamp + 1 + len(blocks))
+        self._stamp += len(blocks)
+        ranked = self._priorities(keys, stamps)
+        for block, key, priority, stamp in zip(blocks, keys, ranked, stamps, strict=True):
+            if self._key.get(block) != key:
+                self.drop(block)
+                self._key[block] = key
+                self._blocks_of.setdefault(key, set()).add(block)
+                parent = self._parent.get(key)
+                if parent is not None:
+                    self._children[parent] = self._children.get(parent, 0) + 1
+            self._push(block, priority, stamp)
+            if len(self._heap) > 2 * len(self._entry) + 64:
+                self._rebuild()
 
     def acquire(self, block: int) -> bool:
         """A request took ``block`` back (a hit): pinned, not evictable until released.
