@@ -38,6 +38,7 @@ from canopy.prefix.kernels import (
 )
 from canopy.prefix.policies import EvictionPolicy
 from canopy.prefix.traces import Trace
+from canopy.validation import check_count, check_open_unit
 
 __all__ = ["MAX_DEPTH", "BlockTree"]
 
@@ -81,8 +82,8 @@ class BlockTree:
                  prefix_keys: bool = False, serves: bool = True,
                  history_floor: float | None = None) -> None:
         self.policy = policy
-        self.capacity = capacity
-        self.history_floor = history_floor
+        self.capacity = check_count(capacity, "capacity")
+        self.history_floor = check_open_unit(history_floor, "history_floor", allow_none=True)
         self.kind, self.params = policy.kernel(_Unbounded() if trace is None else trace,
                                                capacity)
         self._how: Any = policy.key if self.kind == PRIORITY else self.kind
@@ -116,8 +117,7 @@ class BlockTree:
             self._shadows = kernels.Shadows(n, longest, policy, capacity, dtype,
                                             rides=trace is not None)
             self._sc[ARM] = policy.start_arm
-            rate = self._shadows.ac[0]
-            self._rate = float(rate)
+            self._rate = float(self._shadows.ac[0])
             self._in_sample, self._out_of_sample = (
                 np.concatenate([[r], self._shadows.ac[1:]]) for r in (1.0, 0.0))
         size = kernels.shadow_heap_size(capacity, longest)  # compacted when full
