@@ -132,9 +132,7 @@ def _queue_class() -> type:
 
         def observe(self, keys: list[Hashable]) -> None:
             """A request's block-hash chain, root first, when it is first scheduled."""
-            if self.policy is not None:
-                self.policy.observe(keys)
-                self.evictable.refresh(keys)
+            self.evictable.observe(keys)
 
     return _PolicyFreeQueue
 

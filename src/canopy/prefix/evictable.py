@@ -72,6 +72,7 @@ class EvictableBlocks:
         self._epoch = None if policy is None else policy.epoch
         self._sieve = policy is not None and policy.hand
         self._hand: Any = None  # sieve: the priority of the last victim
+        self._pending: list[Hashable] = []  # keys observed, their free blocks to re-key
         self._parent: dict[Hashable, Hashable] = {}  # from the observed chains
         self._children: dict[Hashable, int] = {}  # known blocks under a key
 
@@ -98,6 +99,7 @@ class EvictableBlocks:
     def release_all(self, blocks: Sequence[int], keys: Sequence[Hashable]) -> None:
         """:meth:`release` of ``blocks[i]`` caching ``keys[i]``, in that order, the policy's
         priorities asked once for all."""
+        self._flush()
         stamps = range(self._stamp + 1, self._stamp + 1 + len(blocks))
         self._stamp += len(blocks)
         ranked = self._priorities(keys, stamps)
@@ -131,9 +133,20 @@ class EvictableBlocks:
             if parent is not None and self._children.get(parent, 0) > 0:
                 self._children[parent] -= 1
 
+    def observe(self, keys: Sequence[Hashable]) -> None:
+        """A request was admitted with block keys ``keys``, root first: the policy observes
+        it and the free blocks among them are re-keyed (:meth:`refresh`)."""
+        if self.policy is None:
+            return
+        self._flush()  # what earlier requests left pending, ranked before the policy moves
+        self.policy.observe(keys)
+        self.refresh(keys)
+
     def refresh(self, keys: Iterable[Hashable]) -> None:
         """Re-key the free blocks among ``keys`` (a request observed them, root first; call
-        after the policy's ``observe``); rebuild the order if the policy's epoch moved."""
+        after the policy's ``observe``, or call :meth:`observe`); rebuild the order if the
+        policy's epoch moved. The re-keying waits for the next release, victim or request:
+        most of those blocks are the request's hits, which the engine takes back first."""
         if self.policy is None:
             return
         keys = list(keys)
@@ -144,6 +157,14 @@ class EvictableBlocks:
         if self.policy.epoch != self._epoch:
             self._rebuild()
             return
+        self._pending.extend(keys)
+
+    def _flush(self) -> None:
+        """Re-key the free blocks among the keys :meth:`refresh` left pending (the policy has
+        not moved since: every call that precedes a change of the policy flushes first)."""
+        if not self._pending:
+            return
+        keys, self._pending = self._pending, []
         free = [(block, key) for key in keys for block in self._blocks_of.get(key, ())
                 if block in self._entry]
         if free:
@@ -154,6 +175,7 @@ class EvictableBlocks:
     def pop_victim(self) -> int | None:
         """The free block to evict (removed from the set, reported to the policy), or
         ``None`` when there is none."""
+        self._flush()
         if self.policy is not None and self.policy.epoch != self._epoch:
             self._rebuild()
         block = self._sieve_victim() if self._sieve else self._lowest()
@@ -212,6 +234,7 @@ class EvictableBlocks:
         """The heap anew from the current priorities (stale entries dropped)."""
         if self.policy is not None:
             self._epoch = self.policy.epoch
+        self._pending = []  # every free block is re-keyed here
         blocks = list(self._entry)
         stamps = [self._entry[block][1] for block in blocks]
         ranked = self._priorities([self._key[block] for block in blocks], stamps)
