@@ -19,7 +19,7 @@ cannot be installed (it needs its CUDA stack):
 Strategies: LRU ``last_access_time``, LFU ``(hit_count, last_access_time)``, as in SGLang's
 ``evict_policy.py``, looked up by name in :data:`STRATEGIES` (SGLang's registry) with the
 keyword arguments of the policy's configuration. Only what
-:func:`canopy.apps.cache.sglang.drive` calls is provided, and the two methods
+:func:`canopy.apps.cache.sglang_replay.drive` calls is provided, and the two methods
 :func:`canopy.integrations.sglang.install` hooks (``insert``, ``_delete_leaf``).
 """
 

@@ -19,7 +19,7 @@ import pytest
 from typer.testing import CliRunner
 
 import sglang_standin as standin
-from canopy.apps.cache.sglang import drive, sweep
+from canopy.apps.cache.sglang_replay import drive, sweep
 from canopy.cli import app
 from canopy.integrations.sglang import CanopyEviction, install
 from canopy.prefix import RadixCache, from_paths, make_policy

@@ -73,7 +73,7 @@ def test_canopy_recency_shadow_riding_on_the_main_cache_changes_nothing(capacity
     paths = [rng.integers(0, 3, size=rng.integers(1, 7)).tolist() for _ in range(400)]
     policy = Canopy(z=0.0, min_evidence=0.0, window=4.0, shadow_blocks=8)
     replay = RadixCache(from_paths(paths), policy, capacity)
-    assert replay._shadows.sm[radix.RIDES] == 1
+    assert replay.tree.rides
     stream = StreamingCache(policy, capacity, history_floor=None)
     for path in paths:
         assert (replay.step(), replay.arm) == (stream.request(path), stream.arm)

@@ -9,16 +9,19 @@ import pytest
 from typer.testing import CliRunner
 
 from canopy.apps.cache import (
+    LRU,
     Canopy,
     RadixCache,
     TTFTModel,
     from_paths,
     load_mooncake,
+    load_prompt_log,
     recovery_curve,
     replay,
     scenario,
     sweep,
 )
+from canopy.prefix import StreamingCache
 
 
 def test_metrics_on_a_hand_checked_trace():
@@ -44,6 +47,17 @@ def test_ttft_model_is_linear_and_validated():
         Canopy(start_half_life=3.0)
     with pytest.raises(ValueError, match="seed"):
         Canopy(seed=-1)
+
+
+@pytest.mark.parametrize("make", [
+    lambda: TTFTModel(ms_per_token="0.1"), lambda: Canopy(seed=1.5),
+    lambda: Canopy(half_lives=(True,)), lambda: Canopy(z=None),
+    lambda: RadixCache(from_paths([[1]]), LRU(), 2.0),
+    lambda: StreamingCache("lru", 4, history_floor="0.5"),
+    lambda: load_prompt_log("unused.jsonl", block_size=16.0)])
+def test_a_value_of_the_wrong_kind_is_a_type_error(make):
+    with pytest.raises(TypeError):
+        make()
 
 
 def test_shift_counts_only_after_the_shift():

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 import sglang_standin as standin
-from canopy.apps.cache.sglang import drive, sweep
+from canopy.apps.cache.sglang_replay import drive, sweep
 from canopy.cli import app
 from canopy.integrations.sglang import (
     CanopyEviction,
@@ -159,7 +159,7 @@ def _real_sglang():
     """SGLang's API; where it does not import, the test fails when ``CANOPY_SGLANG=required``
     (CI's run in the environment of ``.ci/sglang.sh``) and skips elsewhere."""
     try:
-        from canopy.apps.cache.sglang import sglang_api
+        from canopy.apps.cache.sglang_replay import sglang_api
 
         return sglang_api()
     except ImportError as missing:

@@ -364,3 +364,23 @@ def test_a_user_policy_runs_in_the_replay_the_streaming_cache_and_online():
         for online in (mine, builtin):
             online.observe([tuple(p[:i + 1]) for i in range(len(p))])
     np.testing.assert_array_equal(mine.priorities(keys), builtin.priorities(keys))
+
+
+def test_the_old_module_paths_still_import_and_renamed_names_warn():
+    """The cache's core moved to ``canopy.prefix``: the old paths forward to it, and the two
+    names that changed (the evictable set's protocol, the SGLang replay's module) warn."""
+    import importlib
+    import sys
+
+    from canopy.apps.cache import radix as old_radix
+    from canopy.apps.cache.stream import StreamingCache as OldStreamingCache
+    from canopy.prefix import EvictionOrder
+
+    assert OldStreamingCache is StreamingCache and old_radix.CACHED == radix.CACHED
+    with pytest.warns(DeprecationWarning, match="EvictionOrder"):
+        from canopy.apps.cache.evictable import PriorityPolicy as OldOrder
+    assert OldOrder is EvictionOrder
+    sys.modules.pop("canopy.apps.cache.sglang", None)
+    with pytest.warns(DeprecationWarning, match="sglang_replay"):
+        old = importlib.import_module("canopy.apps.cache.sglang")
+    assert old.drive is importlib.import_module("canopy.apps.cache.sglang_replay").drive

@@ -50,8 +50,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from canopy.prefix.policies import SIEVE, EvictionPolicy, resolve_policy
+from canopy.prefix.policies import EvictionPolicy, resolve_policy
 from canopy.prefix.stream import OnlinePolicy
+from canopy.validation import check_count, check_open_unit
 
 __all__ = ["ENV", "POLICY_NAME", "CanopyEviction", "evict_exactly", "install",
            "radix_cache_class", "register", "strategy_policy"]
@@ -68,12 +69,8 @@ _KEYS = "_canopy_page_keys"  # a node's own page keys, with the token count they
 def strategy_policy(policy: str | EvictionPolicy | type[EvictionPolicy]) -> EvictionPolicy:
     """``policy`` (a name, ``package.module:ClassName``, a policy class or object) as an
     SGLang strategy can run it: online and ranking by priority (``sieve``'s hand is not a
-    priority). Errors are one line."""
-    chosen = resolve_policy(policy, online=True)
-    if isinstance(chosen, SIEVE):
-        raise ValueError("policy 'sieve' is a hand over insertion order, not a priority; "
-                         "SGLang's strategies rank nodes by priority")
-    return chosen
+    priority; :func:`~canopy.prefix.policies.resolve_policy`). Errors are one line."""
+    return resolve_policy(policy, online=True, ranked=True)
 
 
 class CanopyEviction:
@@ -86,11 +83,9 @@ class CanopyEviction:
     def __init__(self, policy: str | EvictionPolicy | type[EvictionPolicy] = POLICY_NAME,
                  capacity_blocks: int | None = None, history_floor: float = 0.5) -> None:
         self.chosen = strategy_policy(policy)
-        if capacity_blocks is not None and (isinstance(capacity_blocks, bool) or not isinstance(
-                capacity_blocks, int) or capacity_blocks < 1):
-            raise ValueError(f"capacity_blocks must be a positive int, got {capacity_blocks!r}")
-        if not 0 < history_floor < 1:
-            raise ValueError(f"history_floor must be in (0, 1), got {history_floor!r}")
+        if capacity_blocks is not None:
+            check_count(capacity_blocks, "capacity_blocks")
+        check_open_unit(history_floor, "history_floor")
         self.policy_name = self.chosen.name
         self.capacity_blocks = capacity_blocks
         self.history_floor = history_floor

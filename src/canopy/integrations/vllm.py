@@ -75,15 +75,9 @@ def _make_order(policy: EvictionPolicy, capacity_blocks: int) -> Any:
     return OnlinePolicy(policy, capacity_blocks)
 
 
-def _plain_key(block_hash: Any) -> Hashable:
-    """A block's prefix key as the request's ``block_hashes`` list it (no group id)."""
-    from vllm.v1.core.kv_cache_utils import get_block_hash
-
-    return get_block_hash(block_hash)
-
-
 def _queue_class() -> type:
     from vllm.v1.core.kv_cache_utils import FreeKVCacheBlockQueue
+    from vllm.v1.core.kv_cache_utils import get_block_hash as plain_key  # no group id
 
     class _PolicyFreeQueue(FreeKVCacheBlockQueue):
         """vLLM's free-block queue whose cached blocks leave in the policy's order."""
@@ -97,9 +91,10 @@ def _queue_class() -> type:
 
         # ----------------------------------------------------- releases and hits
         def _released(self, blocks: list[Any]) -> None:
-            for block in blocks:
-                if block.block_hash is not None:
-                    self.evictable.release(block.block_id, _plain_key(block.block_hash))
+            cached = [block for block in blocks if block.block_hash is not None]
+            if cached:
+                self.evictable.release_all([block.block_id for block in cached],
+                                           [plain_key(block.block_hash) for block in cached])
 
         def append(self, block: Any) -> None:
             super().append(block)
@@ -137,9 +132,7 @@ def _queue_class() -> type:
 
         def observe(self, keys: list[Hashable]) -> None:
             """A request's block-hash chain, root first, when it is first scheduled."""
-            if self.policy is not None:
-                self.policy.observe(keys)
-                self.evictable.refresh(keys)
+            self.evictable.observe(keys)
 
     return _PolicyFreeQueue
 

@@ -12,8 +12,9 @@ from canopy._lazy import lazy_exports
 
 _EXPORTS = {
     **dict.fromkeys(("EvictableBlocks", "EvictionOrder"), "canopy.prefix.evictable"),
+    "BlockTree": "canopy.prefix.blocks",
     "HashIndex": "canopy.prefix.hashindex",
-    **dict.fromkeys(("RadixCache",), "canopy.prefix.kernels"),
+    "RadixCache": "canopy.prefix.radix",
     **dict.fromkeys(("LFU", "LRU", "POLICIES", "SIEVE", "Canopy", "EvictionPolicy", "Optimal",
                      "PriorityPolicy", "make_policy", "policy_class", "resolve_policy"),
                     "canopy.prefix.policies"),

@@ -25,20 +25,31 @@ import bisect
 import heapq
 import itertools
 import math
-from collections.abc import Hashable, Iterable
+from collections.abc import Hashable, Iterable, Sequence
 from typing import Any, Protocol
+
+import numpy as np
 
 __all__ = ["EvictableBlocks", "EvictionOrder"]
 
 
 class EvictionOrder(Protocol):
     """What :class:`EvictableBlocks` reads of an online policy
-    (:class:`~canopy.prefix.stream.OnlinePolicy`)."""
+    (:class:`~canopy.prefix.stream.OnlinePolicy`): its epoch, whether it evicts by a hand
+    over insertion order (``hand``; then it answers :meth:`visited` and
+    :meth:`clear_visited`), its priorities, and it hears of each eviction."""
 
     epoch: int
+    hand: bool
 
-    def priority(self, key: Hashable) -> Any:  # pragma: no cover - protocol
-        """Eviction priority of a block's key; lower evicts first."""
+    def priorities(self, keys: Sequence[Hashable]) -> Sequence[Any]:  # pragma: no cover
+        """Eviction priorities of blocks' keys (lower evicts first), one call for many."""
+
+    def visited(self, key: Hashable) -> bool:  # pragma: no cover - protocol
+        """``hand``: whether block ``key`` was reused since the hand last passed it."""
+
+    def clear_visited(self, key: Hashable) -> None:  # pragma: no cover - protocol
+        """``hand``: the hand passes block ``key``."""
 
     def evicted(self, key: Hashable) -> None:  # pragma: no cover - protocol
         """The host dropped block ``key``."""
@@ -46,10 +57,10 @@ class EvictionOrder(Protocol):
 
 class EvictableBlocks:
     """Free cached blocks (engine block ids) keyed by their prefix keys, popped in the order
-    of ``policy`` (``None``: release order, the engine's LRU). A ``sieve`` policy (one with
-    ``visited``) is served by SIEVE's hand: it walks the free blocks in insertion order
-    (:meth:`priority`) from after its last victim, wrapping, clears the visited blocks it
-    passes and evicts the first unvisited one."""
+    of ``policy`` (``None``: release order, the engine's LRU). A policy with a ``hand``
+    (``sieve``) is served by SIEVE's hand: it walks the free blocks in insertion order (its
+    priorities) from after its last victim, wrapping, clears the visited blocks it passes and
+    evicts the first unvisited one."""
 
     def __init__(self, policy: EvictionOrder | None = None) -> None:
         self.policy = policy
@@ -59,9 +70,9 @@ class EvictableBlocks:
         self._heap: list[tuple[Any, int, int]] = []
         self._stamp = 0
         self._epoch = None if policy is None else policy.epoch
-        self._sieve = policy is not None and getattr(
-            getattr(policy, "policy", None), "name", "") == "sieve"
+        self._sieve = policy is not None and policy.hand
         self._hand: Any = None  # sieve: the priority of the last victim
+        self._pending: list[Hashable] = []  # keys observed, their free blocks to re-key
         self._parent: dict[Hashable, Hashable] = {}  # from the observed chains
         self._children: dict[Hashable, int] = {}  # known blocks under a key
 
@@ -72,27 +83,37 @@ class EvictableBlocks:
     def __contains__(self, block: int) -> bool:
         return block in self._entry
 
-    def _priority(self, key: Hashable, stamp: int) -> Any:
-        return stamp if self.policy is None else self.policy.priority(key)
+    def _priorities(self, keys: Sequence[Hashable], stamps: Sequence[int]) -> Sequence[Any]:
+        if self.policy is None:
+            return stamps
+        return np.asarray(self.policy.priorities(keys)).tolist()
 
-    def _push(self, block: int, key: Hashable, stamp: int) -> None:
-        priority = self._priority(key, stamp)
+    def _push(self, block: int, priority: Any, stamp: int) -> None:
         self._entry[block] = (priority, stamp)
         heapq.heappush(self._heap, (priority, stamp, block))
 
     def release(self, block: int, key: Hashable) -> None:
         """The engine freed ``block``, which caches ``key``: it may be evicted from now on."""
-        self._stamp += 1
-        if self._key.get(block) != key:
-            self.drop(block)
-            self._key[block] = key
-            self._blocks_of.setdefault(key, set()).add(block)
-            parent = self._parent.get(key)
-            if parent is not None:
-                self._children[parent] = self._children.get(parent, 0) + 1
-        self._push(block, key, self._stamp)
-        if len(self._heap) > 2 * len(self._entry) + 64:
-            self._rebuild()
+        self.release_all([block], [key])
+
+    def release_all(self, blocks: Sequence[int], keys: Sequence[Hashable]) -> None:
+        """:meth:`release` of ``blocks[i]`` caching ``keys[i]``, in that order, the policy's
+        priorities asked once for all."""
+        self._flush()
+        stamps = range(self._stamp + 1, self._stamp + 1 + len(blocks))
+        self._stamp += len(blocks)
+        ranked = self._priorities(keys, stamps)
+        for block, key, priority, stamp in zip(blocks, keys, ranked, stamps, strict=True):
+            if self._key.get(block) != key:
+                self.drop(block)
+                self._key[block] = key
+                self._blocks_of.setdefault(key, set()).add(block)
+                parent = self._parent.get(key)
+                if parent is not None:
+                    self._children[parent] = self._children.get(parent, 0) + 1
+            self._push(block, priority, stamp)
+            if len(self._heap) > 2 * len(self._entry) + 64:
+                self._rebuild()
 
     def acquire(self, block: int) -> bool:
         """A request took ``block`` back (a hit): pinned, not evictable until released.
@@ -112,9 +133,20 @@ class EvictableBlocks:
             if parent is not None and self._children.get(parent, 0) > 0:
                 self._children[parent] -= 1
 
+    def observe(self, keys: Sequence[Hashable]) -> None:
+        """A request was admitted with block keys ``keys``, root first: the policy observes
+        it and the free blocks among them are re-keyed (:meth:`refresh`)."""
+        if self.policy is None:
+            return
+        self._flush()  # what earlier requests left pending, ranked before the policy moves
+        self.policy.observe(keys)
+        self.refresh(keys)
+
     def refresh(self, keys: Iterable[Hashable]) -> None:
         """Re-key the free blocks among ``keys`` (a request observed them, root first; call
-        after the policy's ``observe``); rebuild the order if the policy's epoch moved."""
+        after the policy's ``observe``, or call :meth:`observe`); rebuild the order if the
+        policy's epoch moved. The re-keying waits for the next release, victim or request:
+        most of those blocks are the request's hits, which the engine takes back first."""
         if self.policy is None:
             return
         keys = list(keys)
@@ -125,14 +157,25 @@ class EvictableBlocks:
         if self.policy.epoch != self._epoch:
             self._rebuild()
             return
-        for key in keys:
-            for block in self._blocks_of.get(key, ()):
-                if block in self._entry:
-                    self._push(block, key, self._entry[block][1])
+        self._pending.extend(keys)
+
+    def _flush(self) -> None:
+        """Re-key the free blocks among the keys :meth:`refresh` left pending (the policy has
+        not moved since: every call that precedes a change of the policy flushes first)."""
+        if not self._pending:
+            return
+        keys, self._pending = self._pending, []
+        free = [(block, key) for key in keys for block in self._blocks_of.get(key, ())
+                if block in self._entry]
+        if free:
+            ranked = self._priorities([key for _, key in free], [0] * len(free))
+            for (block, _), priority in zip(free, ranked, strict=True):
+                self._push(block, priority, self._entry[block][1])
 
     def pop_victim(self) -> int | None:
         """The free block to evict (removed from the set, reported to the policy), or
         ``None`` when there is none."""
+        self._flush()
         if self.policy is not None and self.policy.epoch != self._epoch:
             self._rebuild()
         block = self._sieve_victim() if self._sieve else self._lowest()
@@ -173,7 +216,9 @@ class EvictableBlocks:
         if not self._entry:
             return None
         policy: Any = self.policy
-        order = sorted((policy.priority(key), block) for block, key in self._key.items())
+        blocks = list(self._key)
+        order = sorted(zip(self._priorities([self._key[b] for b in blocks], blocks), blocks,
+                           strict=True))
         start = 0 if self._hand is None else bisect.bisect_right(order, (self._hand, math.inf))
         for i in range(2 * len(order)):  # the second lap finds the bits cleared
             priority, block = order[(start + i) % len(order)]
@@ -189,7 +234,10 @@ class EvictableBlocks:
         """The heap anew from the current priorities (stale entries dropped)."""
         if self.policy is not None:
             self._epoch = self.policy.epoch
-        self._entry = {block: (self._priority(self._key[block], stamp), stamp)
-                       for block, (_, stamp) in self._entry.items()}
+        self._pending = []  # every free block is re-keyed here
+        blocks = list(self._entry)
+        stamps = [self._entry[block][1] for block in blocks]
+        ranked = self._priorities([self._key[block] for block in blocks], stamps)
+        self._entry = dict(zip(blocks, zip(ranked, stamps, strict=True), strict=True))
         self._heap = [(p, s, b) for b, (p, s) in self._entry.items()]
         heapq.heapify(self._heap)

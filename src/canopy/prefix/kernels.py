@@ -28,9 +28,10 @@ in local variables (paper Section 4, "Serving systems": the prefix tree is the c
   arms.
 
 A cache's state travels as a :class:`Cache` (node table, scalars, heap), ``CANOPY``'s shadows
-as a :class:`ShadowState`; hosts (:mod:`canopy.prefix.stream`) call the public kernels
-:func:`request`, :func:`canopy_request`, :func:`observe` and :func:`priorities` (``_keyed``
-for a policy's own key).
+as a :class:`ShadowState`; their owner, :class:`~canopy.prefix.blocks.BlockTree`, calls the
+public kernels :func:`request`, :func:`replay`, :func:`canopy_request`, :func:`observe` and
+:func:`priorities` (``_keyed`` for a policy's own key), and renumbers the tables after
+forgetting with :func:`compact`.
 
 ``CANOPY`` values cells by statistics of the request stream (:func:`_cells_update`, shared by
 the main cache and its shadows) and replays a hashed sample of the requests in one
@@ -45,11 +46,11 @@ from collections import namedtuple
 import numba as nb
 import numpy as np
 
-__all__ = ["CANOPY", "LFU", "LRU", "OPTIMAL", "PRIORITY", "SIEVE", "Cache", "RadixCache",
-           "ShadowState", "Shadows", "canopy_request", "canopy_shadows", "cell_counts",
-           "next_use",
-           "node_table", "observe", "priorities", "priorities_keyed", "request",
-           "request_keyed", "scalars", "shadow_heap_size", "unit_hash"]
+__all__ = ["CANOPY", "LFU", "LRU", "OPTIMAL", "PRIORITY", "SIEVE", "Cache", "ShadowState",
+           "Shadows", "canopy_request", "canopy_shadows", "cell_counts", "cells_table",
+           "compact", "next_use", "node_table", "observe", "priorities", "priorities_keyed",
+           "replay", "replay_canopy", "replay_keyed", "request", "request_keyed", "scalars",
+           "shadow_heap_size", "unit_hash"]
 
 LRU, LFU, SIEVE, CANOPY, OPTIMAL, PRIORITY = 0, 1, 2, 3, 4, 5
 """Kernel codes: the built-in policies, and ``PRIORITY``: a policy's own key function
@@ -586,14 +587,17 @@ def _run(kind, key, t0, t1, offsets, nodes, nu, parent, depth, capacity, params,
 
 
 @nb.njit(cache=True)
-def _run_builtin(kind, t0, t1, offsets, nodes, nu, parent, depth, capacity, params, nf, c,
-                 reused):
+def replay(kind, t0, t1, offsets, nodes, nu, parent, depth, capacity, params, nf, c,
+           reused):
+    """Serve requests ``t0..t1 - 1`` of a trace (``offsets``, ``nodes``) under built-in
+    policy ``kind`` in :class:`Cache` ``c``, each one's reuse into ``reused``."""
     _run(kind, None, t0, t1, offsets, nodes, nu, parent, depth, capacity, params, nf, c, reused)
 
 
 @nb.njit(cache=True)
-def _run_keyed(key, t0, t1, offsets, nodes, nu, parent, depth, capacity, params, nf, c,
-               reused):
+def replay_keyed(key, t0, t1, offsets, nodes, nu, parent, depth, capacity, params, nf, c,
+                 reused):
+    """:func:`replay` under a policy's own key function."""
     _run(PRIORITY, key, t0, t1, offsets, nodes, nu, parent, depth, capacity, params, nf, c,
          reused)
 
@@ -641,7 +645,7 @@ def _leads(stats, pairs, a, b, z, min_n):
 
 
 @nb.njit(cache=True)
-def _run_canopy(t0, t1, offsets, nodes, parent, depth, capacity, params, cells, c, arms,
+def replay_canopy(t0, t1, offsets, nodes, parent, depth, capacity, params, cells, c, arms,
                 reused):
     """Canopy's replay: update the cells, evict by the current arm; on a hashed sample of
     requests, replay every arm in its shadow cache, fold its reuse into discounted statistics
@@ -856,6 +860,39 @@ def shadow_heap_size(capacity: int, longest: int) -> int:
     return 8 * capacity + 2 * longest + 16
 
 
+def compact(c: Cache, kept: np.ndarray, n: int, remap: np.ndarray, *, lists: bool) -> None:
+    """Keep rows ``kept`` (ascending) of the first ``n`` of cache ``c``'s node table as rows
+    ``0..len(kept) - 1`` (``remap[v]``: node ``v``'s new id, -1 when it goes), the rest reset,
+    and renumber what points at nodes: the recency queue's links (``PREV``, ``NEXT``), with
+    ``lists`` SIEVE's leaf list (``LPREV``, ``LNEXT``: a cache the kernels serve under
+    ``SIEVE``; elsewhere those columns are counts), the scalars naming nodes (``HEAD`` ...
+    ``LTAIL``) and the heap, whose dropped nodes' entries go (a sorted array is a heap)."""
+    ni, sc, hkey, hnode, hver = c
+    m = len(kept)
+    ni[:m] = ni[kept]
+    ni[m:n] = node_table(n - m, ni.dtype)
+    for column in (PREV, NEXT, LPREV, LNEXT) if lists else (PREV, NEXT):
+        links = ni[:m, column]
+        linked = links >= 0
+        links[linked] = remap[links[linked]]
+    for field in (HEAD, TAIL, HAND, LHEAD, LTAIL):
+        if sc[field] >= 0:
+            sc[field] = remap[sc[field]]
+    live = remap[hnode[:sc[HLEN]]] >= 0
+    keys, nodes, vers = hkey[:sc[HLEN]][live], remap[hnode[:sc[HLEN]][live]], hver[:sc[HLEN]][live]
+    order = np.argsort(keys, kind="stable")
+    h = len(order)
+    hkey[:h], hnode[:h], hver[:h] = keys[order], nodes[order], vers[order]
+    sc[HLEN] = h
+
+
+def cells_table(n: int, arms: int) -> np.ndarray:
+    """``CANOPY``'s cell statistics of ``n`` nodes never used, with ``arms`` decayed arms."""
+    cells = np.zeros((n, CELL_S0 + arms))
+    cells[:, CELL_CLOCK] = -1.0
+    return cells
+
+
 def scalars() -> np.ndarray:
     """A cache's scalars (``SIZE``, ``HEAD``... ``SEQN``) for an empty cache."""
     sc = np.full(_SC, -1, dtype=np.int64)
@@ -895,100 +932,3 @@ class Shadows:
         """The shadows as the kernels take them."""
         return ShadowState(self.ac, self.stats, self.pairs, self.got, self.sm, self.kinds,
                     self.capacity, self.ni, self.sc, self.hkey, self.hnode, self.hver)
-
-
-class RadixCache:
-    """The cache for one trace's block universe, one policy and a capacity in blocks.
-
-    ``policy`` is an eviction policy object from :mod:`canopy.prefix.policies`. Requests
-    are processed in trace order with :meth:`run` (or :meth:`step`); ``reused_[i]`` holds the
-    prefix-constrained number of blocks request ``i`` found cached.
-    """
-
-    def __init__(self, trace, policy, capacity: int) -> None:
-        if isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer)):
-            raise TypeError(f"capacity must be an int, got {type(capacity).__name__}")
-        if capacity < 1:
-            raise ValueError(f"capacity must be at least 1 block, got {capacity}")
-        self.trace = trace
-        self.policy = policy
-        self.capacity = int(capacity)
-        self.kind, self.params = policy.kernel(trace, self.capacity)
-        n = trace.n_nodes
-        self._nu = (next_use(trace.offsets, trace.nodes, n) if self.kind == OPTIMAL
-                    else trace.nodes)  # read by the optimum only (never out of bounds)
-        dtype = np.int32 if max(n, trace.n_requests) < 2**31 - 1 else np.int64
-        longest = int(np.diff(trace.offsets).max(initial=0))
-        self._ni = node_table(n, dtype)
-        self._sc = scalars()
-        self._cells = np.zeros((1, CELL_S0), dtype=np.float64)  # only ``CANOPY`` reads cells
-        self._shadows = None
-        if self.kind == CANOPY:
-            self._cells = np.zeros((n, len(self.params) - LAM0 + CELL_S0), dtype=np.float64)
-            self._cells[:, CELL_CLOCK] = -1.0
-            self._shadows = Shadows(n, longest, policy, self.capacity, dtype, rides=True)
-            self._sc[ARM] = policy.start_arm
-        heap = shadow_heap_size(self.capacity, longest)  # compacted when full
-        self._hkey = np.zeros(heap, dtype=np.float64)
-        self._hnode = np.zeros(heap, dtype=np.int64)
-        self._hver = np.zeros(heap, dtype=np.int64)
-        self.reused_ = np.zeros(trace.n_requests, dtype=np.int64)
-        self.next_request_ = 0
-
-    def run(self, stop: int | None = None) -> np.ndarray:
-        """Process requests up to ``stop`` (default: all); returns their reused blocks."""
-        stop = self.trace.n_requests if stop is None else stop
-        if not self.next_request_ <= stop <= self.trace.n_requests:
-            raise ValueError(f"stop must be in {self.next_request_}..{self.trace.n_requests}, "
-                             f"got {stop}")
-        if self._shadows is not None:
-            _run_canopy(self.next_request_, stop, self.trace.offsets, self.trace.nodes,
-                        self.trace.parent, self.trace.depth, self.capacity, self.params,
-                        self._cells, self._state(), self._shadows.args(), self.reused_)
-        else:
-            nu = self._nu if self.kind == OPTIMAL else self.trace.nodes  # unused unless optimal
-            run, how = ((_run_builtin, self.kind) if self.kind != PRIORITY
-                        else (_run_keyed, self.policy.key))
-            run(how, self.next_request_, stop, self.trace.offsets, self.trace.nodes, nu,
-                self.trace.parent, self.trace.depth, self.capacity, self.params, self._cells,
-                self._state(), self.reused_)
-        start, self.next_request_ = self.next_request_, stop
-        return self.reused_[start:stop]
-
-    def step(self) -> int:
-        """Process the next request; returns the blocks it reused."""
-        return int(self.run(self.next_request_ + 1)[0])
-
-    @property
-    def size(self) -> int:
-        """Blocks cached now."""
-        return int(self._sc[SIZE])
-
-    def _state(self) -> Cache:
-        return Cache(self._ni, self._sc, self._hkey, self._hnode, self._hver)
-
-    def kernel_args(self) -> tuple[np.ndarray, np.ndarray, Cache, ShadowState | None]:
-        """``(params, cells, cache, shadows)`` as :func:`canopy_request` takes them, for a
-        host that serves this cache from its own compiled loop (the fleet simulator)."""
-        shadows = None if self._shadows is None else self._shadows.args()
-        return self.params, self._cells, self._state(), shadows
-
-    @property
-    def arm(self) -> int:
-        """``canopy``: the arm whose priority evicts now (index into ``policy.arm_names``)."""
-        return int(self._sc[ARM])
-
-    @property
-    def switches(self) -> int:
-        """``canopy``: how many times the evicting arm changed."""
-        return 0 if self._shadows is None else int(self._shadows.sm[SWITCHES])
-
-    @property
-    def table(self) -> np.ndarray:
-        """The node table: one row of cache fields (``CACHED``, ``HITS``, ``LAST``...) a
-        node; read-only for callers."""
-        return self._ni
-
-    def cached(self) -> np.ndarray:
-        """Node ids cached now, ascending."""
-        return np.flatnonzero(self._ni[:, CACHED])

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from canopy.prefix import kernels
+from canopy.validation import check_count, check_nonnegative, check_positive
 
 __all__ = ["LFU", "LRU", "POLICIES", "SIEVE", "Arms", "Canopy", "EvictionPolicy", "Optimal",
            "PriorityPolicy", "make_policy",
@@ -22,10 +23,13 @@ __all__ = ["LFU", "LRU", "POLICIES", "SIEVE", "Arms", "Canopy", "EvictionPolicy"
 
 
 class EvictionPolicy:
-    """Base: a name, whether the policy reads the future, and its kernel configuration."""
+    """Base: a name, whether the policy reads the future, whether it evicts by a hand over
+    insertion order (``hand``: SIEVE's visited bits, not a priority order) and its kernel
+    configuration."""
 
     name: str = "policy"
     offline: bool = False
+    hand: bool = False
 
     def kernel(self, trace, capacity: int) -> tuple[int, np.ndarray]:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -86,6 +90,7 @@ class SIEVE(EvictionPolicy):
     bits and evicts the first unvisited block it may evict (an unpinned leaf)."""
 
     name: str = "sieve"
+    hand: bool = True
 
     def kernel(self, trace, capacity: int) -> tuple[int, np.ndarray]:
         return kernels.SIEVE, np.zeros(1)
@@ -165,21 +170,18 @@ class Canopy(EvictionPolicy):
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if not self.half_lives or not all(
-                _positive(h) for h in self.half_lives) or len(set(self.half_lives)) != len(
-                self.half_lives):
+        if not isinstance(self.half_lives, tuple):
+            raise TypeError(f"half_lives must be a tuple, got {type(self.half_lives).__name__}")
+        for h in self.half_lives:
+            check_positive(h, "half_lives")
+        if not self.half_lives or len(set(self.half_lives)) != len(self.half_lives):
             raise ValueError(f"half_lives must be distinct finite numbers > 0, "
                              f"got {self.half_lives!r}")
         for field in ("prior", "shadow_blocks", "window"):
-            if not _positive(getattr(self, field)):
-                raise ValueError(f"{field} must be a finite number > 0, "
-                                 f"got {getattr(self, field)!r}")
+            check_positive(getattr(self, field), field)
         for field in ("z", "min_evidence"):
-            value = getattr(self, field)
-            if not (_positive(value) or (value == 0 and not isinstance(value, bool))):
-                raise ValueError(f"{field} must be a finite number >= 0, got {value!r}")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
-            raise ValueError(f"seed must be an int >= 0, got {self.seed!r}")
+            check_nonnegative(getattr(self, field), field)
+        check_count(self.seed, "seed", low=0)
         if self.start_half_life is not None and self.start_half_life not in self.half_lives:
             raise ValueError(f"start_half_life must be one of half_lives, "
                              f"got {self.start_half_life!r}")
@@ -210,11 +212,6 @@ class Canopy(EvictionPolicy):
                     gamma=1.0 - 1.0 / self.window, z=float(self.z),
                     min_evidence=float(self.min_evidence),
                     kinds=np.array([kernels.LRU] + [kernels.CANOPY] * len(self.half_lives)))
-
-
-def _positive(value: object) -> bool:
-    return (not isinstance(value, bool) and isinstance(value, (int, float))
-            and math.isfinite(value) and value > 0)
 
 
 POLICIES: dict[str, type[EvictionPolicy]] = {
@@ -262,10 +259,12 @@ def make_policy(name: str, **config: float) -> EvictionPolicy:
 
 
 def resolve_policy(spec: str | EvictionPolicy | type[EvictionPolicy], *,
-                   online: bool = False) -> EvictionPolicy:
+                   online: bool = False, ranked: bool = False) -> EvictionPolicy:
     """The policy every host takes: a policy object, a policy class (made with no arguments)
     or a spec (:func:`policy_class`). ``online``: the host serves requests as they come, so
-    a policy that reads the future (``optimal``) is refused. Errors are one line."""
+    a policy that reads the future (``optimal``) is refused. ``ranked``: the host evicts by
+    priority alone (SGLang's strategies), so a policy with a ``hand`` (``sieve``) is
+    refused. Errors are one line."""
     if isinstance(spec, EvictionPolicy):
         policy = spec
     else:
@@ -287,4 +286,7 @@ def resolve_policy(spec: str | EvictionPolicy | type[EvictionPolicy], *,
     if online and policy.offline:
         raise ValueError(f"policy {policy.name!r} reads the future; a host serving requests "
                          "as they come cannot run it")
+    if ranked and policy.hand:
+        raise ValueError(f"policy {policy.name!r} is a hand over insertion order, not a "
+                         "priority; this host ranks blocks by priority")
     return policy

@@ -18,7 +18,6 @@ block spaces).
 
 from __future__ import annotations
 
-import math
 import os
 from array import array
 from collections.abc import Iterable, Iterator, Sequence
@@ -29,6 +28,7 @@ import numpy as np
 
 from canopy import data, safeio
 from canopy.data import bad_line, jsonl_rows
+from canopy.validation import check_count, check_nonnegative
 
 __all__ = [
     "MOONCAKE_BLOCK_TOKENS",
@@ -174,7 +174,7 @@ def _rows(file: Path) -> Iterator[tuple[int, object]]:
 
 def _int_list(file: Path, lineno: int, value: object, field: str, most: int) -> list[int]:
     if not isinstance(value, list) or not all(
-            isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in value):
+            type(x) is int and x >= 0 for x in value):
         raise bad_line(file, lineno, f"{field} must be a list of integers >= 0")
     if len(value) > most:
         raise bad_line(file, lineno, f"{len(value):,} {field} in one request, more than "
@@ -184,9 +184,11 @@ def _int_list(file: Path, lineno: int, value: object, field: str, most: int) -> 
 
 def _number(file: Path, lineno: int, row: dict, field: str) -> float:
     value = row.get(field)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or \
-            not math.isfinite(value) or value < 0:
-        raise bad_line(file, lineno, f"{field} must be a finite number >= 0, got {value!r}")
+    try:
+        check_nonnegative(value, field)
+    except (TypeError, ValueError):
+        raise bad_line(file, lineno, f"{field} must be a finite number >= 0, "
+                                     f"got {value!r}") from None
     return value
 
 
@@ -200,7 +202,7 @@ def _in_order(file: Path, lineno: int, stamps: list[float], stamp: float) -> flo
 def _block_ids(file: Path, lineno: int, value: object) -> list[int | str]:
     """``hash_ids``: integers, or strings (the prefix-hash format some gateways log)."""
     if not isinstance(value, list) or not all(
-            (isinstance(x, int) and not isinstance(x, bool) and x >= 0) or
+            (type(x) is int and x >= 0) or
             (isinstance(x, str) and x) for x in value):
         raise bad_line(file, lineno, "hash_ids must be a list of integers >= 0 or of "
                                      "non-empty strings")
@@ -256,8 +258,7 @@ def load_prompt_log(file: str | Path, *, block_size: int = 16, name: str | None 
     ``tokens`` (or ``token_ids``) and an optional ``timestamp`` (ms; when absent, the request's
     index or the previous timestamp, whichever is later). Tokens are chained into
     blocks of ``block_size``; the trailing partial block is not cacheable (as in vLLM)."""
-    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
-        raise ValueError(f"block_size must be a positive int, got {block_size!r}")
+    check_count(block_size, "block_size")
     file = Path(file)
     trie = _Trie()
     paths: list[array] = []

@@ -10,10 +10,11 @@ model of the same linear form.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
+
+from canopy.validation import check_nonnegative
 
 __all__ = ["TTFTModel"]
 
@@ -27,10 +28,7 @@ class TTFTModel:
 
     def __post_init__(self) -> None:
         for field in ("ms_per_token", "overhead_ms"):
-            value = getattr(self, field)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
-                    math.isfinite(value) and value >= 0):
-                raise ValueError(f"{field} must be a finite number >= 0, got {value!r}")
+            check_nonnegative(getattr(self, field), field)
 
     def ttft_ms(self, uncached_tokens: np.ndarray) -> np.ndarray:
         """Time to first token of requests with ``uncached_tokens`` to prefill."""

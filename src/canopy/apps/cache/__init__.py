@@ -1,5 +1,7 @@
-"""Prefix-cache eviction (paper Section 4, "Serving systems"; Appendix E): a radix block cache,
-eviction policies swapped by name, trace readers and replay scenarios."""
+"""Prefix-cache eviction (paper Section 4, "Serving systems"; Appendix E): the replay scenarios
+(:mod:`~canopy.apps.cache.replay`), the live measurements (llama.cpp, ``vllm serve``, SGLang's
+radix cache) and the CLI over the core of :mod:`canopy.prefix` (the block tree, its kernels,
+the policies, trace readers and TTFT model), whose names this package also exports."""
 
 from canopy._lazy import lazy_exports
 
@@ -13,7 +15,7 @@ _EXPORTS = {
     "Optimal": "canopy.prefix.policies",
     "make_policy": "canopy.prefix.policies",
     "OnlinePolicy": "canopy.prefix.stream",
-    "RadixCache": "canopy.prefix.kernels",
+    "RadixCache": "canopy.prefix.radix",
     "ReplayResult": "canopy.apps.cache.replay",
     "recovery_curve": "canopy.apps.cache.replay",
     "replay": "canopy.apps.cache.replay",

@@ -105,7 +105,7 @@ def replay_command(
     if engine not in ("canopy", "sglang"):
         raise typer.BadParameter(f"--engine must be canopy or sglang, got {engine!r}")
     if engine == "sglang":
-        from canopy.apps.cache import sglang
+        from canopy.apps.cache import sglang_replay as sglang
 
         try:
             results = sglang.sweep(loaded, policies=chosen,

@@ -47,6 +47,7 @@ from canopy.data import jsonl_rows
 from canopy.prefix.policies import EvictionPolicy, resolve_policy
 from canopy.prefix.stream import PlannedCache, StreamingCache
 from canopy.prefix.traces import full_blocks
+from canopy.validation import check_count
 
 __all__ = ["PolicyStateCache", "kv_bytes_per_token", "main"]
 
@@ -81,8 +82,7 @@ class PolicyStateCache(BaseLlamaCache):
                  plan: Sequence[Sequence[int]] | None = None) -> None:
         for name, value in (("capacity_bytes", capacity_bytes), ("block_tokens", block_tokens),
                             ("kv_bytes", kv_bytes)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
+            check_count(value, name)
         super().__init__(capacity_bytes)
         self.block_tokens = block_tokens
         self.capacity_blocks = capacity_bytes // (block_tokens * kv_bytes)

@@ -204,9 +204,9 @@ def _replicas(trace: Trace, n_replicas: int, capacity: int, eviction: str) -> tu
                                                                    trace.n_nodes), True
     if eviction != "canopy":
         raise ValueError(f"eviction must be one of {', '.join(EVICTIONS)}, got {eviction!r}")
-    from canopy.prefix import RadixCache, make_policy
+    from canopy.prefix import BlockTree, make_policy
 
-    caches = [RadixCache(trace, make_policy("canopy"), capacity).kernel_args()
+    caches = [BlockTree(make_policy("canopy"), capacity, trace=trace).kernel_args()
               for _ in range(n_replicas)]
     state = (trace.nodes, trace.parent, trace.depth, caches[0][0],
              tuple(c[1] for c in caches), tuple(c[2] for c in caches),

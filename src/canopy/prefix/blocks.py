@@ -1,0 +1,408 @@
+"""The block tree: one owner for a prefix cache's state, held by every host.
+
+A host of a prefix cache (the replay of a whole trace, :class:`~canopy.prefix.RadixCache`; a
+server's cache fed one request at a time, :class:`~canopy.prefix.StreamingCache`; an engine's
+own cache ranked by :class:`~canopy.prefix.OnlinePolicy` in llama.cpp, vLLM or SGLang) keeps
+the same state: the prefix tree's topology (``parent``, ``depth``; when blocks arrive one
+request at a time, the index from a block's key to its node, node ids in order of first
+appearance and stable birth ids), the node tables the kernels of :mod:`canopy.prefix.kernels`
+read and write (the cache fields, the scalars, the heap, ``canopy``'s cells and shadows), how
+they grow and how they are renumbered after forgetting. :class:`BlockTree` is that state; the
+hosts call its methods and never a column of the tables.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterable, Sequence
+from typing import Any
+
+import numba as nb
+import numpy as np
+
+from canopy.prefix import kernels
+from canopy.prefix.kernels import (
+    ARM,
+    CACHED,
+    CANOPY,
+    CELL_CLOCK,
+    CLOCK,
+    LAM0,
+    OPTIMAL,
+    PRIORITY,
+    RIDES,
+    SALT,
+    SIEVE,
+    SIZE,
+    SWITCHES,
+    VISITED,
+)
+from canopy.prefix.policies import EvictionPolicy
+from canopy.prefix.traces import Trace
+from canopy.validation import check_count, check_open_unit
+
+__all__ = ["MAX_DEPTH", "BlockTree"]
+
+MAX_DEPTH = 65_535
+"""Deepest block a growing tree orders exactly by recency (``canopy``'s recency key breaks
+ties by depth up to this)."""
+
+_START = 1024  # nodes a growing tree holds before it first grows
+
+
+class _Unbounded:
+    """What a policy's kernel reads of a trace, for a stream of unknown length: LFU orders by
+    ``(hits, last use)`` exactly for up to 2^32 requests, ``canopy``'s recency arm by ``(last
+    use, depth)`` for chains up to :data:`MAX_DEPTH` blocks."""
+
+    n_requests = 2**32 - 1
+    depth = np.array([MAX_DEPTH])
+
+
+@nb.njit(cache=True)
+def _close_upward(keep: np.ndarray, parent: np.ndarray) -> None:
+    """Mark every ancestor of a kept node (parents have smaller ids than their children)."""
+    for v in range(len(keep) - 1, -1, -1):
+        if keep[v] and parent[v] >= 0:
+            keep[parent[v]] = True
+
+
+class BlockTree:
+    """A prefix cache's state under ``policy`` with room for ``capacity`` blocks.
+
+    With ``trace``, the tree is the trace's whole block universe (node ids are the trace's,
+    the tables sized once, ``int32`` where ids fit). Without, it grows as blocks are met one
+    request at a time (:meth:`chain`): a key names its node with its parent node, or by
+    itself with ``prefix_keys`` (a prefix hash names its whole prefix). ``serves``: the
+    kernels serve requests on it (:meth:`serve`; SIEVE then links its leaves through the
+    node table), rather than a host's own cache being accounted (:meth:`observe`).
+    ``history_floor``: a growing tree forgets, once it holds twice what was kept last time,
+    the nodes no cache holds whose decayed counts fell below it (:meth:`forget`)."""
+
+    def __init__(self, policy: EvictionPolicy, capacity: int, *, trace: Trace | None = None,
+                 prefix_keys: bool = False, serves: bool = True,
+                 history_floor: float | None = None) -> None:
+        self.policy = policy
+        self.capacity = check_count(capacity, "capacity")
+        self.history_floor = check_open_unit(history_floor, "history_floor", allow_none=True)
+        self.kind, self.params = policy.kernel(_Unbounded() if trace is None else trace,
+                                               capacity)
+        self._how: Any = policy.key if self.kind == PRIORITY else self.kind
+        self._serves = serves
+        self._prefix_keys = prefix_keys
+        self._index: dict[Hashable, int] = {}
+        self._keys: list[Hashable] = []
+        self.forgotten = 0
+        if trace is None:
+            n, longest, dtype = _START, 1, np.int64
+            self.parent = np.full(n, -1, dtype=np.int64)
+            self.depth = np.zeros(n, dtype=np.int64)
+            self.n = 0
+        else:
+            n, longest = trace.n_nodes, int(np.diff(trace.offsets).max(initial=0))
+            dtype = np.int32 if max(n, trace.n_requests) < 2**31 - 1 else np.int64
+            self.parent, self.depth, self.n = trace.parent, trace.depth, n
+        self._trace = trace
+        self._nu = (kernels.next_use(trace.offsets, trace.nodes, n)
+                    if trace is not None and self.kind == OPTIMAL else None)
+        self._born = np.arange(n, dtype=np.int64)  # stable ids: order of (re)appearance
+        self._births = self.n
+        self._longest = longest
+        self._ni = kernels.node_table(n, dtype)
+        self._sc = kernels.scalars()
+        self._canopy = self.kind == CANOPY
+        self._cells = (kernels.cells_table(n, len(self.params) - LAM0) if self._canopy
+                       else np.zeros((1, kernels.CELL_S0)))  # only ``canopy`` reads cells
+        self._shadows = None
+        if self._canopy:
+            self._shadows = kernels.Shadows(n, longest, policy, capacity, dtype,
+                                            rides=trace is not None)
+            self._sc[ARM] = policy.start_arm
+            self._rate = float(self._shadows.ac[0])
+            self._in_sample, self._out_of_sample = (
+                np.concatenate([[r], self._shadows.ac[1:]]) for r in (1.0, 0.0))
+        size = kernels.shadow_heap_size(capacity, longest)  # compacted when full
+        self._hkey, self._hnode, self._hver = (np.zeros(size), np.zeros(size, dtype=np.int64),
+                                               np.zeros(size, dtype=np.int64))
+        shadow_blocks = 0 if self._shadows is None else self._shadows.capacity * len(
+            self._shadows.kinds)
+        self._floor_nodes = 4 * (capacity + shadow_blocks) + _START
+        self._limit = 2 * self._floor_nodes
+
+    # ------------------------------------------------------------ what hosts read
+    @property
+    def size(self) -> int:
+        """Blocks cached now."""
+        return int(self._sc[SIZE])
+
+    @property
+    def arm(self) -> int:
+        """``canopy``: the arm whose priority evicts now (index into ``policy.arm_names``)."""
+        return int(self._sc[ARM])
+
+    @property
+    def switches(self) -> int:
+        """``canopy``: how many times the evicting arm changed (0 for other policies)."""
+        return 0 if self._shadows is None else int(self._shadows.sm[SWITCHES])
+
+    @property
+    def has_shadows(self) -> bool:
+        """Whether the policy learns its arm in shadow caches (``canopy``)."""
+        return self._shadows is not None
+
+    @property
+    def rides(self) -> bool:
+        """``canopy``: whether the recency shadow is the main cache now (until the main cache
+        first leaves recency, at full sampling rate and capacity)."""
+        return self._shadows is not None and bool(self._shadows.sm[RIDES])
+
+    @property
+    def salt(self) -> int:
+        """``canopy``: the salt of the shadows' sample hash."""
+        return int(self._shadows.sm[SALT])
+
+    @property
+    def table(self) -> np.ndarray:
+        """The node table (one row of cache fields a node); read-only for callers."""
+        return self._ni
+
+    def cached(self) -> np.ndarray:
+        """Node ids cached now, ascending."""
+        return np.flatnonzero(self._ni[:self.n, CACHED])
+
+    def is_cached(self, v: int) -> bool:
+        """Whether node ``v`` is cached."""
+        return bool(self._ni[v, CACHED])
+
+    def visited(self, v: int) -> bool:
+        """``sieve``: whether node ``v`` was reused since the hand last passed it."""
+        return bool(self._ni[v, VISITED])
+
+    def clear_visited(self, v: int) -> None:
+        """``sieve``: the hand passes node ``v``."""
+        self._ni[v, VISITED] = 0
+
+    def evict(self, v: int) -> None:
+        """The host dropped node ``v`` (nothing when it was not cached)."""
+        if self._ni[v, CACHED]:
+            self._ni[v, CACHED] = 0
+            self._sc[SIZE] -= 1
+
+    # ------------------------------------------------------------ keys and nodes
+    def node(self, key: Hashable, parent: int = -1) -> int:
+        """The node of ``key`` (under node ``parent`` unless keys name their prefix); -1 for
+        a key never met (or forgotten)."""
+        return self._index.get(key if self._prefix_keys else (parent, key), -1)
+
+    def name_nodes(self, keys: Sequence[Hashable]) -> None:
+        """Key node ``v`` by ``keys[v]`` (a tree made from a trace of known keys)."""
+        self._keys = list(keys)
+        self._reindex()
+
+    def cached_prefix(self, keys: Iterable[Hashable]) -> int:
+        """Leading blocks of ``keys`` cached now (nothing changes)."""
+        node, count = -1, 0
+        for key in keys:
+            node = self.node(key, node)
+            if node < 0 or self._ni[node, CACHED] == 0:
+                break
+            count += 1
+        return count
+
+    def chain(self, keys: Iterable[Hashable]) -> np.ndarray:
+        """The nodes of a request's block keys, root first; keys met for the first time
+        become nodes (the tables grow)."""
+        out: list[int] = []
+        node = -1
+        for key in keys:
+            child = self._index.get(key if self._prefix_keys else (node, key))
+            if child is None:
+                child = self._add(node, key, len(out) + 1)
+            out.append(child)
+            node = child
+        if len(out) > MAX_DEPTH:
+            raise ValueError(f"a request of {len(out)} blocks is deeper than the "
+                             f"{MAX_DEPTH} a streaming cache orders exactly")
+        self._fit(len(out))
+        return np.asarray(out, dtype=np.int64)
+
+    def _add(self, parent: int, key: Hashable, depth: int) -> int:
+        v = self.n
+        if v == len(self.parent):
+            self._grow(2 * v)
+        self._index[key if self._prefix_keys else (parent, key)] = v
+        self._keys.append(key)
+        self.parent[v] = parent
+        self.depth[v] = depth
+        self._born[v] = self._births
+        self._births += 1
+        self.n = v + 1
+        return v
+
+    def _grow(self, n: int) -> None:
+        old = len(self.parent)
+        self.parent = np.concatenate([self.parent, np.full(n - old, -1, dtype=np.int64)])
+        self.depth = np.concatenate([self.depth, np.zeros(n - old, dtype=np.int64)])
+        self._born = np.concatenate([self._born, np.zeros(n - old, dtype=np.int64)])
+        self._ni = np.concatenate([self._ni, kernels.node_table(n - old)])
+        if self._canopy:
+            shadows = self._shadows
+            self._cells = np.concatenate(
+                [self._cells, kernels.cells_table(n - old, self._cells.shape[1] -
+                                                  kernels.CELL_S0)])
+            shadows.ni = np.concatenate(
+                [shadows.ni, kernels.node_table(n - old, k=len(shadows.kinds))], axis=1)
+
+    def _fit(self, length: int) -> None:
+        """Heaps large enough for a request of ``length`` blocks."""
+        if length <= self._longest:
+            return
+        self._longest = length
+        size = kernels.shadow_heap_size(self.capacity, length)
+        self._hkey, self._hnode, self._hver = (
+            np.concatenate([a, np.zeros(size - len(a), dtype=a.dtype)])
+            for a in (self._hkey, self._hnode, self._hver))
+        if self._shadows is not None:
+            shadows = self._shadows
+            size = kernels.shadow_heap_size(shadows.capacity, length)
+            k, old = shadows.hkey.shape
+            shadows.hkey, shadows.hnode, shadows.hver = (
+                np.concatenate([a, np.zeros((k, size - old), dtype=a.dtype)], axis=1)
+                for a in (shadows.hkey, shadows.hnode, shadows.hver))
+
+    # ------------------------------------------------------------ the kernels
+    def _state(self) -> kernels.Cache:
+        return kernels.Cache(self._ni, self._sc, self._hkey, self._hnode, self._hver)
+
+    def kernel_args(self) -> tuple[np.ndarray, np.ndarray, kernels.Cache,
+                                   kernels.ShadowState | None]:
+        """``(params, cells, cache, shadows)`` as :func:`~canopy.prefix.kernels.canopy_request`
+        takes them, for a host that serves a trace's tree from its own compiled loop (the
+        fleet simulator's replicas)."""
+        shadows = None if self._shadows is None else self._shadows.args()
+        return self.params, self._cells, self._state(), shadows
+
+    def _shadow_args(self, path: np.ndarray) -> kernels.ShadowState:
+        """The shadows' kernel arguments for request ``path``, the sample decided here: by
+        the spatial hash of its first two blocks' node, as the replay's kernel does, but of
+        the node's stable id (its order of appearance, which equals the replay's node id
+        until a forgotten node comes back) rather than its index, which forgetting
+        renumbers: a request's sample would otherwise change at every compaction. The
+        kernel is told through the rate (1: sampled, 0: not)."""
+        shadows = self._shadows
+        sampled = len(path) > 0 and kernels.unit_hash(
+            int(self._born[path[min(1, len(path) - 1)]]), self.salt) < self._rate
+        return shadows.args()._replace(ac=self._in_sample if sampled else self._out_of_sample)
+
+    def serve(self, t: int, path: np.ndarray) -> int:
+        """Serve request ``t``, the nodes ``path`` of a growing tree: reuse its cached
+        prefix, insert the rest, evict by the policy; returns the blocks reused."""
+        if self._canopy:
+            reused = kernels.canopy_request(
+                t, 0, len(path), path, self.parent, self.depth, self.capacity, self.params,
+                self._cells, self._state(), self._shadow_args(path))
+        elif self.kind == PRIORITY:
+            reused = kernels.request_keyed(
+                self._how, t, 0, len(path), path, path, self.parent, self.depth,
+                self.capacity, self.params, self._cells, self._state())
+        else:
+            reused = kernels.request(
+                self.kind, t, 0, len(path), path, path, self.parent, self.depth,
+                self.capacity, self.params, self._cells, self._state())
+        return int(reused)
+
+    def run(self, t0: int, t1: int, reused: np.ndarray) -> None:
+        """Serve requests ``t0..t1 - 1`` of the tree's trace, their reuse into ``reused``."""
+        trace = self._trace
+        if self._canopy:
+            kernels.replay_canopy(t0, t1, trace.offsets, trace.nodes, self.parent,
+                                  self.depth, self.capacity, self.params, self._cells,
+                                  self._state(), self._shadows.args(), reused)
+            return
+        # each block's next use, what the optimum knows (read by it only, never out of bounds)
+        nu = trace.nodes if self._nu is None else self._nu
+        run = kernels.replay_keyed if self.kind == PRIORITY else kernels.replay
+        run(self._how, t0, t1, trace.offsets, trace.nodes, nu, self.parent, self.depth,
+            self.capacity, self.params, self._cells, self._state(), reused)
+
+    def observe(self, t: int, path: np.ndarray, seq: int) -> int:
+        """Account request ``t`` (nodes ``path``) admitted by a host that keeps the cache
+        itself (:func:`~canopy.prefix.kernels.observe`); returns the next insertion order."""
+        return kernels.observe(self.kind, t, path, self.parent, self.params, self._ni,
+                               self._cells, self._sc, seq)
+
+    def replay_shadows(self, t: int, path: np.ndarray) -> None:
+        """``canopy``: replay request ``t`` (nodes ``path``) in the shadows, switching arm
+        when the evidence says so."""
+        kernels.canopy_shadows(t, 0, len(path), path, self.parent, self.depth, self.params,
+                               self._cells, self._sc, self._shadow_args(path))
+
+    def rank(self, nodes: np.ndarray) -> np.ndarray:
+        """Eviction keys of ``nodes`` (lower evicts first), one compiled call."""
+        out = np.zeros(len(nodes))
+        if self.kind == PRIORITY:
+            kernels.priorities_keyed(self._how, nodes, self.depth, self._ni, self._cells,
+                                     self.params, self._sc, out)
+        else:
+            kernels.priorities(self.kind, nodes, self.depth, self._ni, self._cells,
+                               self.params, self._sc, out)
+        return out
+
+    # ------------------------------------------------------------ forgetting
+    def full(self) -> bool:
+        """Whether a growing tree with a history floor holds enough to forget."""
+        return self.history_floor is not None and self.n >= self._limit
+
+    def hold_at_most(self, blocks: int) -> None:
+        """Count the lowest-ranked cached blocks beyond ``blocks`` as evicted (a host that
+        missed reporting evictions)."""
+        held = self.cached()
+        excess = len(held) - blocks
+        if excess > 0:
+            self._ni[held[np.argsort(self.rank(held), kind="stable")[:excess]], CACHED] = 0
+            self._sc[SIZE] -= excess
+
+    @property
+    def longest(self) -> int:
+        """The longest request met, in blocks."""
+        return self._longest
+
+    def forget(self) -> None:
+        """Drop nodes no cache holds whose every decayed count is below the history floor,
+        then renumber what is kept (order-preserving, so parents stay below their
+        children)."""
+        n = self.n
+        keep = self._ni[:n, CACHED] == 1
+        if self._canopy:
+            keep |= (self._shadows.ni[:, :n, CACHED] == 1).any(axis=0)
+            cells = self._cells[:n]
+            counts = kernels.cell_counts(cells, self._sc[CLOCK], self.params)
+            keep |= (cells[:, CELL_CLOCK] >= 0) & (counts.max(axis=1) >= self.history_floor)
+        _close_upward(keep, self.parent[:n])
+        kept = np.flatnonzero(keep)
+        remap = np.full(n, -1, dtype=np.int64)
+        remap[kept] = np.arange(len(kept))
+        m = len(kept)
+        parent = self.parent[kept]
+        self.parent[:m] = np.where(parent >= 0, remap[np.maximum(parent, 0)], -1)
+        self.depth[:m] = self.depth[kept]
+        self._born[:m] = self._born[kept]
+        kernels.compact(self._state(), kept, n, remap,
+                        lists=self._serves and self.kind == SIEVE)
+        if self._canopy:
+            self._cells[:m] = self._cells[kept]
+            self._cells[m:n] = kernels.cells_table(n - m, self._cells.shape[1] -
+                                                   kernels.CELL_S0)
+            s = self._shadows
+            for a in range(len(s.kinds)):  # the shadows run LRU and heaps, never SIEVE
+                kernels.compact(kernels.Cache(s.ni[a], s.sc[a], s.hkey[a], s.hnode[a],
+                                              s.hver[a]), kept, n, remap, lists=False)
+        self._keys = [self._keys[v] for v in kept]
+        self.n = m
+        self._reindex()
+        self.forgotten += n - m
+        self._limit = max(m + m // 4, 2 * self._floor_nodes)
+
+    def _reindex(self) -> None:
+        self._index = {key if self._prefix_keys else (int(self.parent[i]), key): i
+                       for i, key in enumerate(self._keys)}
+
