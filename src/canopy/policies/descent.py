@@ -46,7 +46,7 @@ from canopy.policies import _explored as ex
 from canopy.policies.base import Policy, check_k
 from canopy.problem import ProblemSpec, Query, QueryBatch
 from canopy.tree import LazyTree, Tree
-from canopy.validation import check_open_unit, check_positive
+from canopy.validation import check_count, check_open_unit, check_positive
 
 __all__ = ["KnownBiasDescent", "MemoryBoundedDescent", "OptimisticDescent"]
 
@@ -67,14 +67,8 @@ def _check_choice(value: str, choices: dict[str, int], name: str) -> str:
 
 
 def _check_level(value: int | None, name: str) -> int | None:
-    """``value`` itself (stored as given) once it is ``None`` or an int >= 0."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be an int or None, got {type(value).__name__}")
-    if value < 0:
-        raise ValueError(f"{name} must be >= 0, got {value}")
-    return value
+    """``None``, or ``value`` checked to be an int >= 0."""
+    return None if value is None else check_count(value, name, low=0)
 
 
 def max_branching(tree: Tree | LazyTree) -> int:
@@ -374,8 +368,7 @@ class ExploredTreePolicy(Policy):
         return lo + np.argsort(-scores, kind="stable")[:k]
 
     def _recommend_cells(self, row: int, k: int) -> np.ndarray:
-        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
-            raise ValueError(f"k must be a positive int, got {k!r}")
+        check_count(k, "k")
         used = int(self._ctl[ex.M_USED])
         ist, fs = self._ist[:used], self._fs[:used]
         alive = (ist[:, ex.LEVEL] >= 0) & (ist[:, ex.FIRST] < 0) & (fs[:, ex.COUNT] > 0)
