@@ -80,10 +80,10 @@ def max_branching(tree: Tree | LazyTree) -> int:
 
 class ExploredTreePolicy(Policy):
     """Shared machinery of the descent family: the explored tree in growable packed arrays
-    (see :mod:`canopy.policies._explored`), the ask/tell plumbing and ``recommend``.
+    (see ``canopy.policies._explored``), the ask/tell plumbing and ``recommend``.
 
-    Subclasses set the configuration through :meth:`_configure` and call :meth:`_begin` from
-    :meth:`_start`; a forest of ``len(schedules)`` explored trees (one root per schedule)
+    Subclasses set the configuration through ``_configure`` and call ``_begin`` from
+    ``_start``; a forest of ``len(schedules)`` explored trees (one root per schedule)
     serves POO."""
 
     # ------------------------------------------------------------------ setup
@@ -452,7 +452,7 @@ class OptimisticDescent(ExploredTreePolicy):
               round, so a split node keeps tightening from its children's probes.
               With ``certificate="paper"`` (the former behaviour, for reproduction): the
               node's own certificate (Algorithm 1
-              on its own probes, O(|grid|) running state) gives ``own(v) = min(1, bound)``;
+              on its own probes, O(grid size) running state) gives ``own(v) = min(1, bound)``;
               each node carries ``L_hat(v) = min(L_hat(parent), own(v) / rho^level)``
               (``L_hat(root) = 1``, the trivial bias bound), and
               ``spread(v) = L_hat(v) rho^level``. So before a node's own certificate is

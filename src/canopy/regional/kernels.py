@@ -4,7 +4,7 @@ at the root, the whole pool's), and the UCB and Thompson indices built on them.
 
 Sharing. Walking the chain from the root down, a node's estimate for a model merges its own
 moments with the parent's estimate taken as a pseudo-sample of ``w`` observations (Chan's
-merge), ``w`` given by the sharing rule (:func:`canopy.sharing.prior_weight`): all of the
+merge), ``w`` given by the sharing rule (``canopy.sharing.prior_weight``): all of the
 parent's until a test shows the node differs (then none), or the fixed back-off weight
 ``min(kappa, n_eff(parent))``. The parent's estimate leaves out the data of the child on the
 chain, so nothing is counted twice. The effective count ``n_eff = n + w`` enters the

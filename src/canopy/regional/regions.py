@@ -5,7 +5,7 @@ parent region and the empty path is the root (the whole pool). Queries may sit a
 The regional learners share statistics along this tree (paper Section 5, "Routing": the
 depth-one or shallow case of the tree bandit).
 
-Paths are bounded (:data:`MAX_DEPTH` levels, :data:`MAX_LENGTH` characters): a region is a
+Paths are bounded (``MAX_DEPTH`` levels, ``MAX_LENGTH`` characters): a region is a
 client-supplied string in the proxy, and every node costs memory in every learner. Insertion
 and the ancestor table are linear in the number of nodes.
 """
@@ -24,7 +24,7 @@ MAX_LENGTH = 256
 
 def normalize_region(region: str) -> str:
     """``" STEM//physics/ "`` -> ``"STEM/physics"``; refuses a non-string, and a path deeper
-    than :data:`MAX_DEPTH` levels or longer than :data:`MAX_LENGTH` characters."""
+    than ``MAX_DEPTH`` levels or longer than ``MAX_LENGTH`` characters."""
     if not isinstance(region, str):
         raise TypeError(f"region must be a string path such as 'stem/physics', got "
                         f"{type(region).__name__}")

@@ -3,7 +3,7 @@ the region is a feature of the turn, the arm is the model for that call, and the
 terminal reward is credited to every (region, model) pull of the episode.
 
 tau2-bench is not on the package registries, so this is a small seeded environment whose
-per-phase best model is known (:data:`SUCCESS`): an episode of a given difficulty runs the
+per-phase best model is known (``SUCCESS``): an episode of a given difficulty runs the
 phases ``plan, tool, tool, code, answer``; each call succeeds with the probability of its
 (phase, difficulty, model), and the episode succeeds (reward 1) only if every call does.
 Its utility is ``reward - lam * (cost of its calls)``. The best policy per (phase,

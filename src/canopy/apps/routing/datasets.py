@@ -67,7 +67,7 @@ def routellm_mmlu(*, depth: int = 3, prices: PriceTable | None = None) -> Outcom
 
     Regions: ``depth=1`` the 57 subjects; ``2`` ``category/subject``; ``3``
     ``category/subcategory/subject`` (Hendrycks et al.'s grouping). Input tokens from the
-    question text, :data:`MMLU_OUTPUT_TOKENS` output tokens."""
+    question text, ``MMLU_OUTPUT_TOKENS`` output tokens."""
     if depth not in (1, 2, 3):
         raise ValueError(f"depth must be 1, 2 or 3, got {depth!r}")
     folder = data.path("routellm", "routellm/evals/mmlu/responses")
@@ -207,8 +207,8 @@ def arena_bench(*, models: Sequence[str] | None = None,
                 prices: PriceTable | None = None) -> Outcomes:
     """Arena-bench v1 (Arena-Hard-Auto): 15 models x 300 prompts, GPT-4 judge score 1-10 ->
     ``(score - 1) / 9``. The mirror holds neither prompt texts nor categories: one region
-    (``arena``), and the constant token counts :data:`ARENA_INPUT_TOKENS` /
-    :data:`ARENA_OUTPUT_TOKENS` (so cost differs by model only). Prompts with a missing
+    (``arena``), and the constant token counts ``ARENA_INPUT_TOKENS`` /
+    ``ARENA_OUTPUT_TOKENS`` (so cost differs by model only). Prompts with a missing
     score among the chosen models are dropped."""
     prompts, scores = _matrix(data.path("arena_bench_v1", "single_score_matrix.csv"))
     models = list(scores) if models is None else list(models)
@@ -236,7 +236,7 @@ DATASETS: dict[str, Callable[..., Outcomes]] = {
 
 
 def load(dataset: str, *, trust_pickle: bool = False, **options: object) -> Outcomes:
-    """A registered data set by name (:data:`DATASETS`, ``options`` go to its loader), or a
+    """A registered data set by name (``DATASETS``, ``options`` go to its loader), or a
     file: ``.pkl``/``.pickle`` as RouterBench (read only with ``trust_pickle``: unpickling
     runs code), ``.csv``/``.jsonl`` as the long format."""
     if dataset in DATASETS:

@@ -2,14 +2,15 @@
 
 Long format (CSV with a header, or JSONL), one row per query and model:
 
-=============  ====================================================================
-``query_id``   any string; the same id across the models of one query
-``region``     region path, ``/``-separated (``stem/physics``); empty for the root
-``model``      model name
-``quality``    number in [0, 1]
-``cost``       dollars, >= 0
+====================================  ===========================================================
+``query_id``                          any string; the same id across the models of one query
+``region``                            region path, ``/``-separated (``stem/physics``); empty
+                                      for the root
+``model``                             model name
+``quality``                           number in [0, 1]
+``cost``                              dollars, >= 0
 ``input_tokens``, ``output_tokens``   optional, both or neither
-=============  ====================================================================
+====================================  ===========================================================
 
 A query must name the same region on all its rows. A query that lacks a row for some model
 is dropped (replay needs every model's outcome), and the drop is listed in ``notes``; bad

@@ -1,6 +1,6 @@
 """Versioned price table: dollars per million input and output tokens.
 
-The default table is :data:`canopy.apps.routing.price_table.PRICE_TABLE` (its ``version``
+The default table is ``PRICE_TABLE`` (its ``version``
 and ``source`` fields say where the numbers come from); a user table is the same shape in
 JSON. A model without a price is refused with a ``KeyError``: it is never priced at zero.
 Token counts come from the API's ``usage`` fields when serving; offline,

@@ -193,7 +193,7 @@ class Preferences:
 
 def expected_tokens(body: dict[str, Any]) -> tuple[int, int]:
     """Estimated prompt tokens and the completion tokens a request may cost (its
-    ``max_tokens``, at most :data:`MAX_TOKENS_PER_CALL`, or 0 when it sets none), for a body
+    ``max_tokens``, at most ``MAX_TOKENS_PER_CALL``, or 0 when it sets none), for a body
     :func:`check_chat_body` accepted (or its :func:`completion_view`)."""
     prompt = estimate_tokens("\n".join(message_text(m.get("content")) or ""
                                        for m in body["messages"]))
@@ -232,7 +232,7 @@ def sane_usage(body: dict[str, Any], answer_chars: int, raw: dict[str, Any],
 class SseUsage:
     """Reads a chat- or text-completion event stream as it passes: the streamed text's length
     in characters and the final usage chunk (``None`` when the upstream sent none). Holds at
-    most one event line (:data:`MAX_SSE_LINE` bytes) whatever the stream's length."""
+    most one event line (``MAX_SSE_LINE`` bytes) whatever the stream's length."""
 
     def __init__(self) -> None:
         self._pending = b""
