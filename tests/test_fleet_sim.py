@@ -100,6 +100,34 @@ def test_the_command_prints_json(tmp_path, capsys):
     assert out["results"][1]["decision_us_p50"] > 0
 
 
+def test_the_ttft_model_comes_from_a_calibration_file(tmp_path, capsys):
+    """A calibration of ``canopy cache live`` sets the model; a slower prefill shows in TTFT."""
+    file = _trace_file(tmp_path, ROWS)
+    argv = ["fleet", "sim", "--trace", str(file), "--replicas", "3", "--capacity", "10",
+            "--load", "0.7", "--policies", "least_load", "--seeds", "1", "--json"]
+    p50 = {}
+    for ms in (0.1, 1.0):
+        calibration = tmp_path / f"calibration-{ms}.json"
+        calibration.write_text(json.dumps({"calibration": {"ms_per_token": ms,
+                                                           "overhead_ms": 5.0}}))
+        with pytest.raises(SystemExit) as done:
+            main([*argv, "--calibration", str(calibration)])
+        assert done.value.code == 0
+        out = json.loads(capsys.readouterr().out)
+        assert out["ttft_model"]["ms_per_token"] == ms
+        assert out["ttft_model"]["source"] == str(calibration)
+        p50[ms] = out["results"][0]["ttft_p50_s"]["mean"]
+    assert p50[1.0] > 2 * p50[0.1]
+
+
+def test_a_file_that_is_no_calibration_is_one_line(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "1000")
+    file, bad = _trace_file(tmp_path, ROWS), tmp_path / "bad.json"
+    bad.write_text(json.dumps({"results": []}))
+    _fails_in_one_line(["fleet", "sim", "--trace", str(file), "--seeds", "1", "--json",
+                        "--calibration", str(bad)], capsys, ["bad.json", "calibration"])
+
+
 def _fails_in_one_line(argv, capsys, words):
     with pytest.raises(SystemExit) as done:
         main(argv)

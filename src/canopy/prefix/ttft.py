@@ -11,12 +11,13 @@ model of the same linear form.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
 from canopy.validation import check_nonnegative
 
-__all__ = ["TTFTModel"]
+__all__ = ["TTFTModel", "load_calibration"]
 
 
 @dataclass(frozen=True)
@@ -37,3 +38,17 @@ class TTFTModel:
     def saved_ms(self, cached_tokens: np.ndarray) -> np.ndarray:
         """Time saved by serving ``cached_tokens`` from the cache."""
         return self.ms_per_token * np.asarray(cached_tokens, dtype=float)
+
+
+def load_calibration(file: str | Path) -> TTFTModel:
+    """The TTFT model of a calibration file written by ``canopy cache live --calibration-out``
+    (the least-squares fit of TTFT on uncached tokens over a live engine's requests)."""
+    from canopy import safeio
+
+    text = safeio.read_text(file, max_bytes=safeio.MiB, what="calibration file")
+    try:
+        fitted = safeio.parse_json(text, file=file)["calibration"]
+        return TTFTModel(ms_per_token=fitted["ms_per_token"], overhead_ms=fitted["overhead_ms"])
+    except (KeyError, TypeError) as error:
+        raise ValueError(f"{file}: not a calibration file of canopy cache live "
+                         f"({type(error).__name__}: {error})") from None

@@ -44,7 +44,7 @@ from canopy.prefix import RadixCache
 from canopy.prefix.policies import make_policy
 from canopy.prefix.stream import replay_stream
 from canopy.prefix.traces import from_paths, full_blocks
-from canopy.prefix.ttft import TTFTModel
+from canopy.prefix.ttft import TTFTModel, load_calibration
 
 __all__ = ["LiveRun", "Workload", "block_chains", "calibrate", "load_calibration",
            "mooncake_workload", "predicted_reuse", "run_live", "run_live_vllm", "summarize",
@@ -381,19 +381,6 @@ def _calibration_json(model: TTFTModel, fitted: TTFTModel, r2: float, *,
     return {"ms_per_token": model.ms_per_token, "overhead_ms": model.overhead_ms,
             "source": "given" if given else "fitted on these runs", "fitted_r2": r2,
             "fitted_ms_per_token": fitted.ms_per_token, "fitted_overhead_ms": fitted.overhead_ms}
-
-
-def load_calibration(file: str | Path) -> TTFTModel:
-    """A TTFT model from a calibration file written by ``canopy cache live``."""
-    from canopy import safeio
-
-    text = safeio.read_text(file, max_bytes=safeio.MiB, what="calibration file")
-    try:
-        fitted = safeio.parse_json(text, file=file)["calibration"]
-        return TTFTModel(ms_per_token=fitted["ms_per_token"], overhead_ms=fitted["overhead_ms"])
-    except (KeyError, TypeError) as error:
-        raise ValueError(f"{file}: not a calibration file of canopy cache live "
-                         f"({type(error).__name__}: {error})") from None
 
 
 def block_chains(workload: Workload, vocab: Any, block_tokens: int

@@ -49,6 +49,9 @@ def sim_command(
     ms_per_token: float = typer.Option(0.1, help="TTFT model: prefill ms per uncached token "
                                        "(the calibration of 'canopy cache live')"),
     overhead_ms: float = typer.Option(20.0, help="TTFT model: fixed ms per request"),
+    calibration: Annotated[Path | None, typer.Option(
+        help="TTFT model from a calibration file of 'canopy cache live --calibration-out' "
+             "(replaces --ms-per-token and --overhead-ms)")] = None,
     tpot_ms: float = typer.Option(20.0, help="decode ms per output token (holds blocks)"),
     every_fixed: bool = typer.Option(False, "--every-fixed", help="also a row per fixed "
                                      "trade-off of best_fixed's grid"),
@@ -76,9 +79,11 @@ def sim_command(
     if eviction not in ("lru", "canopy"):
         raise typer.BadParameter(f"--eviction must be lru or canopy, got {eviction!r}")
     loads = _numbers(load, "--load")
-    from canopy.prefix.ttft import TTFTModel
+    from canopy.prefix.ttft import TTFTModel, load_calibration
 
-    TTFTModel(ms_per_token=ms_per_token, overhead_ms=overhead_ms)  # checks both
+    ttft = (TTFTModel(ms_per_token=ms_per_token, overhead_ms=overhead_ms) if calibration is None
+            else load_calibration(calibration))  # checks both
+    ms_per_token, overhead_ms = ttft.ms_per_token, ttft.overhead_ms
     fleet_trace = load_trace(trace)
     capacity = capacity or max(1, fleet_trace.working_set // max(replicas, 1))
     console = Console(stderr=True)
@@ -100,7 +105,8 @@ def sim_command(
                            progress=advance)
     out = {"trace": fleet_trace.name, "replicas": replicas, "capacity": capacity,
            "seeds": seeds, "eviction": eviction,
-           "ttft_model": {"ms_per_token": ms_per_token, "overhead_ms": overhead_ms},
+           "ttft_model": {"ms_per_token": ms_per_token, "overhead_ms": overhead_ms,
+                          "source": str(calibration) if calibration else "options"},
            "results": rows}
     if as_json:
         typer.echo(json.dumps(out))
