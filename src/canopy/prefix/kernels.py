@@ -35,7 +35,8 @@ forgetting with :func:`compact`.
 
 ``CANOPY`` values cells by statistics of the request stream (:func:`_cells_update`, shared by
 the main cache and its shadows) and replays a hashed sample of the requests in one
-metadata-only shadow cache per arm (the same kernel, its own cache state), see
+metadata-only shadow cache per arm (recency: LRU's kernel; a decayed arm: eviction by
+sampling among its leaves, :func:`_sampled_request`, or the heap), see
 :class:`~canopy.prefix.policies.Canopy`.
 """
 
@@ -82,9 +83,9 @@ node), the scalars, and the heap of the priority policies (keys, nodes, versions
 ShadowState = namedtuple("ShadowState",
                          "ac stats pairs got sm kinds capacity ni sc hkey hnode hver")
 """``canopy``'s shadows, as the kernels take them: sampling and switching configuration
-(rate, discount, z, evidence, candidates drawn), the discounted statistics, the switches and sample salt, and
-per arm (stacked on the first axis) its kernel code and a :class:`Cache` of ``capacity``
-blocks."""
+(rate, discount, z, evidence, leaves a decayed shadow draws), the discounted statistics, the
+switches and sample salt, and per arm (stacked on the first axis) its kernel code and a
+:class:`Cache` of ``capacity`` blocks (a sampled shadow's leaf list in the heap's arrays)."""
 
 # shadows' counters (``sm``): switches so far, the sample's hash salt, and whether the recency
 # shadow rides on the main cache (1: at full rate and capacity, while the main cache has only
