@@ -47,10 +47,13 @@ def test_ttft_model_is_linear_and_validated():
         Canopy(start_half_life=3.0)
     with pytest.raises(ValueError, match="seed"):
         Canopy(seed=-1)
+    with pytest.raises(ValueError, match="candidates"):
+        Canopy(candidates=0)
 
 
 @pytest.mark.parametrize("make", [
     lambda: TTFTModel(ms_per_token="0.1"), lambda: Canopy(seed=1.5),
+    lambda: Canopy(candidates=32.0),
     lambda: Canopy(half_lives=(True,)), lambda: Canopy(z=None),
     lambda: RadixCache(from_paths([[1]]), LRU(), 2.0),
     lambda: StreamingCache("lru", 4, history_floor="0.5"),

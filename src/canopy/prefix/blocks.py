@@ -393,9 +393,10 @@ class BlockTree:
             self._cells[m:n] = kernels.cells_table(n - m, self._cells.shape[1] -
                                                    kernels.CELL_S0)
             s = self._shadows
-            for a in range(len(s.kinds)):  # the shadows run LRU and heaps, never SIEVE
+            for a in range(len(s.kinds)):  # LRU, heaps or sampled leaves, never SIEVE
                 kernels.compact(kernels.Cache(s.ni[a], s.sc[a], s.hkey[a], s.hnode[a],
-                                              s.hver[a]), kept, n, remap, lists=False)
+                                              s.hver[a]), kept, n, remap, lists=False,
+                                slots=s.kinds[a] != kernels.LRU and s.ac[4] > 0)
         self._keys = [self._keys[v] for v in kept]
         self.n = m
         self._reindex()

@@ -35,7 +35,8 @@ forgetting with :func:`compact`.
 
 ``CANOPY`` values cells by statistics of the request stream (:func:`_cells_update`, shared by
 the main cache and its shadows) and replays a hashed sample of the requests in one
-metadata-only shadow cache per arm (the same kernel, its own cache state), see
+metadata-only shadow cache per arm (recency: LRU's kernel; a decayed arm: eviction by
+sampling among its leaves, :func:`_sampled_request`, or the heap), see
 :class:`~canopy.prefix.policies.Canopy`.
 """
 
@@ -82,14 +83,20 @@ node), the scalars, and the heap of the priority policies (keys, nodes, versions
 ShadowState = namedtuple("ShadowState",
                          "ac stats pairs got sm kinds capacity ni sc hkey hnode hver")
 """``canopy``'s shadows, as the kernels take them: sampling and switching configuration
-(rate, discount, z, evidence), the discounted statistics, the switches and sample salt, and
-per arm (stacked on the first axis) its kernel code and a :class:`Cache` of ``capacity``
-blocks."""
+(rate, discount, z, evidence, leaves a decayed shadow draws), the discounted statistics, the
+switches and sample salt, and per arm (stacked on the first axis) its kernel code and a
+:class:`Cache` of ``capacity`` blocks (a sampled shadow's leaf list in the heap's arrays)."""
 
 # shadows' counters (``sm``): switches so far, the sample's hash salt, and whether the recency
 # shadow rides on the main cache (1: at full rate and capacity, while the main cache has only
 # evicted by recency, shadow 0 *is* the main cache and is not replayed)
 SWITCHES, SALT, RIDES = range(3)
+# a sampled shadow (``Canopy.candidates``) keeps its evictable leaves in the heap's arrays,
+# unordered (``hnode[:HLEN]``, their keys in ``hkey``), each leaf's slot there in its row's
+# ``PREV`` (-1: not a leaf on the list; the shadow keeps no recency queue), its draws'
+# generator state in its ``CLOCK`` (a shadow reads its main cache's clock, never its own) and
+# the start of the cells' epoch its keys are scaled to in ``SEQN`` (SIEVE's alone)
+SLOT, DRAW, EPOCH = PREV, CLOCK, SEQN
 
 # decayed-count configuration (``params``): prior weight, deepest depth, the cells' epoch
 # length in referenced blocks, one decay rate (per referenced block) per decayed arm
@@ -538,6 +545,117 @@ def _heap_request(kind, key, t, lo, hi, nodes, nu, parent, depth, capacity, para
     return k - lo
 
 
+@nb.njit(cache=True, inline="always")
+def _leaf_drop(ni, lkey, lnode, n, v):
+    """Take leaf ``v`` off a sampled shadow's unordered list of ``n`` leaves (the last one
+    takes its slot); returns the list's new length."""
+    i = ni[v, SLOT]
+    n -= 1
+    w = lnode[n]
+    lnode[i], lkey[i] = w, lkey[n]
+    ni[w, SLOT] = i
+    ni[v, SLOT] = -1
+    return n
+
+
+@nb.njit(cache=True, inline="always")
+def _count(v, nf, j, epoch, lam, period):
+    """Decayed arm ``j``'s count of cell ``v`` in the scale of the epoch starting at clock
+    ``epoch`` (:func:`_cells_update`): as stored when ``v`` was last used in it, rescaled
+    otherwise (rare). Within one scale the counts order blocks as :func:`_key` does."""
+    at = nf[v, CELL_CLOCK]
+    if at >= epoch:
+        return nf[v, CELL_S0 + j]
+    return nf[v, CELL_S0 + j] * np.exp(-lam * (epoch - period * np.floor(at / period)))
+
+
+@nb.njit(cache=True)
+def _sampled_request(t, lo, hi, nodes, parent, capacity, params, ni, nf, sc, lkey, lnode,
+                     draws):
+    """A decayed arm's shadow request, evicting by sampling (as Redis and LHD do): the victim
+    is the lowest-keyed of ``draws`` leaves drawn uniformly (with replacement) from the list
+    of evictable leaves, every leaf when the list is no longer. A leaf's key is computed when
+    it joins the list or is used, so a draw reads keys only. The list never holds a pinned
+    block (a request's reused prefix ends in the one block that takes a child, dropped before
+    the first eviction; its inserted blocks join at its end), and a parent left a leaf by its
+    child's eviction is the next victim while its key is at most the rest of the draw's, so a
+    chain's tail goes without a draw a block. The draws' generator (xorshift64) is seeded by
+    the sample's salt. Keys are the arm's counts in the scale of one epoch of the cells
+    (:func:`_count`; the list is rescaled when an epoch begins): no logarithm a block."""
+    size, n, rng = sc[SIZE], sc[HLEN], sc[DRAW]
+    j, period = sc[ARM] - 1, params[PERIOD]
+    lam = params[LAM0 + j]
+    if hi > lo:  # the cells' epoch now (the request's cells are updated already)
+        epoch = period * np.floor(nf[nodes[lo], CELL_CLOCK] / period)
+        if epoch > sc[EPOCH]:
+            lkey[:n] *= np.exp(-lam * (epoch - sc[EPOCH]))
+            sc[EPOCH] = int(epoch)
+    epoch = float(sc[EPOCH])
+    k = lo
+    while k < hi and ni[nodes[k], CACHED] == 1:
+        ni[nodes[k], PIN] = t
+        k += 1
+    end = k
+    if lo < k < hi and ni[nodes[k - 1], SLOT] >= 0:  # it takes a child: no longer a leaf
+        n = _leaf_drop(ni, lkey, lnode, n, nodes[k - 1])
+    held, rest = -1, 0.0  # the parent left a leaf; the lowest key the last draw left
+    for r in range(k, hi):
+        if size >= capacity:
+            if held >= 0 and lkey[ni[held, SLOT]] <= rest:
+                u = held
+            elif n == 0:  # every cached block is pinned
+                break
+            else:
+                best, bk, rest = -1, np.inf, np.inf
+                if n <= draws:
+                    for i in range(n):
+                        x = lkey[i]
+                        if x < bk:
+                            best, bk, rest = i, x, bk
+                        elif x < rest:
+                            rest = x
+                else:
+                    for _ in range(draws):
+                        rng ^= rng << 13
+                        rng ^= (rng >> 7) & 0x1FFFFFFFFFFFFFF
+                        rng ^= rng << 17
+                        i = ((rng >> 32) & 0xFFFFFFFF) * n >> 32
+                        x = lkey[i]
+                        if x < bk:
+                            best, bk, rest = i, x, bk
+                        elif x < rest and i != best:  # a leaf drawn twice counts once
+                            rest = x
+                u = lnode[best]
+            held = -1
+            n = _leaf_drop(ni, lkey, lnode, n, u)
+            ni[u, CACHED] = 0
+            size -= 1
+            p = parent[u]
+            if p >= 0:
+                ni[p, NCHILD] -= 1
+                if ni[p, NCHILD] == 0 and ni[p, PIN] != t:  # p joins the list, held
+                    ni[p, SLOT] = n
+                    lnode[n], lkey[n] = p, _count(p, nf, j, epoch, lam, period)
+                    n += 1
+                    held = p
+        v = nodes[r]  # a decayed key reads the cells only: no use counts here
+        ni[v, CACHED] = 1
+        ni[v, PIN] = t
+        size += 1
+        if parent[v] >= 0:
+            ni[parent[v], NCHILD] += 1
+        end = r + 1
+    if end > lo and ni[nodes[end - 1], NCHILD] == 0:  # the request's last block: a leaf
+        v = nodes[end - 1]
+        if ni[v, SLOT] < 0:
+            ni[v, SLOT] = n
+            lnode[n] = v
+            n += 1
+        lkey[ni[v, SLOT]] = _count(v, nf, j, epoch, lam, period)
+    sc[SIZE], sc[HLEN], sc[DRAW] = size, n, rng
+    return k - lo
+
+
 @nb.njit(cache=True)
 def _serve(kind, key, t, lo, hi, nodes, nu, parent, depth, capacity, params, ni, nf, sc, hkey,
            hnode, hver):
@@ -779,6 +897,9 @@ def _shadows_step(t, lo, hi, nodes, parent, depth, params, cells, sc, ac, stats,
             got[a] = main_reused
         elif skinds[a] == LRU:
             got[a] = _lru_request(t, lo, hi, nodes, nodes, parent, scap, sni[a], ssc[a])
+        elif ac[4] > 0:
+            got[a] = _sampled_request(t, lo, hi, nodes, parent, scap, params, sni[a], cells,
+                                      ssc[a], shkey[a], shnode[a], int(ac[4]))
         else:
             got[a] = _heap_request(CANOPY, None, t, lo, hi, nodes, nodes, parent, depth, scap,
                                    params, sni[a], cells, ssc[a], shkey[a], shnode[a],
@@ -860,18 +981,21 @@ def shadow_heap_size(capacity: int, longest: int) -> int:
     return 8 * capacity + 2 * longest + 16
 
 
-def compact(c: Cache, kept: np.ndarray, n: int, remap: np.ndarray, *, lists: bool) -> None:
+def compact(c: Cache, kept: np.ndarray, n: int, remap: np.ndarray, *, lists: bool,
+            slots: bool = False) -> None:
     """Keep rows ``kept`` (ascending) of the first ``n`` of cache ``c``'s node table as rows
     ``0..len(kept) - 1`` (``remap[v]``: node ``v``'s new id, -1 when it goes), the rest reset,
     and renumber what points at nodes: the recency queue's links (``PREV``, ``NEXT``), with
     ``lists`` SIEVE's leaf list (``LPREV``, ``LNEXT``: a cache the kernels serve under
     ``SIEVE``; elsewhere those columns are counts), the scalars naming nodes (``HEAD`` ...
-    ``LTAIL``) and the heap, whose dropped nodes' entries go (a sorted array is a heap)."""
+    ``LTAIL``) and the heap, whose dropped nodes' entries go (a sorted array is a heap).
+    ``slots``: the heap's arrays are a sampled shadow's list of leaves, each leaf's ``SLOT``
+    its place there."""
     ni, sc, hkey, hnode, hver = c
     m = len(kept)
     ni[:m] = ni[kept]
     ni[m:n] = node_table(n - m, ni.dtype)
-    for column in (PREV, NEXT, LPREV, LNEXT) if lists else (PREV, NEXT):
+    for column in (PREV, NEXT, LPREV, LNEXT) if lists else (NEXT,) if slots else (PREV, NEXT):
         links = ni[:m, column]
         linked = links >= 0
         links[linked] = remap[links[linked]]
@@ -884,6 +1008,8 @@ def compact(c: Cache, kept: np.ndarray, n: int, remap: np.ndarray, *, lists: boo
     h = len(order)
     hkey[:h], hnode[:h], hver[:h] = keys[order], nodes[order], vers[order]
     sc[HLEN] = h
+    if slots:
+        ni[hnode[:h], SLOT] = np.arange(h)
 
 
 def cells_table(n: int, arms: int) -> np.ndarray:
@@ -911,7 +1037,8 @@ class Shadows:
                  dtype: type = np.int64, rides: bool = False) -> None:
         arms = policy.arms(capacity)
         self.capacity = arms.capacity
-        self.ac = np.array([arms.rate, arms.gamma, arms.z, arms.min_evidence])
+        self.ac = np.array([arms.rate, arms.gamma, arms.z, arms.min_evidence,
+                            arms.candidates])
         self.kinds = arms.kinds
         k = len(arms.kinds)
         self.stats = np.zeros(k + 1)
@@ -923,6 +1050,9 @@ class Shadows:
         self.ni = node_table(n_nodes, dtype, k)
         self.sc = np.stack([scalars() for _ in range(k)])
         self.sc[:, ARM] = np.arange(k)  # shadow a evicts by arm a
+        # a sampled shadow's draws: xorshift64 seeded (never 0) by the sample's seed and arm
+        self.sc[:, DRAW] = [(arms.seed * 0x9E3779B1 + 0x2545F491 * (a + 1)) % (2**62) | 1
+                            for a in range(k)]
         heap = shadow_heap_size(arms.capacity, longest)
         self.hkey = np.zeros((k, heap), dtype=np.float64)
         self.hnode = np.zeros((k, heap), dtype=np.int64)

@@ -113,8 +113,9 @@ class Optimal(EvictionPolicy):
 class Arms:
     """Shadow configuration of :class:`Canopy` at one capacity: the sampling rate and the
     shadows' scaled capacity, the sample's hash seed, the per-sample discount, the switching
-    threshold in standard errors, the evidence needed before a switch, and per arm (shadow
-    ``a`` evicts by arm ``a``) the kernel code."""
+    threshold in standard errors, the evidence needed before a switch, per arm (shadow ``a``
+    evicts by arm ``a``) the kernel code, and the leaves a decayed shadow draws to evict one
+    (0: it keeps a heap and evicts the lowest-keyed leaf exactly)."""
 
     rate: float
     capacity: int
@@ -123,6 +124,7 @@ class Arms:
     z: float
     min_evidence: float
     kinds: np.ndarray
+    candidates: int = 0
 
 
 @dataclass(frozen=True)
@@ -144,7 +146,10 @@ class Canopy(EvictionPolicy):
       its first two blocks' node is below ``rate = min(1, shadow_blocks / capacity)``; the
       sample keeps whole subtrees, as SHARDS / miniature simulation do, Waldspurger et al.
       2015, 2017; ``seed`` salts the hash) every arm runs in a metadata-only shadow cache of
-      ``rate * capacity`` blocks that reads the same cells.
+      ``rate * capacity`` blocks that reads the same cells. A decayed arm's shadow evicts
+      by sampling: the lowest-keyed of ``candidates`` leaves drawn at random (every leaf
+      when it has no more; the draw seeded by ``seed`` too), as Redis and LHD do;
+      ``candidates=None`` keeps a heap and evicts the lowest-keyed leaf exactly.
     * **forgetting.** Each arm's score is its shadow reuse discounted by ``1 - 1/window`` per
       sampled request, so the choice re-adapts after a shift (a cell's counts decay too).
     * **hysteresis.** The main cache evicts the lowest-priority unpinned leaf under the current
@@ -168,6 +173,7 @@ class Canopy(EvictionPolicy):
     min_evidence: float = 100.0
     start_half_life: float | None = None
     seed: int = 0
+    candidates: int | None = 32
 
     def __post_init__(self) -> None:
         if not isinstance(self.half_lives, tuple):
@@ -182,6 +188,8 @@ class Canopy(EvictionPolicy):
         for field in ("z", "min_evidence"):
             check_nonnegative(getattr(self, field), field)
         check_count(self.seed, "seed", low=0)
+        if self.candidates is not None:
+            check_count(self.candidates, "candidates", low=1)
         if self.start_half_life is not None and self.start_half_life not in self.half_lives:
             raise ValueError(f"start_half_life must be one of half_lives, "
                              f"got {self.start_half_life!r}")
@@ -211,7 +219,8 @@ class Canopy(EvictionPolicy):
         return Arms(rate=rate, capacity=max(1, round(rate * capacity)), seed=self.seed,
                     gamma=1.0 - 1.0 / self.window, z=float(self.z),
                     min_evidence=float(self.min_evidence),
-                    kinds=np.array([kernels.LRU] + [kernels.CANOPY] * len(self.half_lives)))
+                    kinds=np.array([kernels.LRU] + [kernels.CANOPY] * len(self.half_lives)),
+                    candidates=self.candidates or 0)
 
 
 POLICIES: dict[str, type[EvictionPolicy]] = {
