@@ -69,7 +69,8 @@ def replay_command(
         help="TTFT model from a calibration file of 'canopy cache live --calibration-out' "
              "(overrides --ms-per-token)")] = None,
     window: int = typer.Option(500, help="requests per point of the shift recovery curve"),
-    seed: int = typer.Option(0, help="canopy: hash seed of the shadows' spatial sample"),
+    seed: int = typer.Option(0, help="canopy: seed of the shadows' spatial sample and of "
+                             "their sampled evictions"),
     engine: str = typer.Option("canopy", help="canopy (Canopy's replay) or sglang (SGLang's "
                                "own radix cache, policies lru, lfu, canopy or your own "
                                "priority policy; extra 'sglang')"),
