@@ -4,8 +4,9 @@ worker processes on many machines (``redis-py``, part of the ``serve`` extra).
 Keys under ``canopy:<namespace>:``: ``call:<id>`` (a hash per call, expiring with the
 feedback window), ``calls`` and ``rated`` (ids by creation time), ``episode:<id>``,
 ``cells`` (the sums, three fields per region and model), ``changed`` (cells by the version
-that last wrote them), ``version`` and ``meta``. A rating is one Lua script, so Redis runs it
-atomically: every call is checked and marked and every cell added, or nothing. Every
+that last wrote them), ``version``, ``meta`` and ``generation`` (the marker a restart without
+persistence loses). A rating is one Lua script, so Redis runs it atomically: the marker is
+checked, every call is checked and marked and every cell added, or nothing; so is a re-seed. Every
 operation waits at most ``wait_s`` (then :class:`~canopy.regional.store.StoreBusy`); how
 durable an acknowledged rating is follows the server's persistence settings (``appendonly
 yes`` with ``appendfsync always`` or ``everysec``).
@@ -16,24 +17,25 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator, Sequence
 
-from canopy.regional.store import Call, Cell, Changes, Increment, StoreBusy
+from canopy.regional.store import Call, Cell, Changes, Increment, StoreBusy, StoreReset, new_marker
 
 __all__ = ["RedisStore"]
 
 _SEP = "\x1f"
 _RATE = """
-local p, k = ARGV[1], tonumber(ARGV[2])
+local p, k = ARGV[1], tonumber(ARGV[3])
+if redis.call('GET', p .. 'generation') ~= ARGV[2] then return -1 end
 for i = 1, k do
-  local key = p .. 'call:' .. ARGV[2 + i]
+  local key = p .. 'call:' .. ARGV[3 + i]
   if redis.call('EXISTS', key) == 0 or redis.call('HEXISTS', key, 'quality') == 1 then
     return 0
   end
 end
-local at = 3 + k
+local at = 4 + k
 for i = 1, k do
-  local key = p .. 'call:' .. ARGV[2 + i]
+  local key = p .. 'call:' .. ARGV[3 + i]
   redis.call('HSET', key, 'quality', ARGV[at])
-  redis.call('ZADD', p .. 'rated', redis.call('HGET', key, 'created'), ARGV[2 + i])
+  redis.call('ZADD', p .. 'rated', redis.call('HGET', key, 'created'), ARGV[3 + i])
 end
 local version = redis.call('INCR', p .. 'version')
 local old = tonumber(redis.call('HGET', p .. 'meta', 'cost_max') or '0')
@@ -47,6 +49,24 @@ for j = 0, tonumber(ARGV[at + 2]) - 1 do
   redis.call('ZADD', p .. 'changed', version, cell)
 end
 return version
+"""
+_RESEED = """
+local p = ARGV[1]
+local now = redis.call('GET', p .. 'generation')
+if now and string.sub(now, 1, 7) == 'seeded:' then return now end
+redis.call('SET', p .. 'generation', ARGV[2])
+local version = redis.call('INCR', p .. 'version')
+local old = tonumber(redis.call('HGET', p .. 'meta', 'cost_max') or '0')
+if tonumber(ARGV[3]) > old then redis.call('HSET', p .. 'meta', 'cost_max', ARGV[3]) end
+for j = 0, tonumber(ARGV[4]) - 1 do
+  local b = 5 + 4 * j
+  local cell = ARGV[b]
+  redis.call('HINCRBYFLOAT', p .. 'cells', cell .. '\\31n', ARGV[b + 1])
+  redis.call('HINCRBYFLOAT', p .. 'cells', cell .. '\\31s', ARGV[b + 2])
+  redis.call('HINCRBYFLOAT', p .. 'cells', cell .. '\\31q', ARGV[b + 3])
+  redis.call('ZADD', p .. 'changed', version, cell)
+end
+return ARGV[2]
 """
 
 
@@ -63,11 +83,13 @@ class RedisStore:
         self.url = url
         self.namespace = namespace
         self._p = f"canopy:{namespace}:"
+        self.generation: str | None = None
         self._redis = redis.Redis.from_url(url, socket_timeout=wait_s,
                                            socket_connect_timeout=wait_s,
                                            decode_responses=True)
         with self._busy():
             self._rate = self._redis.register_script(_RATE)
+            self._reseed = self._redis.register_script(_RESEED)
             self._redis.ping()
 
     @contextlib.contextmanager
@@ -84,6 +106,26 @@ class RedisStore:
             if saved != float(lam):
                 raise ValueError(f"the Redis store holds statistics for lam={saved}, not {lam}")
             self._redis.hset(self._p + "meta", "models", "\n".join(models))
+            self._redis.set(self._p + "generation", new_marker(False), nx=True)
+            self.generation = self._redis.get(self._p + "generation")
+
+    def _check(self, marker: str | None) -> None:
+        if marker != self.generation:
+            raise StoreReset(f"Redis store {self.url}: generation {marker}, not "
+                             f"{self.generation} (restarted empty or flushed)")
+
+    def reseed(self, cells: Sequence[Cell], cost_max: float) -> bool:
+        mine = new_marker(True)
+        args: list[str] = [self._p, mine, repr(float(cost_max)), str(len(cells))]
+        for c in cells:
+            args += [c.region + _SEP + c.model, repr(c.n), repr(c.s), repr(c.q)]
+        with self._busy():
+            self.generation = str(self._reseed(args=args))
+        return self.generation == mine
+
+    def ping(self) -> None:
+        with self._busy():
+            self._redis.ping()
 
     def add_calls(self, calls: Sequence[Call], ttl_s: float) -> None:
         ttl = max(int(ttl_s) + 1, 1)
@@ -103,9 +145,11 @@ class RedisStore:
 
     def calls(self, ids: Sequence[str]) -> list[Call | None]:
         with self._busy(), self._redis.pipeline(transaction=False) as pipe:
+            pipe.get(self._p + "generation")
             for one in ids:
                 pipe.hgetall(self._p + "call:" + one)
-            rows = pipe.execute()
+            marker, *rows = pipe.execute()
+        self._check(marker)
         return [_call(one, row) for one, row in zip(ids, rows, strict=True)]
 
     def episode(self, episode: str) -> list[Call]:
@@ -115,16 +159,21 @@ class RedisStore:
 
     def rate(self, ids: Sequence[str], quality: float, increments: Sequence[Increment],
              cost_max: float) -> bool:
-        args: list[str] = [self._p, str(len(ids)), *ids, repr(float(quality)),
+        args: list[str] = [self._p, str(self.generation), str(len(ids)), *ids,
+                           repr(float(quality)),
                            repr(float(cost_max)), str(len(increments))]
         for i in increments:
             args += [i.region + _SEP + i.model, repr(i.weight), repr(i.weight * i.reward),
                      repr(i.weight * i.reward * i.reward)]
         with self._busy():
-            return int(self._rate(args=args)) > 0
+            version = int(self._rate(args=args))
+        if version < 0:
+            raise StoreReset(f"Redis store {self.url}: its generation is not {self.generation}")
+        return version > 0
 
     def changes(self, since: int) -> Changes:
         with self._busy():
+            self._check(self._redis.get(self._p + "generation"))
             version = int(self._redis.get(self._p + "version") or 0)
             names = self._redis.zrangebyscore(self._p + "changed", f"({since}", "+inf")
             fields = [f"{name}{_SEP}{part}" for name in names for part in "nsq"]
