@@ -42,7 +42,7 @@ class StoreCircuit:
         self.opened = 0  # how many times the circuit opened
 
     @property
-    def url(self) -> str:  # type: ignore[override]
+    def url(self) -> str:
         return self.store.url
 
     @property

@@ -109,9 +109,13 @@ def moments(n: float, s: float, q: float) -> tuple[float, float, float]:
 class Store(Protocol):
     """What a routing service needs of its store. Methods may raise :class:`StoreBusy`."""
 
-    url: str
-    generation: str | None
-    """The marker this process knows the store by (adopted by :meth:`check_meta`)."""
+    @property
+    def url(self) -> str:
+        """Where the store is (as a URL)."""
+
+    @property
+    def generation(self) -> str | None:
+        """The marker this process knows the store by (adopted by :meth:`check_meta`)."""
 
     def check_meta(self, models: Sequence[str], lam: float) -> None:
         """Record which router the statistics belong to, or refuse (``ValueError``) when the

@@ -107,7 +107,11 @@ class RedisStore:
                 raise ValueError(f"the Redis store holds statistics for lam={saved}, not {lam}")
             self._redis.hset(self._p + "meta", "models", "\n".join(models))
             self._redis.set(self._p + "generation", new_marker(False), nx=True)
-            self.generation = self._redis.get(self._p + "generation")
+            self.generation = self._marker()
+
+    def _marker(self) -> str | None:
+        marker = self._redis.get(self._p + "generation")
+        return None if marker is None else str(marker)
 
     def _check(self, marker: str | None) -> None:
         if marker != self.generation:
@@ -173,7 +177,7 @@ class RedisStore:
 
     def changes(self, since: int) -> Changes:
         with self._busy():
-            self._check(self._redis.get(self._p + "generation"))
+            self._check(self._marker())
             version = int(self._redis.get(self._p + "version") or 0)
             names = self._redis.zrangebyscore(self._p + "changed", f"({since}", "+inf")
             fields = [f"{name}{_SEP}{part}" for name in names for part in "nsq"]
