@@ -22,6 +22,21 @@ from canopy.regional.store import Call, Cell, Changes, Increment, StoreBusy, Sto
 __all__ = ["RedisStore"]
 
 _SEP = "\x1f"
+# A new version; the cost_max of ARGV[m] kept if larger; the cells of ARGV[c] (how many),
+# then four ARGV each (name, n, s, q) from ARGV[c + 1], added at that version.
+_ADD = """
+local version = redis.call('INCR', p .. 'version')
+local old = tonumber(redis.call('HGET', p .. 'meta', 'cost_max') or '0')
+if tonumber(ARGV[m]) > old then redis.call('HSET', p .. 'meta', 'cost_max', ARGV[m]) end
+for j = 0, tonumber(ARGV[c]) - 1 do
+  local b = c + 1 + 4 * j
+  local cell = ARGV[b]
+  redis.call('HINCRBYFLOAT', p .. 'cells', cell .. '\\31n', ARGV[b + 1])
+  redis.call('HINCRBYFLOAT', p .. 'cells', cell .. '\\31s', ARGV[b + 2])
+  redis.call('HINCRBYFLOAT', p .. 'cells', cell .. '\\31q', ARGV[b + 3])
+  redis.call('ZADD', p .. 'changed', version, cell)
+end
+"""
 _RATE = """
 local p, k = ARGV[1], tonumber(ARGV[3])
 if redis.call('GET', p .. 'generation') ~= ARGV[2] then return -1 end
@@ -37,17 +52,8 @@ for i = 1, k do
   redis.call('HSET', key, 'quality', ARGV[at])
   redis.call('ZADD', p .. 'rated', redis.call('HGET', key, 'created'), ARGV[3 + i])
 end
-local version = redis.call('INCR', p .. 'version')
-local old = tonumber(redis.call('HGET', p .. 'meta', 'cost_max') or '0')
-if tonumber(ARGV[at + 1]) > old then redis.call('HSET', p .. 'meta', 'cost_max', ARGV[at + 1]) end
-for j = 0, tonumber(ARGV[at + 2]) - 1 do
-  local b = at + 3 + 4 * j
-  local cell = ARGV[b]
-  redis.call('HINCRBYFLOAT', p .. 'cells', cell .. '\\31n', ARGV[b + 1])
-  redis.call('HINCRBYFLOAT', p .. 'cells', cell .. '\\31s', ARGV[b + 2])
-  redis.call('HINCRBYFLOAT', p .. 'cells', cell .. '\\31q', ARGV[b + 3])
-  redis.call('ZADD', p .. 'changed', version, cell)
-end
+local m, c = at + 1, at + 2
+""" + _ADD + """
 return version
 """
 _RESEED = """
@@ -55,17 +61,8 @@ local p = ARGV[1]
 local now = redis.call('GET', p .. 'generation')
 if now and string.sub(now, 1, 7) == 'seeded:' then return now end
 redis.call('SET', p .. 'generation', ARGV[2])
-local version = redis.call('INCR', p .. 'version')
-local old = tonumber(redis.call('HGET', p .. 'meta', 'cost_max') or '0')
-if tonumber(ARGV[3]) > old then redis.call('HSET', p .. 'meta', 'cost_max', ARGV[3]) end
-for j = 0, tonumber(ARGV[4]) - 1 do
-  local b = 5 + 4 * j
-  local cell = ARGV[b]
-  redis.call('HINCRBYFLOAT', p .. 'cells', cell .. '\\31n', ARGV[b + 1])
-  redis.call('HINCRBYFLOAT', p .. 'cells', cell .. '\\31s', ARGV[b + 2])
-  redis.call('HINCRBYFLOAT', p .. 'cells', cell .. '\\31q', ARGV[b + 3])
-  redis.call('ZADD', p .. 'changed', version, cell)
-end
+local m, c = 3, 4
+""" + _ADD + """
 return ARGV[2]
 """
 
