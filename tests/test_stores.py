@@ -12,7 +12,15 @@ import pytest
 
 from canopy.regional.circuit import StoreCircuit, StoreDown
 from canopy.regional.ledger import FeedbackLedger
-from canopy.regional.store import Call, Cell, Increment, StoreBusy, StoreReset, moments
+from canopy.regional.store import (
+    Call,
+    Cell,
+    Increment,
+    StoreBusy,
+    StoreReset,
+    StoreUnreachable,
+    moments,
+)
 from canopy.regional.stores import open_store
 
 
@@ -181,17 +189,19 @@ class _Down:
 
     def __init__(self) -> None:
         self.stored = self.pings = 0
-        self.up = False
+        self.up = self.locked = False
 
     def ping(self) -> None:
         self.pings += 1
         if not self.up:
-            raise StoreBusy("down")
+            raise StoreUnreachable("down")
 
     def add_calls(self, calls, ttl_s) -> None:
         self.stored += 1
+        if self.locked:
+            raise StoreBusy("locked")
         if not self.up:
-            raise StoreBusy("down")
+            raise StoreUnreachable("down")
 
     def close(self) -> None:
         pass
@@ -200,10 +210,16 @@ class _Down:
 def test_the_circuit_fails_at_once_while_the_store_is_down_and_probes_it():
     inner = _Down()
     circuit = StoreCircuit(inner, failures=2, probe_s=0.01)  # type: ignore[arg-type]
-    for _ in range(2):
+    inner.locked = True  # a locked store is no failure
+    for _ in range(5):
         with pytest.raises(StoreBusy):
             circuit.add_calls([_call("x")], 60)
-    assert circuit.down and circuit.opened == 1 and inner.stored == 2
+    assert not circuit.down
+    inner.locked = False
+    for _ in range(2):
+        with pytest.raises(StoreUnreachable):
+            circuit.add_calls([_call("x")], 60)
+    assert circuit.down and circuit.opened == 1 and inner.stored == 7
     ledger = FeedbackLedger(circuit, reward=lambda q, c: q, chain=lambda r: [r])
     try:
         stored = ledger.record(_call("y"))
@@ -211,16 +227,16 @@ def test_the_circuit_fails_at_once_while_the_store_is_down_and_probes_it():
         for _ in range(50):
             with pytest.raises(StoreDown):
                 circuit.add_calls([_call("z")], 60)
-        assert inner.stored == 2  # neither these nor the ledger's writer reached it
+        assert inner.stored == 7  # neither these nor the ledger's writer reached it
         deadline = time.monotonic() + 30
         while inner.pings < 3:  # probed in the background
             assert time.monotonic() < deadline
             time.sleep(0.01)
         inner.up = True
-        while circuit.down or inner.stored < 3:
+        while circuit.down or inner.stored < 8:
             assert time.monotonic() < deadline
             time.sleep(0.01)
     finally:
         ledger.close()
         circuit.close()
-    assert circuit.opened == 1 and inner.stored == 3  # the queued call, stored once up
+    assert circuit.opened == 1 and inner.stored == 8  # the queued call, stored once up

@@ -30,6 +30,7 @@ _EXPORTS = {
     "StoreCircuit": "canopy.regional.circuit",
     "StoreDown": "canopy.regional.circuit",
     "StoreReset": "canopy.regional.store",
+    "StoreUnreachable": "canopy.regional.store",
     "open_store": "canopy.regional.stores",
 }
 

@@ -1,4 +1,4 @@
-"""A circuit around a routing service's store: once the store keeps failing, every call
+"""A circuit around a routing service's store: once the store cannot be reached, every call
 fails at once (:class:`StoreDown`) instead of waiting on it, and a background thread probes
 it until it answers. So with the store down a chat adds no store wait and a rating is
 refused at once (a service answers 503 with ``Retry-After``, as for a busy store)."""
@@ -10,7 +10,15 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-from canopy.regional.store import Call, Cell, Changes, Increment, Store, StoreBusy, StoreReset
+from canopy.regional.store import (
+    Call,
+    Cell,
+    Changes,
+    Increment,
+    Store,
+    StoreBusy,
+    StoreUnreachable,
+)
 from canopy.validation import check_count, check_number
 
 __all__ = ["StoreCircuit", "StoreDown"]
@@ -25,10 +33,12 @@ class StoreDown(StoreBusy):
 
 
 class StoreCircuit:
-    """``store`` behind a circuit: after ``failures`` :class:`StoreBusy` in a row (a reset is
-    not a failure) it opens; while open every call raises :class:`StoreDown` without touching
-    the store, and the thread ``canopy-store-probe`` tries :meth:`Store.ping` every
-    ``probe_s`` seconds, closing the circuit on the first answer. A :class:`Store` itself."""
+    """``store`` behind a circuit: after ``failures`` calls in a row found it unreachable
+    (:class:`~canopy.regional.store.StoreUnreachable`; a store merely locked or slow, or
+    reset, is no failure: its callers retry) it opens; while open every call raises
+    :class:`StoreDown` without touching the store, and the thread ``canopy-store-probe``
+    tries :meth:`Store.ping` every ``probe_s`` seconds, closing the circuit on the first
+    answer. A :class:`Store` itself."""
 
     def __init__(self, store: Store, *, failures: int = 2, probe_s: float = 0.25) -> None:
         self.store = store
@@ -59,9 +69,7 @@ class StoreCircuit:
             raise StoreDown(f"the store {self.url} is down (probed every {self.probe_s:g} s)")
         try:
             result = method(*args)
-        except StoreReset:
-            raise
-        except StoreBusy:
+        except StoreUnreachable:
             self._failed()
             raise
         with self._lock:
@@ -85,8 +93,10 @@ class StoreCircuit:
         while not self._closing.wait(self.probe_s):
             try:
                 self.store.ping()
-            except StoreBusy:
+            except StoreUnreachable:
                 continue
+            except StoreBusy:  # locked or slow, but there
+                pass
             except Exception:  # the probe must outlive any one failure
                 log.exception("probing the store %s failed", self.url)
                 continue

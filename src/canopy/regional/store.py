@@ -30,11 +30,17 @@ from typing import Protocol, runtime_checkable
 from canopy._lazy import deprecated_aliases
 
 __all__ = ["Call", "Cell", "Changes", "Increment", "Store", "StoreBusy", "StoreReset",
-           "moments", "new_marker", "seeded"]
+           "StoreUnreachable", "moments", "new_marker", "seeded"]
 
 
 class StoreBusy(Exception):
     """The store did not answer within its wait (locked, unreachable); nothing was written."""
+
+
+class StoreUnreachable(StoreBusy):
+    """The store could not be reached at all (refused, gone, its file unopenable), not merely
+    slow or locked: what opens the store's circuit
+    (:class:`~canopy.regional.circuit.StoreCircuit`)."""
 
 
 class StoreReset(StoreBusy):

@@ -17,7 +17,16 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator, Sequence
 
-from canopy.regional.store import Call, Cell, Changes, Increment, StoreBusy, StoreReset, new_marker
+from canopy.regional.store import (
+    Call,
+    Cell,
+    Changes,
+    Increment,
+    StoreBusy,
+    StoreReset,
+    StoreUnreachable,
+    new_marker,
+)
 
 __all__ = ["RedisStore"]
 
@@ -77,6 +86,7 @@ class RedisStore:
             raise ImportError("a Redis store needs redis-py: pip install "
                               "'canopy-bandits[serve]'") from None
         self._errors = (redis.RedisError, OSError)
+        self._unreachable = (redis.ConnectionError, redis.TimeoutError, OSError)
         self.url = url
         self.namespace = namespace
         self._p = f"canopy:{namespace}:"
@@ -94,7 +104,8 @@ class RedisStore:
         try:
             yield
         except self._errors as error:
-            raise StoreBusy(f"Redis store: {type(error).__name__}: {error}") from error
+            kind = StoreUnreachable if isinstance(error, self._unreachable) else StoreBusy
+            raise kind(f"Redis store: {type(error).__name__}: {error}") from error
 
     def check_meta(self, models: Sequence[str], lam: float) -> None:
         with self._busy():

@@ -27,6 +27,7 @@ from canopy.regional.store import (
     Increment,
     StoreBusy,
     StoreReset,
+    StoreUnreachable,
     new_marker,
     seeded,
 )
@@ -136,7 +137,10 @@ class SqliteStore:
         try:
             yield
         except sqlite3.OperationalError as error:
-            raise StoreBusy(f"SQLite store {self.path}: {error}") from error
+            code = getattr(error, "sqlite_errorcode", None)  # Python 3.11 on
+            locked = code is None or code & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+            kind = StoreBusy if locked else StoreUnreachable
+            raise kind(f"SQLite store {self.path}: {error}") from error
 
     @contextlib.contextmanager
     def _write(self, db: sqlite3.Connection | None = None) -> Iterator[sqlite3.Connection]:
