@@ -67,7 +67,7 @@ class SqliteStore:
         self.wait_s = float(wait_s)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._local = threading.local()
-        self._all: list[sqlite3.Connection] = []
+        self._all: dict[threading.Thread, sqlite3.Connection] = {}  # by the thread using it
         self._all_lock = threading.Lock()
         self.generation: str | None = None
         self._file = self._create(30.0)
@@ -109,7 +109,7 @@ class SqliteStore:
         db = getattr(self._local, "db", None)
         if db is not None and self._local.file != self._file:
             with self._all_lock:
-                self._all.remove(db)
+                self._all.pop(threading.current_thread(), None)
             db.close()
             db = None
         if db is None:
@@ -118,7 +118,12 @@ class SqliteStore:
             db.execute("PRAGMA synchronous=NORMAL")  # WAL: a commit survives a killed process
             self._local.db, self._local.file = db, self._file
             with self._all_lock:
-                self._all.append(db)
+                # a server's worker threads come and go: close the connections of those gone
+                # (each holds its own page cache; kept, they grew without bound)
+                for gone in [t for t in self._all if not t.is_alive()]:
+                    with contextlib.suppress(sqlite3.Error):
+                        self._all.pop(gone).close()
+                self._all[threading.current_thread()] = db
         return db
 
     def _marker(self, db: sqlite3.Connection) -> str | None:
@@ -277,7 +282,7 @@ class SqliteStore:
 
     def close(self) -> None:
         with self._all_lock:
-            for db in self._all:
+            for db in self._all.values():
                 with contextlib.suppress(sqlite3.Error):
                     db.close()
             self._all.clear()
