@@ -240,3 +240,26 @@ def test_the_circuit_fails_at_once_while_the_store_is_down_and_probes_it():
         ledger.close()
         circuit.close()
     assert circuit.opened == 1 and inner.stored == 8  # the queued call, stored once up
+
+
+def test_connections_of_threads_that_are_gone_are_closed(tmp_path):
+    """A server's worker threads come and go; each used to keep its SQLite connection (and
+    its page cache) open to the end: 250 open on one file after a 27,000-request soak."""
+    import os
+    from pathlib import Path
+
+    path = tmp_path / "state.sqlite"
+    store = open_store(f"sqlite:///{path}")
+    store.check_meta(["a"], 0.0)
+
+    def open_on_file() -> int:
+        fds = Path("/proc/self/fd")
+        return sum(os.path.realpath(fd) == str(path) for fd in fds.iterdir())
+
+    for _ in range(20):
+        worker = threading.Thread(target=store.counts)
+        worker.start()
+        worker.join()
+    store.counts()  # this thread's connection: the finished threads' are closed
+    assert open_on_file() <= 2
+    store.close()
