@@ -266,3 +266,65 @@ def test_proxy_two_workers_upstream_stopped_and_kill9(benchmark, tmp_path):
     print(json.dumps(summary, indent=1))
     assert first.client_errors == [] and first.status == {200: 1000}
     assert stats["with_feedback"] >= acknowledged
+
+
+def test_chat_with_the_store_down_vs_up(benchmark, tmp_path, monkeypatch):
+    """Chat p50 through the proxy on a Redis store, up then killed (``-9``): the store's
+    circuit opens and chat adds no store wait (target: the p50 with the store down within
+    10% of the p50 with it up). 200 sequential chats each, against two scripted upstreams;
+    the p50s and their ratio in ``benchmark.extra_info``."""
+    pytest.importorskip("fastapi")
+    import time
+
+    import httpx
+
+    from canopy.apps.routing.proxy.app import create_app, serve_in_thread
+    from canopy.apps.routing.proxy.config import ProxyConfig
+    from llm_server import ScriptedServer
+    from redis_server import start_redis
+
+    redis, store = start_redis(tmp_path / "redis", persist=False)
+    chat = ScriptedServer.chat_body("hi", prompt_tokens=10, completion_tokens=2)
+    servers = [ScriptedServer().start(), ScriptedServer().start()]
+    for server in servers:
+        server.routes["/v1/chat/completions"] = lambda _: (200, chat, 0.0)
+    monkeypatch.setenv("BENCH_ADMIN_KEY", "bench-admin-key")
+    config = ProxyConfig.from_mapping({"upstreams": [
+        {"model": "small", "base_url": servers[0].url("/v1")},
+        {"model": "large", "base_url": servers[1].url("/v1")}],
+        "store": store, "lam": 10.0, "auth": {"admin_key_env": "BENCH_ADMIN_KEY"},
+        "prices": {"version": "bench-1", "models": {"small": {"input": 1.0, "output": 1.0},
+                                                    "large": {"input": 50.0, "output": 50.0}}}})
+    ask = {"messages": [{"role": "user", "content": "Say hi"}], "max_tokens": 2}
+    app = create_app(config)
+
+    def chats(client: httpx.Client, n: int = 200) -> list[float]:
+        took = []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            assert client.post("/v1/chat/completions", json=ask).status_code == 200
+            took.append((time.perf_counter() - t0) * 1000.0)
+        return took
+
+    try:
+        with serve_in_thread(app) as url, httpx.Client(
+                base_url=url, timeout=30,
+                headers={"Authorization": "Bearer bench-admin-key"}) as client:
+            chats(client, 20)  # warm the connections and the kernels
+            up = chats(client)
+            redis.kill()
+            redis.wait(timeout=30)
+            while not app.state.proxy.service.store.down:
+                client.post("/v1/chat/completions", json=ask)
+                time.sleep(0.05)
+            down = benchmark.pedantic(chats, args=(client,), rounds=1, iterations=1)
+    finally:
+        redis.kill()
+        for server in servers:
+            server.close()
+    summary = {"chat_ms_p50_store_up": float(np.median(up)),
+               "chat_ms_p50_store_down": float(np.median(down)),
+               "down_over_up": float(np.median(down) / np.median(up))}
+    benchmark.extra_info.update(summary)
+    print(json.dumps(summary, indent=1))
+    assert len(down) == 200

@@ -22,8 +22,11 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def start_redis(folder: Path) -> tuple[subprocess.Popen, str]:
-    """A running server and its URL (database 0)."""
+def start_redis(folder: Path, *, port: int | None = None,
+                persist: bool = True) -> tuple[subprocess.Popen, str]:
+    """A running server and its URL (database 0): on ``port`` (default: a free one), with
+    every write in its append-only file, or (``persist`` false) as a cache that keeps
+    nothing across a restart."""
     binary = shutil.which("redis-server")
     if binary is None:
         missing("the Redis store tests need redis-server (apt-get install redis-server)")
@@ -31,11 +34,12 @@ def start_redis(folder: Path) -> tuple[subprocess.Popen, str]:
     import redis
 
     folder.mkdir(parents=True, exist_ok=True)
-    port = _free_port()
+    port = _free_port() if port is None else port
+    keep = ["--appendonly", "yes", "--appendfsync", "always"] if persist else \
+        ["--appendonly", "no"]
     process = subprocess.Popen(
         [binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(folder),
-         "--save", "", "--appendonly", "yes", "--appendfsync", "always",
-         "--protected-mode", "yes", "--loglevel", "warning"],
+         "--save", "", *keep, "--protected-mode", "yes", "--loglevel", "warning"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"redis://127.0.0.1:{port}/0"
     deadline = time.monotonic() + 30

@@ -10,7 +10,17 @@ import time
 import numpy as np
 import pytest
 
-from canopy.regional.store import Call, Increment, StoreBusy, moments
+from canopy.regional.circuit import StoreCircuit, StoreDown
+from canopy.regional.ledger import FeedbackLedger
+from canopy.regional.store import (
+    Call,
+    Cell,
+    Increment,
+    StoreBusy,
+    StoreReset,
+    StoreUnreachable,
+    moments,
+)
 from canopy.regional.stores import open_store
 
 
@@ -123,3 +133,133 @@ def test_bad_store_urls_are_named():
                          ("sqlite://", "sqlite:///")):
         with pytest.raises(ValueError, match=message):
             open_store(bad)
+
+
+def _wipe(url: str, path) -> None:
+    """Empty the store as a restart without persistence (Redis) or a deleted file does."""
+    if url.startswith("redis"):
+        import redis
+
+        redis.Redis.from_url(url).flushall()
+    else:
+        for name in (path.name, path.name + "-wal", path.name + "-shm"):
+            (path.parent / name).unlink(missing_ok=True)
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "redis"])
+def test_a_reset_store_is_reseeded_once_and_adopted_by_the_others(kind, tmp_path, request):
+    """Two processes' stores over one store that is emptied: both see ``StoreReset`` on a
+    read and on a rating (nothing written); the first re-seed adds its sums, the second
+    adopts them, so each cell is counted once; ratings then add to them."""
+    path = tmp_path / "state.sqlite"
+    url = request.getfixturevalue("redis_url") if kind == "redis" else f"sqlite:///{path}"
+    one, two = open_store(url, namespace="t"), open_store(url, namespace="t")
+    for store in (one, two):
+        store.check_meta(["a", "b"], 1.0)
+    one.add_calls([_call("r1"), _call("r2")], 60)
+    assert one.rate(["r1"], 0.5, _inc(0.49), 0.01)
+    before = {(c.region, c.model): c for c in two.changes(0).cells}
+    _wipe(url, path)
+    for store in (one, two):
+        with pytest.raises(StoreReset):
+            store.changes(0)
+        with pytest.raises(StoreReset):
+            store.calls(["r2"])
+    two.add_calls([_call("r3")], 60)  # the writer may store calls before anyone notices
+    with pytest.raises(StoreReset):
+        two.rate(["r3"], 0.5, _inc(0.49), 0.01)
+    cells = [Cell(c.region, c.model, c.n, c.s, c.q) for c in before.values()]
+    assert one.reseed(cells, 0.01) is True
+    assert two.reseed(cells, 0.01) is False  # adopted: not added twice
+    assert one.generation == two.generation
+    after = {(c.region, c.model): c for c in two.changes(0).cells}
+    assert after == before
+    one.add_calls([_call("r2")], 60)  # stored again by the process that made it
+    assert two.rate(["r2"], 1.0, _inc(0.99), 0.01)
+    assert one.changes(0).cells and \
+        next(c for c in one.changes(0).cells if c.region == "").n == 2.0
+    for store in (one, two):
+        store.close()
+
+
+class _Down:
+    """A store that fails until ``up``, its calls counted (what the circuit must spare it)."""
+
+    url, generation = "down://", None
+
+    def __init__(self) -> None:
+        self.stored = self.pings = 0
+        self.up = self.locked = False
+
+    def ping(self) -> None:
+        self.pings += 1
+        if not self.up:
+            raise StoreUnreachable("down")
+
+    def add_calls(self, calls, ttl_s) -> None:
+        self.stored += 1
+        if self.locked:
+            raise StoreBusy("locked")
+        if not self.up:
+            raise StoreUnreachable("down")
+
+    def close(self) -> None:
+        pass
+
+
+def test_the_circuit_fails_at_once_while_the_store_is_down_and_probes_it():
+    inner = _Down()
+    circuit = StoreCircuit(inner, failures=2, probe_s=0.01)  # type: ignore[arg-type]
+    inner.locked = True  # a locked store is no failure
+    for _ in range(5):
+        with pytest.raises(StoreBusy):
+            circuit.add_calls([_call("x")], 60)
+    assert not circuit.down
+    inner.locked = False
+    for _ in range(2):
+        with pytest.raises(StoreUnreachable):
+            circuit.add_calls([_call("x")], 60)
+    assert circuit.down and circuit.opened == 1 and inner.stored == 7
+    ledger = FeedbackLedger(circuit, reward=lambda q, c: q, chain=lambda r: [r])
+    try:
+        stored = ledger.record(_call("y"))
+        assert stored.done() and isinstance(stored.exception(), StoreDown)  # no wait
+        for _ in range(50):
+            with pytest.raises(StoreDown):
+                circuit.add_calls([_call("z")], 60)
+        assert inner.stored == 7  # neither these nor the ledger's writer reached it
+        deadline = time.monotonic() + 30
+        while inner.pings < 3:  # probed in the background
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        inner.up = True
+        while circuit.down or inner.stored < 8:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+    finally:
+        ledger.close()
+        circuit.close()
+    assert circuit.opened == 1 and inner.stored == 8  # the queued call, stored once up
+
+
+def test_connections_of_threads_that_are_gone_are_closed(tmp_path):
+    """A server's worker threads come and go; each used to keep its SQLite connection (and
+    its page cache) open to the end: 250 open on one file after a 27,000-request soak."""
+    import os
+    from pathlib import Path
+
+    path = tmp_path / "state.sqlite"
+    store = open_store(f"sqlite:///{path}")
+    store.check_meta(["a"], 0.0)
+
+    def open_on_file() -> int:
+        fds = Path("/proc/self/fd")
+        return sum(os.path.realpath(fd) == str(path) for fd in fds.iterdir())
+
+    for _ in range(20):
+        worker = threading.Thread(target=store.counts)
+        worker.start()
+        worker.join()
+    store.counts()  # this thread's connection: the finished threads' are closed
+    assert open_on_file() <= 2
+    store.close()

@@ -27,6 +27,10 @@ _EXPORTS = {
     "RegionSource": "canopy.regional.sources",
     "Store": "canopy.regional.store",
     "StoreBusy": "canopy.regional.store",
+    "StoreCircuit": "canopy.regional.circuit",
+    "StoreDown": "canopy.regional.circuit",
+    "StoreReset": "canopy.regional.store",
+    "StoreUnreachable": "canopy.regional.store",
     "open_store": "canopy.regional.stores",
 }
 

@@ -8,7 +8,10 @@ its chain. Each call is rated once;
 an episode's terminal reward is credited to every open call of the episode (paper Appendix
 E). Calls are written by one background thread, in batches, so a caller never waits on the
 store longer than it chooses; a busy store raises :class:`~canopy.regional.store.StoreBusy`
-on a rating (retry later) and never loses a call it holds in its queue. Every refusal is a
+on a rating (retry later) and never loses a call it holds in its queue. The calls this
+process stored and has not seen rated are also kept here (the most recent ``max_queued``),
+so a store restarted empty gets them back (:meth:`FeedbackLedger.restore`) and a rating for
+a call made before the outage still counts. Every refusal is a
 :class:`FeedbackError` whose type carries the HTTP ``status`` and ``code`` a service answers
 with.
 """
@@ -21,9 +24,11 @@ import logging
 import queue
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
+from canopy.regional.circuit import StoreCircuit, StoreDown
 from canopy.regional.store import Call, Increment, Store, StoreBusy
 from canopy.validation import check_number
 
@@ -99,6 +104,8 @@ class FeedbackLedger:
             queue.Queue(maxsize=max_queued)
         self._queued: dict[str, Call] = {}
         self._queued_lock = threading.Lock()
+        self._pending: OrderedDict[str, Call] = OrderedDict()  # stored, not seen rated
+        self._max_pending = max_queued
         self._closing = threading.Event()
         self.dropped = 0
         self._writer = threading.Thread(target=self._write_loop, daemon=True,
@@ -107,7 +114,9 @@ class FeedbackLedger:
 
     # -- calls -----------------------------------------------------------------------------
     def record(self, call: Call) -> concurrent.futures.Future[None]:
-        """Queue ``call`` for the store; the future completes when it is stored."""
+        """Queue ``call`` for the store; the future completes when it is stored, or at once
+        with :class:`~canopy.regional.circuit.StoreDown` while the store's circuit is open
+        (the call stays queued: nobody waits on a store that is down)."""
         done: concurrent.futures.Future[None] = concurrent.futures.Future()
         with self._queued_lock:
             self._queued[call.id] = call
@@ -120,6 +129,11 @@ class FeedbackLedger:
             log.warning("the store is behind by %d calls: call %s is served but cannot be "
                         "rated", self._queue.maxsize, call.id)
             done.set_exception(StoreBusy("the ledger's queue is full"))
+            return done
+        if isinstance(self.store, StoreCircuit) and self.store.down:
+            failed: concurrent.futures.Future[None] = concurrent.futures.Future()
+            failed.set_exception(StoreDown("the store is down: the call waits in the queue"))
+            return failed
         return done
 
     def _write_loop(self) -> None:
@@ -146,13 +160,17 @@ class FeedbackLedger:
                     if self._closing.is_set():
                         log.error("%d calls not stored at shutdown: %s", len(batch), error)
                         break
-                    log.warning("storing %d calls: %s; retrying", len(batch), error)
+                    if not isinstance(error, StoreDown):  # the circuit said so once
+                        log.warning("storing %d calls: %s; retrying", len(batch), error)
                     time.sleep(wait)
                     wait = min(2 * wait, 1.0)
             wait = 0.05
             with self._queued_lock:
                 for call, _ in batch:
                     self._queued.pop(call.id, None)
+                    self._pending[call.id] = call
+                while len(self._pending) > self._max_pending:
+                    self._pending.popitem(last=False)
             for _, done in batch:
                 done.set_result(None)
 
@@ -172,9 +190,22 @@ class FeedbackLedger:
     def _credit(self, calls: Sequence[Call], quality: float) -> None:
         increments = [Increment(path, c.model, 1.0, self._reward(quality, c.cost))
                       for c in calls for path in self._chain(c.region)]
-        if not self.store.rate([c.id for c in calls], quality, increments,
-                               max(c.cost for c in calls)):
+        rated = self.store.rate([c.id for c in calls], quality, increments,
+                                max(c.cost for c in calls))
+        with self._queued_lock:
+            for c in calls:
+                self._pending.pop(c.id, None)
+        if not rated:
             raise AlreadyRated("already has feedback (another rating came first)")
+
+    def restore(self) -> int:
+        """Store again the calls this process stored and has not seen rated (a store
+        restarted empty lost them; storing one twice changes nothing); how many."""
+        with self._queued_lock:
+            calls = list(self._pending.values())
+        for start in range(0, len(calls), 512):
+            self.store.add_calls(calls[start:start + 512], self.window_s)
+        return len(calls)
 
     def rate(self, call_id: str, quality: float) -> Call:
         """Credit ``quality`` to one call; the call, rated. Raises :class:`InvalidRating`,
@@ -213,7 +244,11 @@ class FeedbackLedger:
     def expire(self) -> int:
         """Forget the calls older than two windows (at least a window and a second), so a
         late rating still learns it came too late (410, not 404); how many."""
-        return self.store.expire(time.time() - self.window_s - max(self.window_s, 1.0))
+        oldest = time.time() - self.window_s
+        with self._queued_lock:
+            while self._pending and next(iter(self._pending.values())).created < oldest:
+                self._pending.popitem(last=False)
+        return self.store.expire(oldest - max(self.window_s, 1.0))
 
     def close(self, timeout: float = 5.0) -> None:
         """Store what is queued (waiting at most ``timeout`` for a busy store), then stop."""

@@ -13,6 +13,12 @@ calls past the feedback window. A rating is stored first (one atomic step) and r
 process's router at once, the others' at their next pull. Statistics the router held when
 the service was built (a warm start) are kept as a prior under the stored sums.
 
+The store sits behind a circuit (:class:`~canopy.regional.circuit.StoreCircuit`): a store
+that is down fails at once and is probed in the background. A store found restarted empty or
+replaced (:class:`~canopy.regional.store.StoreReset`) is re-seeded from the sums this process
+last read (one process does it, under the store's lock; the others adopt it), and the calls
+awaiting a rating are stored again: at most the ratings of the last ``sync_s`` are lost.
+
 The service chooses a *model*; which replica of that model's upstream serves the call is the
 adapter's to ask of the upstream, after the choice (the proxy's
 :class:`~canopy.apps.routing.proxy.upstreams.UpstreamPool`).
@@ -24,22 +30,25 @@ import concurrent.futures
 import logging
 import threading
 import time
-from collections.abc import Collection, Mapping
-from typing import Any, NamedTuple
+from collections.abc import Callable, Collection, Mapping
+from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
 
 from canopy.regional.breaker import Breaker
-from canopy.regional.ledger import FeedbackLedger
+from canopy.regional.circuit import StoreCircuit
+from canopy.regional.ledger import FeedbackLedger, UnknownCall
 from canopy.regional.router import RegionalRouter
 from canopy.regional.sources import RegionSource
-from canopy.regional.store import Call, Changes, Store, StoreBusy, moments
+from canopy.regional.store import Call, Cell, Changes, Store, StoreBusy, StoreReset, moments
 from canopy.regional.stores import open_store
 from canopy.validation import check_nonnegative
 
 __all__ = ["Route", "RoutingService"]
 
 log = logging.getLogger("canopy.regional")
+
+T = TypeVar("T")
 
 
 class Route(NamedTuple):
@@ -67,13 +76,17 @@ class RoutingService:
                  expire_every_s: float | None = None, wait_s: float = 1.0,
                  max_queued: int = 100_000) -> None:
         self.router = router
-        self.store = open_store(store, namespace=namespace, wait_s=wait_s) \
-            if isinstance(store, str) else store
+        self.store = StoreCircuit(open_store(store, namespace=namespace, wait_s=wait_s)
+                                  if isinstance(store, str) else store)
         self.store.check_meta(router.models, router.lam)
         self.regions = RegionSource() if regions is None else regions
         self._lock = threading.RLock()
         self._prior = self._sums()
         self._version = 0
+        self._cells: dict[tuple[str, str], np.ndarray] = {}  # the store's sums, as last read
+        self._cost_max = 0.0
+        self._grace = max(5.0, 8 * sync_s)  # after a re-seed: the others store their calls
+        self._reseeded_at = -float("inf")
         self._sync_lock = threading.Lock()
         self._mean_cost: dict[str, tuple[int, float]] = {}  # model -> (calls, mean cost)
         self._ledger = FeedbackLedger(self.store, reward=router.reward,
@@ -194,15 +207,32 @@ class RoutingService:
     def rate(self, call_id: str, quality: float) -> Call:
         """Store a rating, then use it here; the call, rated (see
         :meth:`FeedbackLedger.rate` for what is refused, as a ``FeedbackError``)."""
-        call = self._ledger.rate(call_id, quality)
+        call = self._rate_through_reset(self._ledger.rate, call_id, quality)
         self._sync_quietly()
         return call
 
     def rate_episode(self, episode: str, reward: float) -> list[Call]:
         """Store an episode's reward, then use it here (:meth:`FeedbackLedger.rate_episode`)."""
-        calls = self._ledger.rate_episode(episode, reward)
+        calls = self._rate_through_reset(self._ledger.rate_episode, episode, reward)
         self._sync_quietly()
         return calls
+
+    def _rate_through_reset(self, rate: Callable[[str, float], T], key: str, value: float
+                            ) -> T:
+        """``rate(key, value)``, once more after re-seeding (or adopting) a store found reset;
+        an unknown call soon after a re-seed is ``StoreBusy`` (retry): the process that made
+        it may not have stored it again yet."""
+        try:
+            try:
+                return rate(key, value)
+            except StoreReset:
+                self.sync()
+                return rate(key, value)
+        except UnknownCall:
+            if time.monotonic() - self._reseeded_at < self._grace:
+                raise StoreBusy(f"{key!r} is unknown to the store re-seeded moments ago: "
+                                "its calls are being stored again") from None
+            raise
 
     def reward(self, quality: float, cost: float) -> float:
         """The router's reward of an outcome, ``quality - lam * cost``."""
@@ -221,22 +251,51 @@ class RoutingService:
 
     def sync(self) -> int:
         """Read the cells changed in the store since the last read into the router; how
-        many. Raises ``StoreBusy``."""
+        many. A store restarted empty or replaced is re-seeded first (:meth:`_reseed`).
+        Raises ``StoreBusy``."""
         with self._sync_lock:
-            changes: Changes = self.store.changes(self._version)
+            try:
+                changes: Changes = self.store.changes(self._version)
+                reset, gone = False, set[tuple[str, str]]()
+            except StoreReset:
+                changes = self._reseed()
+                reset, gone = True, set(self._cells)  # not in the store: back to the prior
             known = set(self.models)
             with self._lock:
                 for cell in changes.cells:
                     if cell.model not in known:
                         continue  # a deployment this router no longer has
-                    sums = np.array([cell.n, cell.s, cell.q])
-                    prior = self._prior.get((cell.region, cell.model))
-                    if prior is not None:
-                        sums = sums + prior
-                    self.router.set_moments(cell.region, cell.model, *moments(*sums),
-                                            cost_max=changes.cost_max)
-            self._version = max(self._version, changes.version)
+                    key = (cell.region, cell.model)
+                    gone.discard(key)
+                    self._cells[key] = np.array([cell.n, cell.s, cell.q])
+                    self._set_moments(key, changes.cost_max)
+                for key in gone:
+                    del self._cells[key]
+                    self._set_moments(key, changes.cost_max)
+            self._cost_max = max(self._cost_max, changes.cost_max)
+            self._version = changes.version if reset else max(self._version, changes.version)
             return len(changes.cells)
+
+    def _set_moments(self, key: tuple[str, str], cost_max: float) -> None:
+        """The router's moments of ``key``: the store's sums over the prior (under the lock)."""
+        sums = self._cells.get(key, np.zeros(3)) + self._prior.get(key, np.zeros(3))
+        self.router.set_moments(*key, *moments(*sums), cost_max=cost_max)
+
+    def _reseed(self) -> Changes:
+        """The store restarted empty or was replaced: add the sums this process last read
+        to it, unless another process did so first (then adopt what it wrote); store again
+        the calls awaiting a rating; the store's cells, all of them (under the sync lock)."""
+        cells = [Cell(region, model, *map(float, sums))
+                 for (region, model), sums in self._cells.items()]
+        first = self.store.reseed(cells, self._cost_max)
+        self.store.check_meta(self.models, self.lam)
+        restored = self._ledger.restore()
+        self._reseeded_at = time.monotonic()
+        log.warning("the store %s was restarted empty or replaced: %s; %d calls awaiting a "
+                    "rating stored again", self.store.url,
+                    f"re-seeded with {len(cells)} cells" if first else
+                    "adopted the sums another process re-seeded", restored)
+        return self.store.changes(0)
 
     def _sync_quietly(self) -> None:
         try:

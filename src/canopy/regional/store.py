@@ -12,21 +12,40 @@ reads back the moments ``(count, mean, m2)`` the kernels work with (:func:`momen
 Every write is one atomic step: :meth:`Store.rate` marks a set of calls rated and adds their
 rewards together, or (a call already rated) changes nothing. A store that cannot answer
 within its wait raises :class:`StoreBusy`; callers degrade (retry later), never block.
+
+A store keeps a *generation* marker: ``fresh:<token>`` when a process found it empty,
+``seeded:<token>`` once a process re-seeded it (:meth:`Store.reseed`). A store restarted
+empty (Redis run without persistence) or replaced (a SQLite file deleted and re-created)
+has lost or changed its marker; every read and rating then raises :class:`StoreReset` until
+the process re-seeds it or adopts the re-seeded one.
 """
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from canopy._lazy import deprecated_aliases
 
-__all__ = ["Call", "Cell", "Changes", "Increment", "Store", "StoreBusy", "moments"]
+__all__ = ["Call", "Cell", "Changes", "Increment", "Store", "StoreBusy", "StoreReset",
+           "StoreUnreachable", "moments", "new_marker", "seeded"]
 
 
 class StoreBusy(Exception):
     """The store did not answer within its wait (locked, unreachable); nothing was written."""
+
+
+class StoreUnreachable(StoreBusy):
+    """The store could not be reached at all (refused, gone, its file unopenable), not merely
+    slow or locked: what opens the store's circuit
+    (:class:`~canopy.regional.circuit.StoreCircuit`)."""
+
+
+class StoreReset(StoreBusy):
+    """The store is not the one this process knew (its generation marker is gone or another):
+    nothing was written; re-seed it or adopt it (:meth:`Store.reseed`), then read it all."""
 
 
 @dataclass(frozen=True)
@@ -74,6 +93,16 @@ class Changes:
     cost_max: float
 
 
+def new_marker(seeded: bool) -> str:
+    """A generation marker never used before: ``seeded:<token>`` or ``fresh:<token>``."""
+    return f"{'seeded' if seeded else 'fresh'}:{uuid.uuid4().hex}"
+
+
+def seeded(marker: str | None) -> bool:
+    """Whether a store's marker says a process re-seeded it since it was found empty."""
+    return marker is not None and marker.startswith("seeded:")
+
+
 def moments(n: float, s: float, q: float) -> tuple[float, float, float]:
     """``(count, mean, m2)`` of a cell's sums (``m2`` is clipped at 0 against rounding)."""
     if n <= 0:
@@ -86,11 +115,26 @@ def moments(n: float, s: float, q: float) -> tuple[float, float, float]:
 class Store(Protocol):
     """What a routing service needs of its store. Methods may raise :class:`StoreBusy`."""
 
-    url: str
+    @property
+    def url(self) -> str:
+        """Where the store is (as a URL)."""
+
+    @property
+    def generation(self) -> str | None:
+        """The marker this process knows the store by (adopted by :meth:`check_meta`)."""
 
     def check_meta(self, models: Sequence[str], lam: float) -> None:
         """Record which router the statistics belong to, or refuse (``ValueError``) when the
-        store holds statistics taken at another ``lam``."""
+        store holds statistics taken at another ``lam``; adopt the store's generation (a
+        fresh one if it has none)."""
+
+    def reseed(self, cells: Sequence[Cell], cost_max: float) -> bool:
+        """In one atomic step (under the store's lock): if no process re-seeded the store
+        since it lost its marker, add ``cells`` to its sums and mark it re-seeded; adopt the
+        store's marker either way. Whether this call re-seeded it."""
+
+    def ping(self) -> None:
+        """Return when the store could take a write now; else raise :class:`StoreBusy`."""
 
     def add_calls(self, calls: Sequence[Call], ttl_s: float) -> None:
         """Keep ``calls`` (new ids) for at least ``ttl_s`` seconds."""

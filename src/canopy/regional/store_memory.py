@@ -7,7 +7,7 @@ import threading
 from collections.abc import Sequence
 from dataclasses import replace
 
-from canopy.regional.store import Call, Cell, Changes, Increment
+from canopy.regional.store import Call, Cell, Changes, Increment, new_marker, seeded
 
 __all__ = ["MemoryStore"]
 
@@ -24,13 +24,33 @@ class MemoryStore:
         self._cells: dict[tuple[str, str], tuple[float, float, float, int]] = {}
         self._version = 0
         self._cost_max = 0.0
+        self._marker = new_marker(False)
+        self.generation: str | None = self._marker
 
     def check_meta(self, models: Sequence[str], lam: float) -> None:
         with self._lock:
+            self.generation = self._marker
             saved = self._meta.setdefault("lam", float(lam))
             if saved != float(lam):
                 raise ValueError(f"the store holds statistics for lam={saved}, not {lam}")
             self._meta["models"] = list(models)
+
+    def reseed(self, cells: Sequence[Cell], cost_max: float) -> bool:
+        with self._lock:
+            first = not seeded(self._marker)
+            if first:
+                self._marker = new_marker(True)
+                self._version += 1
+                for c in cells:
+                    n, s, q, _ = self._cells.get((c.region, c.model), (0.0, 0.0, 0.0, 0))
+                    self._cells[(c.region, c.model)] = (n + c.n, s + c.s, q + c.q,
+                                                        self._version)
+                self._cost_max = max(self._cost_max, cost_max)
+            self.generation = self._marker
+            return first
+
+    def ping(self) -> None:
+        pass
 
     def add_calls(self, calls: Sequence[Call], ttl_s: float) -> None:
         with self._lock:

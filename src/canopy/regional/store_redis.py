@@ -4,8 +4,9 @@ worker processes on many machines (``redis-py``, part of the ``serve`` extra).
 Keys under ``canopy:<namespace>:``: ``call:<id>`` (a hash per call, expiring with the
 feedback window), ``calls`` and ``rated`` (ids by creation time), ``episode:<id>``,
 ``cells`` (the sums, three fields per region and model), ``changed`` (cells by the version
-that last wrote them), ``version`` and ``meta``. A rating is one Lua script, so Redis runs it
-atomically: every call is checked and marked and every cell added, or nothing. Every
+that last wrote them), ``version``, ``meta`` and ``generation`` (the marker a restart without
+persistence loses). A rating is one Lua script, so Redis runs it atomically: the marker is
+checked, every call is checked and marked and every cell added, or nothing; so is a re-seed. Every
 operation waits at most ``wait_s`` (then :class:`~canopy.regional.store.StoreBusy`); how
 durable an acknowledged rating is follows the server's persistence settings (``appendonly
 yes`` with ``appendfsync always`` or ``everysec``).
@@ -16,37 +17,62 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator, Sequence
 
-from canopy.regional.store import Call, Cell, Changes, Increment, StoreBusy
+from canopy.regional.store import (
+    Call,
+    Cell,
+    Changes,
+    Increment,
+    StoreBusy,
+    StoreReset,
+    StoreUnreachable,
+    new_marker,
+)
 
 __all__ = ["RedisStore"]
 
 _SEP = "\x1f"
-_RATE = """
-local p, k = ARGV[1], tonumber(ARGV[2])
-for i = 1, k do
-  local key = p .. 'call:' .. ARGV[2 + i]
-  if redis.call('EXISTS', key) == 0 or redis.call('HEXISTS', key, 'quality') == 1 then
-    return 0
-  end
-end
-local at = 3 + k
-for i = 1, k do
-  local key = p .. 'call:' .. ARGV[2 + i]
-  redis.call('HSET', key, 'quality', ARGV[at])
-  redis.call('ZADD', p .. 'rated', redis.call('HGET', key, 'created'), ARGV[2 + i])
-end
+# A new version; the cost_max of ARGV[m] kept if larger; the cells of ARGV[c] (how many),
+# then four ARGV each (name, n, s, q) from ARGV[c + 1], added at that version.
+_ADD = """
 local version = redis.call('INCR', p .. 'version')
 local old = tonumber(redis.call('HGET', p .. 'meta', 'cost_max') or '0')
-if tonumber(ARGV[at + 1]) > old then redis.call('HSET', p .. 'meta', 'cost_max', ARGV[at + 1]) end
-for j = 0, tonumber(ARGV[at + 2]) - 1 do
-  local b = at + 3 + 4 * j
+if tonumber(ARGV[m]) > old then redis.call('HSET', p .. 'meta', 'cost_max', ARGV[m]) end
+for j = 0, tonumber(ARGV[c]) - 1 do
+  local b = c + 1 + 4 * j
   local cell = ARGV[b]
   redis.call('HINCRBYFLOAT', p .. 'cells', cell .. '\\31n', ARGV[b + 1])
   redis.call('HINCRBYFLOAT', p .. 'cells', cell .. '\\31s', ARGV[b + 2])
   redis.call('HINCRBYFLOAT', p .. 'cells', cell .. '\\31q', ARGV[b + 3])
   redis.call('ZADD', p .. 'changed', version, cell)
 end
+"""
+_RATE = """
+local p, k = ARGV[1], tonumber(ARGV[3])
+if redis.call('GET', p .. 'generation') ~= ARGV[2] then return -1 end
+for i = 1, k do
+  local key = p .. 'call:' .. ARGV[3 + i]
+  if redis.call('EXISTS', key) == 0 or redis.call('HEXISTS', key, 'quality') == 1 then
+    return 0
+  end
+end
+local at = 4 + k
+for i = 1, k do
+  local key = p .. 'call:' .. ARGV[3 + i]
+  redis.call('HSET', key, 'quality', ARGV[at])
+  redis.call('ZADD', p .. 'rated', redis.call('HGET', key, 'created'), ARGV[3 + i])
+end
+local m, c = at + 1, at + 2
+""" + _ADD + """
 return version
+"""
+_RESEED = """
+local p = ARGV[1]
+local now = redis.call('GET', p .. 'generation')
+if now and string.sub(now, 1, 7) == 'seeded:' then return now end
+redis.call('SET', p .. 'generation', ARGV[2])
+local m, c = 3, 4
+""" + _ADD + """
+return ARGV[2]
 """
 
 
@@ -60,14 +86,17 @@ class RedisStore:
             raise ImportError("a Redis store needs redis-py: pip install "
                               "'canopy-bandits[serve]'") from None
         self._errors = (redis.RedisError, OSError)
+        self._unreachable = (redis.ConnectionError, redis.TimeoutError, OSError)
         self.url = url
         self.namespace = namespace
         self._p = f"canopy:{namespace}:"
+        self.generation: str | None = None
         self._redis = redis.Redis.from_url(url, socket_timeout=wait_s,
                                            socket_connect_timeout=wait_s,
                                            decode_responses=True)
         with self._busy():
             self._rate = self._redis.register_script(_RATE)
+            self._reseed = self._redis.register_script(_RESEED)
             self._redis.ping()
 
     @contextlib.contextmanager
@@ -75,7 +104,8 @@ class RedisStore:
         try:
             yield
         except self._errors as error:
-            raise StoreBusy(f"Redis store: {type(error).__name__}: {error}") from error
+            kind = StoreUnreachable if isinstance(error, self._unreachable) else StoreBusy
+            raise kind(f"Redis store: {type(error).__name__}: {error}") from error
 
     def check_meta(self, models: Sequence[str], lam: float) -> None:
         with self._busy():
@@ -84,6 +114,30 @@ class RedisStore:
             if saved != float(lam):
                 raise ValueError(f"the Redis store holds statistics for lam={saved}, not {lam}")
             self._redis.hset(self._p + "meta", "models", "\n".join(models))
+            self._redis.set(self._p + "generation", new_marker(False), nx=True)
+            self.generation = self._marker()
+
+    def _marker(self) -> str | None:
+        marker = self._redis.get(self._p + "generation")
+        return None if marker is None else str(marker)
+
+    def _check(self, marker: str | None) -> None:
+        if marker != self.generation:
+            raise StoreReset(f"Redis store {self.url}: generation {marker}, not "
+                             f"{self.generation} (restarted empty or flushed)")
+
+    def reseed(self, cells: Sequence[Cell], cost_max: float) -> bool:
+        mine = new_marker(True)
+        args: list[str] = [self._p, mine, repr(float(cost_max)), str(len(cells))]
+        for c in cells:
+            args += [c.region + _SEP + c.model, repr(c.n), repr(c.s), repr(c.q)]
+        with self._busy():
+            self.generation = str(self._reseed(args=args))
+        return self.generation == mine
+
+    def ping(self) -> None:
+        with self._busy():
+            self._redis.ping()
 
     def add_calls(self, calls: Sequence[Call], ttl_s: float) -> None:
         ttl = max(int(ttl_s) + 1, 1)
@@ -103,9 +157,11 @@ class RedisStore:
 
     def calls(self, ids: Sequence[str]) -> list[Call | None]:
         with self._busy(), self._redis.pipeline(transaction=False) as pipe:
+            pipe.get(self._p + "generation")
             for one in ids:
                 pipe.hgetall(self._p + "call:" + one)
-            rows = pipe.execute()
+            marker, *rows = pipe.execute()
+        self._check(marker)
         return [_call(one, row) for one, row in zip(ids, rows, strict=True)]
 
     def episode(self, episode: str) -> list[Call]:
@@ -115,16 +171,21 @@ class RedisStore:
 
     def rate(self, ids: Sequence[str], quality: float, increments: Sequence[Increment],
              cost_max: float) -> bool:
-        args: list[str] = [self._p, str(len(ids)), *ids, repr(float(quality)),
+        args: list[str] = [self._p, str(self.generation), str(len(ids)), *ids,
+                           repr(float(quality)),
                            repr(float(cost_max)), str(len(increments))]
         for i in increments:
             args += [i.region + _SEP + i.model, repr(i.weight), repr(i.weight * i.reward),
                      repr(i.weight * i.reward * i.reward)]
         with self._busy():
-            return int(self._rate(args=args)) > 0
+            version = int(self._rate(args=args))
+        if version < 0:
+            raise StoreReset(f"Redis store {self.url}: its generation is not {self.generation}")
+        return version > 0
 
     def changes(self, since: int) -> Changes:
         with self._busy():
+            self._check(self._marker())
             version = int(self._redis.get(self._p + "version") or 0)
             names = self._redis.zrangebyscore(self._p + "changed", f"({since}", "+inf")
             fields = [f"{name}{_SEP}{part}" for name in names for part in "nsq"]

@@ -4,19 +4,33 @@ single-machine default, shared by every worker process on the machine.
 WAL mode, so reads never wait for a writer; one connection per thread, each waiting at most
 ``wait_s`` for another writer's lock (then :class:`~canopy.regional.store.StoreBusy`). A
 rating is one ``BEGIN IMMEDIATE`` transaction; a commit survives the process being killed.
-A file written by the proxy's earlier layout (tables ``meta``, ``stats``, ``requests``) is
+The file is watched: deleted or replaced under a running process, it is opened (re-created)
+anew, and its generation marker (a row of ``canopy_meta``) tells the process it is not the
+store it knew (:class:`~canopy.regional.store.StoreReset`). A file written by the proxy's
+earlier layout (tables ``meta``, ``stats``, ``requests``) is
 converted once, when first opened.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import sqlite3
 import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from canopy.regional.store import Call, Cell, Changes, Increment, StoreBusy
+from canopy.regional.store import (
+    Call,
+    Cell,
+    Changes,
+    Increment,
+    StoreBusy,
+    StoreReset,
+    StoreUnreachable,
+    new_marker,
+    seeded,
+)
 
 __all__ = ["SqliteStore"]
 
@@ -53,35 +67,85 @@ class SqliteStore:
         self.wait_s = float(wait_s)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._local = threading.local()
-        self._all: list[sqlite3.Connection] = []
+        self._all: dict[threading.Thread, sqlite3.Connection] = {}  # by the thread using it
         self._all_lock = threading.Lock()
+        self.generation: str | None = None
+        self._file = self._create(30.0)
         with self._busy():
             db = sqlite3.connect(self.path, timeout=30.0, isolation_level=None)
             try:
-                db.execute("PRAGMA journal_mode=WAL")
-                db.executescript(_SCHEMA)
                 _migrate(db, namespace)
             finally:
                 db.close()
 
     # -- connections ---------------------------------------------------------------------
+    def _create(self, timeout: float) -> tuple[int, int]:
+        """Open (create) the file with its tables; its identity (device, inode)."""
+        with self._busy():
+            db = sqlite3.connect(self.path, timeout=timeout, isolation_level=None)
+            try:
+                db.execute("PRAGMA journal_mode=WAL")
+                db.executescript(_SCHEMA)
+                stat = os.stat(self.path)
+            finally:
+                db.close()
+        return stat.st_dev, stat.st_ino
+
+    def _identity(self) -> tuple[int, int] | None:
+        try:
+            stat = os.stat(self.path)
+        except FileNotFoundError:
+            return None
+        return stat.st_dev, stat.st_ino
+
     def _db(self) -> sqlite3.Connection:
+        """This thread's connection, to the file now at the path (a file deleted or replaced
+        under the process is re-created or reopened, not written to unseen)."""
+        now = self._identity()
+        if now != self._file:
+            with self._all_lock:
+                if self._identity() != self._file:
+                    self._file = self._create(self.wait_s)
         db = getattr(self._local, "db", None)
+        if db is not None and self._local.file != self._file:
+            with self._all_lock:
+                self._all.pop(threading.current_thread(), None)
+            db.close()
+            db = None
         if db is None:
             db = sqlite3.connect(self.path, timeout=self.wait_s, isolation_level=None,
                                  check_same_thread=False)
             db.execute("PRAGMA synchronous=NORMAL")  # WAL: a commit survives a killed process
-            self._local.db = db
+            self._local.db, self._local.file = db, self._file
             with self._all_lock:
-                self._all.append(db)
+                # a server's worker threads come and go: close the connections of those gone
+                # (each holds its own page cache; kept, they grew without bound)
+                for gone in [t for t in self._all if not t.is_alive()]:
+                    with contextlib.suppress(sqlite3.Error):
+                        self._all.pop(gone).close()
+                self._all[threading.current_thread()] = db
         return db
+
+    def _marker(self, db: sqlite3.Connection) -> str | None:
+        row = db.execute("SELECT value FROM canopy_meta WHERE ns = ? AND key = 'generation'",
+                         (self.namespace,)).fetchone()
+        return None if row is None else str(row[0])
+
+    def _check(self, db: sqlite3.Connection) -> None:
+        marker = self._marker(db)
+        if marker != self.generation:
+            raise StoreReset(f"SQLite store {self.path}: generation {marker}, not "
+                             f"{self.generation} (deleted or replaced)")
 
     @contextlib.contextmanager
     def _busy(self) -> Iterator[None]:
         try:
             yield
         except sqlite3.OperationalError as error:
-            raise StoreBusy(f"SQLite store {self.path}: {error}") from error
+            code = getattr(error, "sqlite_errorcode", None)  # Python 3.11 on
+            locked = code is None or code & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+            kind = StoreBusy if locked else StoreUnreachable
+            raise kind(f"SQLite store {self.path}: {error}") from error
 
     @contextlib.contextmanager
     def _write(self, db: sqlite3.Connection | None = None) -> Iterator[sqlite3.Connection]:
@@ -108,8 +172,31 @@ class SqliteStore:
                 db.executemany("INSERT OR REPLACE INTO canopy_meta VALUES (?, ?, ?)",
                                [(self.namespace, "lam", repr(float(lam))),
                                 (self.namespace, "models", "\n".join(models))])
+                db.execute("INSERT OR IGNORE INTO canopy_meta VALUES (?, 'generation', ?)",
+                           (self.namespace, new_marker(False)))
+                self.generation = self._marker(db)
         finally:
             db.close()
+
+    def reseed(self, cells: Sequence[Cell], cost_max: float) -> bool:
+        ns = self.namespace
+        with self._write() as db:
+            marker = self._marker(db)
+            first = not seeded(marker)
+            if first:
+                marker = new_marker(True)
+                db.execute("INSERT OR REPLACE INTO canopy_meta VALUES (?, 'generation', ?)",
+                           (ns, marker))
+                version = _next_version(db, ns)
+                db.executemany(_ADD_CELL, [(ns, c.region, c.model, c.n, c.s, c.q, version)
+                                           for c in cells])
+                _raise_cost_max(db, ns, cost_max)
+            self.generation = marker
+        return first
+
+    def ping(self) -> None:
+        with self._write():
+            pass
 
     def add_calls(self, calls: Sequence[Call], ttl_s: float) -> None:
         with self._write() as db:
@@ -121,6 +208,7 @@ class SqliteStore:
         db = self._db()
         out: list[Call | None] = []
         with self._busy():
+            self._check(db)
             for one in ids:
                 row = db.execute(f"SELECT {_CALL} FROM canopy_calls WHERE ns = ? AND id = ?",
                                  (self.namespace, one)).fetchone()
@@ -128,10 +216,12 @@ class SqliteStore:
         return out
 
     def episode(self, episode: str) -> list[Call]:
+        db = self._db()
         with self._busy():
-            rows = self._db().execute(f"SELECT {_CALL} FROM canopy_calls WHERE ns = ? AND "
-                                      "episode = ? ORDER BY created",
-                                      (self.namespace, episode)).fetchall()
+            self._check(db)
+            rows = db.execute(f"SELECT {_CALL} FROM canopy_calls WHERE ns = ? AND "
+                              "episode = ? ORDER BY created",
+                              (self.namespace, episode)).fetchall()
         return [Call(*row) for row in rows]
 
     def rate(self, ids: Sequence[str], quality: float, increments: Sequence[Increment],
@@ -139,24 +229,18 @@ class SqliteStore:
         ns = self.namespace
         try:
             with self._write() as db:
+                self._check(db)
                 marked = sum(db.execute("UPDATE canopy_calls SET quality = ? WHERE ns = ? AND "
                                         "id = ? AND quality IS NULL",
                                         (quality, ns, one)).rowcount for one in ids)
                 if marked != len(ids):
                     raise _Refused
-                version = int(db.execute(
-                    "INSERT INTO canopy_meta VALUES (?, 'version', '1') ON CONFLICT (ns, key) "
-                    "DO UPDATE SET value = CAST(value AS INTEGER) + 1 RETURNING value", (ns,)
-                ).fetchone()[0])
-                db.executemany(
-                    "INSERT INTO canopy_cells VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT "
-                    "(ns, region, model) DO UPDATE SET n = n + excluded.n, s = s + excluded.s,"
-                    " q = q + excluded.q, version = excluded.version",
-                    [(ns, i.region, i.model, i.weight, i.weight * i.reward,
-                      i.weight * i.reward * i.reward, version) for i in increments])
-                db.execute("INSERT INTO canopy_meta VALUES (?, 'cost_max', ?) ON CONFLICT "
-                           "(ns, key) DO UPDATE SET value = max(CAST(value AS REAL), "
-                           "excluded.value)", (ns, cost_max))
+                version = _next_version(db, ns)
+                db.executemany(_ADD_CELL, [(ns, i.region, i.model, i.weight,
+                                            i.weight * i.reward,
+                                            i.weight * i.reward * i.reward, version)
+                                           for i in increments])
+                _raise_cost_max(db, ns, cost_max)
         except _Refused:
             return False
         return True
@@ -166,6 +250,7 @@ class SqliteStore:
         with self._busy():
             db.execute("BEGIN")  # one snapshot: the version and the cells agree
             try:
+                self._check(db)
                 meta = dict(db.execute("SELECT key, value FROM canopy_meta WHERE ns = ? AND "
                                        "key IN ('version', 'cost_max')",
                                        (self.namespace,)).fetchall())
@@ -197,11 +282,28 @@ class SqliteStore:
 
     def close(self) -> None:
         with self._all_lock:
-            for db in self._all:
+            for db in self._all.values():
                 with contextlib.suppress(sqlite3.Error):
                     db.close()
             self._all.clear()
         self._local = threading.local()
+
+
+_ADD_CELL = ("INSERT INTO canopy_cells VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT "
+             "(ns, region, model) DO UPDATE SET n = n + excluded.n, s = s + excluded.s, "
+             "q = q + excluded.q, version = excluded.version")
+
+
+def _next_version(db: sqlite3.Connection, ns: str) -> int:
+    return int(db.execute(
+        "INSERT INTO canopy_meta VALUES (?, 'version', '1') ON CONFLICT (ns, key) "
+        "DO UPDATE SET value = CAST(value AS INTEGER) + 1 RETURNING value", (ns,)
+    ).fetchone()[0])
+
+
+def _raise_cost_max(db: sqlite3.Connection, ns: str, cost_max: float) -> None:
+    db.execute("INSERT INTO canopy_meta VALUES (?, 'cost_max', ?) ON CONFLICT (ns, key) DO "
+               "UPDATE SET value = max(CAST(value AS REAL), excluded.value)", (ns, cost_max))
 
 
 def _migrate(db: sqlite3.Connection, namespace: str) -> None:
