@@ -497,6 +497,7 @@ def summarize(runs: Sequence[LiveRun], predicted: Sequence[np.ndarray],
             for r, p in zip(runs, predicted, strict=True)])),
         "state_bytes": int(np.mean([r.server["state_bytes"] for r in runs])),
         "unbacked": int(sum(r.server["unbacked"] for r in runs)),
+        "fallbacks": int(sum(r.server.get("fallbacks", 0) for r in runs)),
     }
     if off is not None:
         saved = [counted(o, o.ttft_s).mean() - counted(r, r.ttft_s).mean()
