@@ -139,3 +139,13 @@ def test_a_policy_that_raises_mid_run_falls_back_to_vllms_order_and_serves_every
     replay = predicted_reuse(chains, "user_policy:NewestFirst", replay_capacity(POOL))
     assert np.array_equal(reused[:200], replay[:200])
     assert reused[200:].sum() > 0  # vLLM's order still reuses after the fallback
+
+
+def test_a_policy_that_fails_from_the_start_leaves_vllms_own_eviction_block_for_block(
+        python, prompts, stock):
+    tests = str(Path(__file__).resolve().parent)
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    served = _serve(python, "env", prompts, {"CANOPY_VLLM_EVICTION": "user_policy:RaisesAlways",
+                                             "PYTHONPATH": os.pathsep.join([src, tests])})
+    assert served["fallbacks"] == served["fallbacks_logged"] == 1
+    assert {**served, "fallbacks": 0, "fallbacks_logged": 0} == stock

@@ -51,3 +51,15 @@ class RaisesAfter200(NewestFirst):
 
     name = "raises-after-200"
     key = staticmethod(newest_first_until_200)
+
+
+@numba.njit
+def always_raises(v, ni, depth, params):
+    raise ValueError("a bug from the first call")
+
+
+class RaisesAlways(NewestFirst):
+    """A user's bug from the start: its key always raises ``ValueError``."""
+
+    name = "raises-always"
+    key = staticmethod(always_raises)
