@@ -8,6 +8,7 @@ order in :class:`~canopy.prefix.EvictableBlocks` (vLLM's own ``KVCacheManager``:
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 
@@ -23,7 +24,13 @@ from canopy.prefix import (
     from_paths,
     replay_stream,
 )
-from canopy.prefix.failsafe import FailSafeCache, FailSafePolicy, PolicyFailure, fallbacks
+from canopy.prefix.failsafe import (
+    FALLBACK_LOG_ENV,
+    FailSafeCache,
+    FailSafePolicy,
+    PolicyFailure,
+    fallbacks,
+)
 
 standin.STRATEGIES["canopy"] = CanopyEviction
 install(standin.RadixCache)
@@ -81,13 +88,21 @@ def test_a_cache_outgrowing_its_node_limit_falls_back_to_lru():
     assert cache.policy.name == "lru" and cache.n_nodes < 3000
 
 
-def test_a_policy_outgrowing_its_node_limit_is_dropped_once():
+def test_a_policy_outgrowing_its_node_limit_is_dropped_once(tmp_path, monkeypatch):
+    """Past ``max_nodes`` the policy is dropped: once, its epoch moved once (the host
+    re-keys), every priority equal from then on, the fallback appended to the file that
+    ``CANOPY_FALLBACK_LOG`` names (how vLLM's engine process tells ``cache live``)."""
+    log = tmp_path / "fallbacks.jsonl"
+    monkeypatch.setenv(FALLBACK_LOG_ENV, str(log))
     policy = FailSafePolicy(OnlinePolicy("lfu", 8), max_nodes=100)
+    epoch = policy.epoch
     for i in range(0, 600, 3):
         policy.observe([i, i + 1, i + 2])
-    assert policy.failed and policy.fallbacks == 1
+    assert policy.failed and policy.fallbacks == 1 and policy.epoch == epoch + 1
     assert isinstance(policy.reason, str) and PolicyFailure.__name__ in policy.reason
     assert policy.priorities([0, 1]).tolist() == [0.0, 0.0]
+    lines = log.read_text().splitlines()
+    assert len(lines) == 1 and json.loads(lines[0])["policy"] == "lfu"
 
 
 def test_sglangs_radix_cache_serves_every_request_after_its_policy_raises(caplog):

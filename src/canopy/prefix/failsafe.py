@@ -17,12 +17,16 @@ flight. The hosts wrap the policy once:
 
 Either logs the failure once, naming the policy (logger ``canopy.prefix.failsafe``, the
 exception attached), and counts it: :attr:`fallbacks` on the wrapper and, per policy name, in
-the process (:func:`fallbacks`), which the hosts report.
+the process (:func:`fallbacks`), which the hosts report; a host in another process (vLLM's
+engine core) appends each fallback, one JSON object a line, to the file that
+``CANOPY_FALLBACK_LOG`` names.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 from collections import Counter
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import Any
@@ -33,12 +37,15 @@ from canopy.prefix.stream import OnlinePolicy, StreamingCache
 from canopy.prefix.traces import MAX_NODES
 from canopy.validation import check_count
 
-__all__ = ["DEFAULT_MAX_NODES", "FailSafeCache", "FailSafePolicy", "PolicyFailure",
-           "fallbacks"]
+__all__ = ["DEFAULT_MAX_NODES", "FALLBACK_LOG_ENV", "FailSafeCache", "FailSafePolicy",
+           "PolicyFailure", "fallbacks"]
 
 DEFAULT_MAX_NODES = MAX_NODES
 """Nodes a policy's tables may hold unless the host configures another limit (the most
 distinct blocks a trace may have)."""
+
+FALLBACK_LOG_ENV = "CANOPY_FALLBACK_LOG"
+"""A file each fallback is appended to (one JSON object a line), when set."""
 
 logger = logging.getLogger(__name__)
 
@@ -74,6 +81,13 @@ class _Guard:
         _FALLBACKS[self.name] += 1
         logger.error("eviction policy %r failed (%s); the engine's own order from now on",
                      self.name, self.reason, exc_info=error)
+        path = os.environ.get(FALLBACK_LOG_ENV)
+        if path:
+            try:
+                with open(path, "a", encoding="utf-8") as log:
+                    log.write(json.dumps(self.counts()) + "\n")
+            except OSError:
+                logger.exception("cannot append to %s=%s", FALLBACK_LOG_ENV, path)
 
     def _check_size(self, nodes: int) -> None:
         if nodes > self.max_nodes:
