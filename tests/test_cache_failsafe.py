@@ -156,3 +156,15 @@ def test_on_sglang_itself_a_policy_that_raises_never_reaches_the_radix_cache(cap
                                        "capacity_blocks": 12})
     assert np.array_equal(drive(api, failing, trace, 12),
                           drive(api, api.simulated("lru"), trace, 12))
+
+
+def test_vllms_node_limit_comes_from_the_environment(monkeypatch):
+    from canopy.integrations.vllm import MAX_NODES_ENV, _make_order
+    from canopy.prefix.policies import make_policy
+
+    monkeypatch.setenv(MAX_NODES_ENV, "50")
+    order = _make_order(make_policy("lfu"), 8)
+    assert isinstance(order, FailSafePolicy) and order.max_nodes == 50
+    monkeypatch.setenv(MAX_NODES_ENV, "lots")
+    with pytest.raises(ValueError, match=MAX_NODES_ENV):
+        _make_order(make_policy("lfu"), 8)

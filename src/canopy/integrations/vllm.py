@@ -76,8 +76,10 @@ def _make_order(policy: EvictionPolicy, capacity_blocks: int) -> Any:
 
     if type(policy) is LRU:
         return None
-    return FailSafePolicy(OnlinePolicy(policy, capacity_blocks), max_nodes=int(
-        os.environ.get(MAX_NODES_ENV, "") or DEFAULT_MAX_NODES))
+    limit = os.environ.get(MAX_NODES_ENV, "").strip() or str(DEFAULT_MAX_NODES)
+    if not limit.isdigit():
+        raise ValueError(f"{MAX_NODES_ENV}={limit!r}: a whole number of nodes, please")
+    return FailSafePolicy(OnlinePolicy(policy, capacity_blocks), max_nodes=int(limit))
 
 
 def _queue_class() -> type:
