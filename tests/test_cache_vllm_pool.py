@@ -120,3 +120,32 @@ def test_a_users_policy_by_spec_in_the_environment_reuses_what_the_replay_predic
     chains = [full_blocks(p, BLOCK) for p in prompts]
     replay = predicted_reuse(chains, "user_policy:NewestFirst", replay_capacity(POOL))
     assert np.array_equal(reused, replay)
+
+
+def test_a_policy_that_raises_mid_run_falls_back_to_vllms_order_and_serves_every_request(
+        python, prompts, stock):
+    """``CANOPY_VLLM_EVICTION=user_policy:RaisesAfter200`` (its key raises ``ValueError``
+    once the clock passes request 200): vLLM's own manager serves all 300 requests, the
+    fallback is logged once and counted once, and the requests before the failure reuse what
+    the policy's replay reuses."""
+    tests = str(Path(__file__).resolve().parent)
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    served = _serve(python, "env", prompts, {"CANOPY_VLLM_EVICTION": "user_policy:RaisesAfter200",
+                                             "PYTHONPATH": os.pathsep.join([src, tests])})
+    assert len(served["cached_tokens"]) == len(prompts) == 300
+    assert served["fallbacks"] == 1 and served["fallbacks_logged"] == 1
+    reused = np.asarray(served["cached_tokens"]) // BLOCK
+    chains = [full_blocks(p, BLOCK) for p in prompts]
+    replay = predicted_reuse(chains, "user_policy:NewestFirst", replay_capacity(POOL))
+    assert np.array_equal(reused[:200], replay[:200])
+    assert reused[200:].sum() > 0  # vLLM's order still reuses after the fallback
+
+
+def test_a_policy_that_fails_from_the_start_leaves_vllms_own_eviction_block_for_block(
+        python, prompts, stock):
+    tests = str(Path(__file__).resolve().parent)
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    served = _serve(python, "env", prompts, {"CANOPY_VLLM_EVICTION": "user_policy:RaisesAlways",
+                                             "PYTHONPATH": os.pathsep.join([src, tests])})
+    assert served["fallbacks"] == served["fallbacks_logged"] == 1
+    assert {**served, "fallbacks": 0, "fallbacks_logged": 0} == stock

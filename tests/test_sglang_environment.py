@@ -1,9 +1,10 @@
-"""The tests marked ``sglang`` (``tests/test_cache_sglang.py``), run by the main suite inside
-SGLang's own environment: SGLang pins a CUDA build of torch that cannot share an environment
-with the rest of the project, so ``.ci/sglang.sh`` makes ``.venv-sglang`` (or the folder
-``CANOPY_SGLANG_VENV`` names) and this test runs them there, with ``CANOPY_SGLANG=required``
-so that none of them may skip for want of SGLang (in CI none may skip at all). Without that
-environment it skips, and fails in CI."""
+"""The tests marked ``sglang`` (``tests/test_cache_sglang.py``,
+``tests/test_cache_failsafe.py``), run by the main suite inside SGLang's own environment:
+SGLang pins a CUDA build of torch that cannot share an environment with the rest of the
+project, so ``.ci/sglang.sh`` makes ``.venv-sglang`` (or the folder ``CANOPY_SGLANG_VENV``
+names) and this test runs them there, with ``CANOPY_SGLANG=required`` so that none of them
+may skip for want of SGLang (in CI none may skip at all). Without that environment it skips,
+and fails in CI."""
 
 from __future__ import annotations
 
@@ -33,7 +34,8 @@ def test_the_sglang_tests_pass_inside_sglangs_environment(tmp_path):
     env = {**os.environ, "CANOPY_SGLANG": "required",
            "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
     run = subprocess.run(
-        [str(python), "-m", "pytest", "tests/test_cache_sglang.py", "-m", "sglang", "-q",
+        [str(python), "-m", "pytest", "tests/test_cache_sglang.py", "tests/test_cache_failsafe.py",
+         "-m", "sglang", "-q",
          "-p", "no:cacheprovider", "--junitxml", str(tmp_path / "sglang.xml")],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800, check=False)
     report = (tmp_path / "sglang.xml").read_text() if (tmp_path / "sglang.xml").exists() else ""

@@ -37,3 +37,29 @@ class CalledSieve(NewestFirst):
 
 
 NOT_A_POLICY = 3
+
+
+@numba.njit
+def newest_first_until_200(v, ni, depth, params):
+    if ni[v, radix.LAST] > 200:
+        raise ValueError("the clock passed 200")
+    return -float(ni[v, radix.LAST])
+
+
+class RaisesAfter200(NewestFirst):
+    """A user's bug: its key raises ``ValueError`` once the clock passes request 200."""
+
+    name = "raises-after-200"
+    key = staticmethod(newest_first_until_200)
+
+
+@numba.njit
+def always_raises(v, ni, depth, params):
+    raise ValueError("a bug from the first call")
+
+
+class RaisesAlways(NewestFirst):
+    """A user's bug from the start: its key always raises ``ValueError``."""
+
+    name = "raises-always"
+    key = staticmethod(always_raises)

@@ -3,12 +3,22 @@
 (look the prefix up, allocate, cache, free), with Canopy's plugin installed for
 ``argv[1]`` (``vllm``: not installed; ``env``: the entry point, reading
 ``CANOPY_VLLM_EVICTION``). Prints JSON: per request the cached tokens vLLM
-found and the block ids it was given."""
+found and the block ids it was given, and the fail-safe's fallbacks (counted and logged)."""
 
 from __future__ import annotations
 
 import json
+import logging
 import sys
+
+
+class _Count(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.records = 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records += 1
 
 
 def serve(policy: str, prompts: list[list[int]], blocks: int, block_size: int) -> dict:
@@ -37,6 +47,8 @@ def serve(policy: str, prompts: list[list[int]], blocks: int, block_size: int) -
     manager = KVCacheManager(config, max_model_len=longest, scheduler_block_size=block_size,
                              hash_block_size=block_size, enable_caching=True)
     hasher = get_request_block_hasher(block_size, sha256)
+    logged = _Count()
+    logging.getLogger("canopy.prefix.failsafe").addHandler(logged)
     cached, given = [], []
     for i, prompt in enumerate(prompts):
         request = Request(str(i), prompt, SamplingParams(max_tokens=1), None,
@@ -49,7 +61,10 @@ def serve(policy: str, prompts: list[list[int]], blocks: int, block_size: int) -
         given.append(list(manager.get_block_ids(request.request_id)[0]))
         cached.append(hit)
         manager.free(request)
-    return {"cached_tokens": cached, "block_ids": given}
+    failsafe = sys.modules.get("canopy.prefix.failsafe")  # loaded with a policy
+    counted = 0 if failsafe is None else sum(failsafe.fallbacks().values())
+    return {"cached_tokens": cached, "block_ids": given, "fallbacks": counted,
+            "fallbacks_logged": logged.records}
 
 
 if __name__ == "__main__":

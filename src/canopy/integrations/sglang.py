@@ -35,7 +35,10 @@ Configuration (``--radix-eviction-policy-config``, JSON): ``policy`` (``canopy``
 and ``lfu`` for parity checks, or ``package.module:ClassName``; default ``canopy``),
 ``capacity_blocks`` (the cache's size in pages; default: the KV pool's size, which a cache
 without a pool must be given) and ``history_floor`` (the decayed count below which the policy
-forgets a block SGLang no longer holds, bounding its memory; default 0.5).
+forgets a block SGLang no longer holds, bounding its memory; default 0.5) and ``max_nodes``
+(the policy's node limit). Should the policy raise, or its tables outgrow ``max_nodes``, the
+strategy ranks by SGLang's own LRU order (``last_access_time``) for the rest of the run
+(:class:`~canopy.prefix.failsafe.FailSafePolicy`; ``strategy.policy.counts()``).
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from canopy.prefix.failsafe import DEFAULT_MAX_NODES, FailSafePolicy
 from canopy.prefix.policies import EvictionPolicy, resolve_policy
 from canopy.prefix.stream import OnlinePolicy
 from canopy.validation import check_count, check_open_unit
@@ -81,7 +85,8 @@ class CanopyEviction:
     inserts (then its page size and pool are known)."""
 
     def __init__(self, policy: str | EvictionPolicy | type[EvictionPolicy] = POLICY_NAME,
-                 capacity_blocks: int | None = None, history_floor: float = 0.5) -> None:
+                 capacity_blocks: int | None = None, history_floor: float = 0.5,
+                 max_nodes: int = DEFAULT_MAX_NODES) -> None:
         self.chosen = strategy_policy(policy)
         if capacity_blocks is not None:
             check_count(capacity_blocks, "capacity_blocks")
@@ -89,10 +94,11 @@ class CanopyEviction:
         self.policy_name = self.chosen.name
         self.capacity_blocks = capacity_blocks
         self.history_floor = history_floor
-        self.policy: OnlinePolicy | None = None
+        self.max_nodes = check_count(max_nodes, "max_nodes")
+        self.policy: FailSafePolicy | None = None
         self.page_size = 1
 
-    def bind(self, cache: Any) -> OnlinePolicy:
+    def bind(self, cache: Any) -> FailSafePolicy:
         """The policy, made on first use for ``cache`` (its page size; its pool's size when
         no ``capacity_blocks`` was configured)."""
         if self.policy is None:
@@ -105,8 +111,9 @@ class CanopyEviction:
                     raise ValueError("the canopy eviction policy needs the cache's size: set "
                                      "capacity_blocks in --radix-eviction-policy-config")
                 capacity = max(1, int(size) // self.page_size)
-            self.policy = OnlinePolicy(self.chosen, capacity,
-                                       history_floor=self.history_floor)
+            self.policy = FailSafePolicy(OnlinePolicy(self.chosen, capacity,
+                                                      history_floor=self.history_floor),
+                                         max_nodes=self.max_nodes)
         return self.policy
 
     def observe(self, cache: Any, key: Any, inserted_len: int) -> None:
@@ -134,7 +141,8 @@ class CanopyEviction:
                                "SGLang's RadixCache; this cache evicted before showing it any "
                                f"(serve with --radix-cache-backend {POLICY_NAME})")
         keys = _node_keys(node, self.page_size)
-        return self.policy.priority(keys[0]) if keys else -math.inf
+        priority = self.policy.priority(keys[0]) if keys else -math.inf
+        return node.last_access_time if self.policy.failed else priority  # SGLang's LRU
 
 
 def _tokens(key: Any) -> Any:

@@ -39,6 +39,7 @@ if TYPE_CHECKING:
 __all__ = ["ENV", "PolicyFreeQueue", "enabled_policy", "install", "register"]
 
 ENV = "CANOPY_VLLM_EVICTION"
+MAX_NODES_ENV = "CANOPY_VLLM_MAX_NODES"
 
 
 _BUILT_IN = ("lru", "lfu", "sieve", "canopy")
@@ -66,13 +67,19 @@ def enabled_policy() -> str | None:
 
 def _make_order(policy: EvictionPolicy, capacity_blocks: int) -> Any:
     """The online policy ordering a pool of ``capacity_blocks`` (``None``: release order,
-    vLLM's own, for ``lru``)."""
+    vLLM's own, for ``lru``), fail-safe: should it raise or outgrow ``CANOPY_VLLM_MAX_NODES``
+    nodes, the pool evicts in vLLM's release order from then on
+    (:class:`~canopy.prefix.failsafe.FailSafePolicy`)."""
+    from canopy.prefix.failsafe import DEFAULT_MAX_NODES, FailSafePolicy
     from canopy.prefix.policies import LRU
     from canopy.prefix.stream import OnlinePolicy
 
     if type(policy) is LRU:
         return None
-    return OnlinePolicy(policy, capacity_blocks)
+    limit = os.environ.get(MAX_NODES_ENV, "").strip() or str(DEFAULT_MAX_NODES)
+    if not limit.isdigit():
+        raise ValueError(f"{MAX_NODES_ENV}={limit!r}: a whole number of nodes, please")
+    return FailSafePolicy(OnlinePolicy(policy, capacity_blocks), max_nodes=int(limit))
 
 
 def _queue_class() -> type:

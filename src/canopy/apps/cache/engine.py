@@ -44,6 +44,7 @@ import numpy as np
 from llama_cpp import BaseLlamaCache, Llama, LlamaState  # the ``engine`` extra
 
 from canopy.data import jsonl_rows
+from canopy.prefix.failsafe import DEFAULT_MAX_NODES, FailSafeCache
 from canopy.prefix.policies import EvictionPolicy, resolve_policy
 from canopy.prefix.stream import PlannedCache, StreamingCache
 from canopy.prefix.traces import full_blocks
@@ -74,12 +75,15 @@ class PolicyStateCache(BaseLlamaCache):
     """A llama-cpp-python prompt cache whose evictions follow a Canopy policy (see the module
     docstring). ``policy`` is a policy name, a user's ``package.module:ClassName`` or a policy
     object (:func:`~canopy.prefix.policies.resolve_policy`), or ``None`` for caching off;
-    bind the engine with :meth:`bind` before use."""
+    bind the engine with :meth:`bind` before use. An online policy is fail-safe
+    (:class:`~canopy.prefix.failsafe.FailSafeCache`): should it raise, or its tables outgrow
+    ``max_nodes`` nodes, LRU serves from then on, and :meth:`stats` counts the fallback."""
 
     def __init__(self, policy: EvictionPolicy | type[EvictionPolicy] | str | None,
                  capacity_bytes: int, *,
                  block_tokens: int = 16, kv_bytes: int, history_floor: float | None = 0.5,
-                 plan: Sequence[Sequence[int]] | None = None) -> None:
+                 plan: Sequence[Sequence[int]] | None = None,
+                 max_nodes: int = DEFAULT_MAX_NODES) -> None:
         for name, value in (("capacity_bytes", capacity_bytes), ("block_tokens", block_tokens),
                             ("kv_bytes", kv_bytes)):
             check_count(value, name)
@@ -92,9 +96,9 @@ class PolicyStateCache(BaseLlamaCache):
         if policy is None:
             self.policy_cache = None
         elif plan is None:
-            self.policy_cache = StreamingCache(resolve_policy(policy, online=True),
-                                               self.capacity_blocks,
-                                               history_floor=history_floor)
+            self.policy_cache = FailSafeCache(StreamingCache(
+                resolve_policy(policy, online=True), self.capacity_blocks,
+                history_floor=history_floor), max_nodes=max_nodes)
         else:  # the prompts to come are known: any policy, the offline optimum included
             self.policy_cache = PlannedCache(
                 resolve_policy(policy), self.capacity_blocks,
@@ -188,13 +192,15 @@ class PolicyStateCache(BaseLlamaCache):
     def stats(self) -> dict[str, Any]:
         """Counts so far and each request's reused and prompt blocks (in request order)."""
         return {"policy": None if self.policy_cache is None else
-                self.policy_cache.policy.name,
+                getattr(self.policy_cache, "name", self.policy_cache.policy.name),
                 "capacity_blocks": self.capacity_blocks, "block_tokens": self.block_tokens,
                 "requests": self.requests, "reused_blocks": list(self.reused),
                 "prompt_blocks": list(self.prompt_blocks),
                 "prompt_tokens": list(self.prompt_tokens), "unbacked": self.unbacked,
                 "states": len(self._states), "state_bytes": self.state_bytes,
-                "cached_blocks": 0 if self.policy_cache is None else self.policy_cache.size}
+                "cached_blocks": 0 if self.policy_cache is None else self.policy_cache.size,
+                "fallbacks": getattr(self.policy_cache, "fallbacks", 0),
+                "fallback_reason": getattr(self.policy_cache, "reason", None)}
 
     def _blocks(self, tokens: Sequence[int]) -> list[tuple[int, ...]]:
         return full_blocks(tokens, self.block_tokens)

@@ -274,7 +274,7 @@ def run_vllm_policies(policies: Sequence[str], workloads: Sequence[Workload], *,
         for workload, sent in zip(workloads, prompts, strict=True):
             current = {policy: LiveRun(policy, workload.start) for policy in policies}
             reused: dict[str, list[int]] = {policy: [] for policy in policies}
-            before = {}
+            before, failed = {}, {policy: servers[policy].fallbacks() for policy in policies}
             for i, prompt in enumerate(sent):
                 if i == workload.start:  # the counted requests start here
                     before = {policy: servers[policy].metrics() for policy in policies}
@@ -299,6 +299,7 @@ def run_vllm_policies(policies: Sequence[str], workloads: Sequence[Workload], *,
                               "prompt_blocks": [len(p) // block_tokens for p in sent],
                               "prompt_tokens": [len(p) for p in sent], "unbacked": 0,
                               "state_bytes": 0,
+                              "fallbacks": servers[policy].fallbacks() - failed[policy],
                               "prefix_cache_hit_rate": hits / queries if queries else 0.0}
                 runs[policy].append(run)
     return runs
@@ -484,6 +485,7 @@ def summarize(runs: Sequence[LiveRun], predicted: Sequence[np.ndarray],
             for r, p in zip(runs, predicted, strict=True)])),
         "state_bytes": int(np.mean([r.server["state_bytes"] for r in runs])),
         "unbacked": int(sum(r.server["unbacked"] for r in runs)),
+        "fallbacks": int(sum(r.server.get("fallbacks", 0) for r in runs)),
     }
     if off is not None:
         saved = [counted(o, o.ttft_s).mean() - counted(r, r.ttft_s).mean()

@@ -29,7 +29,7 @@ from canopy.prefix.policies import LFU, LRU, EvictionPolicy, resolve_policy
 from canopy.prefix.traces import Trace
 from canopy.prefix.ttft import TTFTModel
 
-__all__ = ["ENGINE_POLICIES", "drive", "sglang_api", "sweep"]
+__all__ = ["ENGINE_POLICIES", "drive", "serve_request", "sglang_api", "sweep"]
 
 ENGINE_POLICIES = ("lru", "lfu", "canopy")
 """Strategies :func:`sweep` runs by name: SGLang's ``lru`` and ``lfu``, Canopy's ``canopy``;
@@ -89,28 +89,35 @@ def drive(api: Any, cache: Any, trace: Trace, capacity: int, *,
     or with ``per_block`` one prefix longer at a time (one node a block, as chunked prefill
     with one-block chunks leaves them): then SGLang's leaf eviction is block for block the
     replay's, and its ``lru``/``lfu`` equal Canopy's (``tests/test_cache_sglang.py``)."""
-    reused = np.zeros(trace.n_requests, dtype=np.int64)
-    for i in range(trace.n_requests):
-        path = trace.path(i)
-        key = api.RadixKey(array("q", path.tolist()))
-        match = cache.match_prefix(api.MatchPrefixParams(key=key))
-        hit, node = match.device_prefix_len, match.last_device_node
-        reused[i] = hit
-        cache.inc_lock_ref(node)
-        used = cache.evictable_size() + cache.protected_size()
-        if used + len(path) - hit > capacity:
-            cache.evict(api.EvictParams(num_tokens=used + len(path) - hit - capacity))
-        room = capacity - cache.evictable_size() - cache.protected_size()
-        keep = hit + min(len(path) - hit, max(room, 0))  # what fits (all blocks locked)
-        # the finished request is inserted whole even when all of it was cached (that counts
-        # its hits); SGLang counts a request once, so later chunks pass what was inserted
-        ends = list(range(hit + 1, keep + 1)) if per_block and keep > hit else [keep]
-        inserted = 0
-        for end in ends if keep > 0 else ():
-            cache.insert(api.InsertParams(key=key[:end], value=None, inserted_len=inserted))
-            inserted = end
-        cache.dec_lock_ref(node)
-    return reused
+    return np.fromiter((serve_request(api, cache, trace.path(i).tolist(), capacity,
+                                      per_block=per_block)
+                        for i in range(trace.n_requests)), dtype=np.int64,
+                       count=trace.n_requests)
+
+
+def serve_request(api: Any, cache: Any, path: Sequence[int], capacity: int, *,
+                  per_block: bool = False) -> int:
+    """One request of :func:`drive`, its blocks ``path`` (one token a block) as SGLang's
+    scheduler serves it: match the prefix, lock it, evict what the new blocks need, insert
+    the request, unlock. Returns the blocks reused."""
+    key = api.RadixKey(array("q", path))
+    match = cache.match_prefix(api.MatchPrefixParams(key=key))
+    hit, node = match.device_prefix_len, match.last_device_node
+    cache.inc_lock_ref(node)
+    used = cache.evictable_size() + cache.protected_size()
+    if used + len(path) - hit > capacity:
+        cache.evict(api.EvictParams(num_tokens=used + len(path) - hit - capacity))
+    room = capacity - cache.evictable_size() - cache.protected_size()
+    keep = hit + min(len(path) - hit, max(room, 0))  # what fits (all blocks locked)
+    # the finished request is inserted whole even when all of it was cached (that counts
+    # its hits); SGLang counts a request once, so later chunks pass what was inserted
+    ends = list(range(hit + 1, keep + 1)) if per_block and keep > hit else [keep]
+    inserted = 0
+    for end in ends if keep > 0 else ():
+        cache.insert(api.InsertParams(key=key[:end], value=None, inserted_len=inserted))
+        inserted = end
+    cache.dec_lock_ref(node)
+    return int(hit)
 
 
 def sweep(trace: Trace, *, policies: Sequence[str | EvictionPolicy], capacities: Sequence[int],

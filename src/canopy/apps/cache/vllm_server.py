@@ -182,6 +182,7 @@ class VLLMServer:
         self.port = 0
         self._process: subprocess.Popen[bytes] | None = None
         self._log: Any = None
+        self._fallback_log = Path(os.devnull)
 
     @property
     def url(self) -> str:
@@ -217,6 +218,10 @@ class VLLMServer:
         if self.policy not in ("off", "vllm"):
             env["CANOPY_VLLM_EVICTION"] = self.policy
         self._log = tempfile.NamedTemporaryFile(prefix="canopy-vllm-", suffix=".log")
+        from canopy.prefix.failsafe import FALLBACK_LOG_ENV
+
+        self._fallback_log = Path(self._log.name + ".fallbacks")
+        env[FALLBACK_LOG_ENV] = str(self._fallback_log)  # the fail-safe's count
         self._process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, env=env)
         try:
@@ -262,6 +267,13 @@ class VLLMServer:
                     continue
         return out
 
+    def fallbacks(self) -> int:
+        """Times the policy failed and vLLM's own order took over (at most one a pool)."""
+        try:
+            return len(self._fallback_log.read_text(encoding="utf-8").splitlines())
+        except OSError:
+            return 0
+
     def stop(self) -> None:
         """End the server and every process it started (SIGTERM, then SIGKILL after 20 s)."""
         process, self._process = self._process, None
@@ -285,6 +297,7 @@ class VLLMServer:
         if self._log is not None:
             self._log.close()
             self._log = None
+            self._fallback_log.unlink(missing_ok=True)
 
     def __enter__(self) -> VLLMServer:
         return self.start()

@@ -1,0 +1,170 @@
+"""A policy's failure never reaches its engine (:mod:`canopy.prefix.failsafe`): a policy whose
+key raises mid-run (``user_policy:RaisesAfter200``), or whose tables outgrow their node limit,
+is dropped once, logged once with its name and counted, and the host serves every request in
+its own order from then on: LRU in the llama.cpp cache, SGLang's ``last_access_time`` in its
+radix cache (the standin here; SGLang itself in the tests marked ``sglang``), vLLM's release
+order in :class:`~canopy.prefix.EvictableBlocks` (vLLM's own ``KVCacheManager``:
+``tests/test_cache_vllm_pool.py``)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+
+import numpy as np
+import pytest
+
+import sglang_standin as standin
+from canopy.apps.cache.sglang_replay import drive
+from canopy.integrations.sglang import CanopyEviction, install
+from canopy.prefix import (
+    OnlinePolicy,
+    StreamingCache,
+    from_paths,
+    replay_stream,
+)
+from canopy.prefix.failsafe import (
+    FALLBACK_LOG_ENV,
+    FailSafeCache,
+    FailSafePolicy,
+    PolicyFailure,
+    fallbacks,
+)
+
+standin.STRATEGIES["canopy"] = CanopyEviction
+install(standin.RadixCache)
+
+RAISES = "user_policy:RaisesAfter200"
+LOGGER = "canopy.prefix.failsafe"
+
+
+def _chains(requests: int = 300, seed: int = 0) -> list[list[int]]:
+    """Zipf-popular prefixes of 2-5 blocks, each with a block of its own (prefix keys)."""
+    rng = np.random.default_rng(seed)
+    prefixes = [list(range(100 * p, 100 * p + int(rng.integers(2, 6)))) for p in range(24)]
+    weights = 1.0 / np.arange(1, 25) ** 1.1
+    return [prefixes[rng.choice(24, p=weights / weights.sum())] + [10_000 + i]
+            for i in range(requests)]
+
+
+def _failures(caplog) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if r.name == LOGGER and r.levelno >= logging.ERROR]
+
+
+def test_the_llama_cpp_cache_serves_every_request_after_its_policy_raises(caplog):
+    """llama-cpp-python's cache lookups (no model needed: the engine asks ``cache[tokens]``):
+    the first 200 requests reuse what the policy's replay reuses, then LRU serves, the
+    failure logged once with the policy's name and counted in :meth:`stats`."""
+    PolicyStateCache = pytest.importorskip("canopy.apps.cache.engine").PolicyStateCache
+    chains = _chains()
+    cache = PolicyStateCache(RAISES, 12 * 16, block_tokens=1, kv_bytes=16)
+    before = fallbacks().get("raises-after-200", 0)
+    with caplog.at_level(logging.ERROR, logger=LOGGER):
+        for tokens in chains:
+            with pytest.raises(KeyError):  # no state saved: the engine prefills
+                cache[tokens]
+    stats = cache.stats()
+    assert stats["requests"] == 300 and len(stats["reused_blocks"]) == 300
+    assert stats["fallbacks"] == 1 and "ValueError" in stats["fallback_reason"]
+    assert fallbacks()["raises-after-200"] == before + 1
+    failures = _failures(caplog)
+    assert len(failures) == 1 and "raises-after-200" in failures[0].getMessage()
+    replay = replay_stream(chains, "user_policy:NewestFirst", 12)
+    reused = np.asarray(stats["reused_blocks"])
+    first = int(np.argmax(reused != replay))
+    assert first > 150 and np.array_equal(reused[:first], replay[:first])
+    assert reused[first:].sum() > 0  # LRU reuses after the fallback
+    assert stats["policy"] == "raises-after-200" and cache.policy_cache.policy.name == "lru"
+
+
+def test_a_cache_outgrowing_its_node_limit_falls_back_to_lru():
+    chains = [[i, i + 1, i + 2] for i in range(0, 3000, 3)]  # every block new
+    cache = FailSafeCache(StreamingCache("canopy", 8, history_floor=None),  # keeps all
+                          max_nodes=1500)
+    for keys in chains:
+        cache.request(keys)
+    assert cache.fallbacks == 1 and "1,500" in cache.reason
+    assert cache.policy.name == "lru" and cache.n_nodes < 3000
+
+
+def test_a_policy_outgrowing_its_node_limit_is_dropped_once(tmp_path, monkeypatch):
+    """Past ``max_nodes`` the policy is dropped: once, its epoch moved once (the host
+    re-keys), every priority equal from then on, the fallback appended to the file that
+    ``CANOPY_FALLBACK_LOG`` names (how vLLM's engine process tells ``cache live``)."""
+    log = tmp_path / "fallbacks.jsonl"
+    monkeypatch.setenv(FALLBACK_LOG_ENV, str(log))
+    policy = FailSafePolicy(OnlinePolicy("lfu", 8), max_nodes=100)
+    epoch = policy.epoch
+    for i in range(0, 600, 3):
+        policy.observe([i, i + 1, i + 2])
+    assert policy.failed and policy.fallbacks == 1 and policy.epoch == epoch + 1
+    assert isinstance(policy.reason, str) and PolicyFailure.__name__ in policy.reason
+    assert policy.priorities([0, 1]).tolist() == [0.0, 0.0]
+    lines = log.read_text().splitlines()
+    assert len(lines) == 1 and json.loads(lines[0])["policy"] == "lfu"
+
+
+def test_sglangs_radix_cache_serves_every_request_after_its_policy_raises(caplog):
+    trace = from_paths(_chains())
+    cache = standin.api.simulated("canopy", {"policy": RAISES, "capacity_blocks": 12},
+                                  exact=True)
+    with caplog.at_level(logging.ERROR, logger=LOGGER):
+        reused = drive(standin.api, cache, trace, 12)
+    assert len(reused) == 300 and reused[200:].sum() > 0
+    counts = cache.eviction_strategy.policy.counts()
+    assert counts["failed"] and counts["fallbacks"] == 1
+    assert len(_failures(caplog)) == 1
+
+
+def test_sglang_after_a_failure_evicts_by_its_own_lru():
+    """A policy failing from the first call: SGLang's radix cache reuses, request for
+    request, what its own ``lru`` strategy reuses."""
+    trace = from_paths(_chains(200, seed=1))
+    failing = standin.api.simulated("canopy", {"policy": "user_policy:RaisesAlways",
+                                               "capacity_blocks": 12})
+    lru = standin.api.simulated("lru")
+    assert np.array_equal(drive(standin.api, failing, trace, 12),
+                          drive(standin.api, lru, trace, 12))
+    assert failing.eviction_strategy.policy.fallbacks == 1
+
+
+@pytest.mark.sglang
+def test_on_sglang_itself_a_policy_that_raises_never_reaches_the_radix_cache(caplog):
+    """SGLang's own radix cache (Canopy's backend and SGLang's plain ``RadixCache``):
+    all 300 requests served, the fallback logged once and counted; failing from the start,
+    SGLang's plain cache reuses what its own ``lru`` does."""
+    try:
+        from canopy.apps.cache.sglang_replay import sglang_api
+
+        api = sglang_api()
+    except ImportError as missing:
+        if os.environ.get("CANOPY_SGLANG") == "required":
+            pytest.fail(f"SGLang missing where it is required: {missing}")
+        pytest.skip(f"SGLang is not installed here: {missing}")
+    trace = from_paths(_chains())
+    for exact in (True, False):
+        cache = api.simulated("canopy", {"policy": RAISES, "capacity_blocks": 12},
+                              exact=exact)
+        caplog.clear()
+        with caplog.at_level(logging.ERROR, logger=LOGGER):
+            reused = drive(api, cache, trace, 12)
+        assert len(reused) == 300 and reused[200:].sum() > 0
+        assert cache.eviction_strategy.policy.fallbacks == 1
+        assert len(_failures(caplog)) == 1
+    failing = api.simulated("canopy", {"policy": "user_policy:RaisesAlways",
+                                       "capacity_blocks": 12})
+    assert np.array_equal(drive(api, failing, trace, 12),
+                          drive(api, api.simulated("lru"), trace, 12))
+
+
+def test_vllms_node_limit_comes_from_the_environment(monkeypatch):
+    from canopy.integrations.vllm import MAX_NODES_ENV, _make_order
+    from canopy.prefix.policies import make_policy
+
+    monkeypatch.setenv(MAX_NODES_ENV, "50")
+    order = _make_order(make_policy("lfu"), 8)
+    assert isinstance(order, FailSafePolicy) and order.max_nodes == 50
+    monkeypatch.setenv(MAX_NODES_ENV, "lots")
+    with pytest.raises(ValueError, match=MAX_NODES_ENV):
+        _make_order(make_policy("lfu"), 8)
