@@ -344,3 +344,32 @@ def test_a_sequence_gap_is_replayed_or_drops_to_approximate(tokenizer_file, capl
 def test_a_remote_events_endpoint_is_refused_unless_allowed():
     with pytest.raises(ValueError, match="not loopback"):
         EventSubscriber(ReplicaIndex(1), [EventSource(0, "tcp://0.0.0.0:5557")])
+
+
+def test_a_precise_gateway_routes_to_the_replica_its_events_say_holds_the_prefix(
+        replicas, tokenizer_file):
+    endpoints = [f"tcp://127.0.0.1:{_port()}" for _ in replicas]
+    data = config(replicas, policy="dynamo",
+                  index={"mode": "precise", "block_size": 4, "tokenizer": str(tokenizer_file)})
+    data["upstreams"][0]["replicas"] = [
+        {"url": r.url(), "events_endpoint": e, "events_topic": "kv"}
+        for r, e in zip(replicas, endpoints, strict=True)]
+    app = create_app(ProxyConfig.from_mapping(data))
+    pool = app.state.proxy.upstreams["fleet"]
+    text = "a long shared system prompt " * 6
+    body = {"messages": [{"role": "user", "content": text}]}
+    ids = PromptTokenizer(tokenizer_file).ids(body)
+    with serve_in_thread(app, startup_timeout=120) as url:
+        pub = zmq.Context.instance().socket(zmq.PUB)
+        pub.connect(endpoints[1])
+        time.sleep(0.5)  # the slow joiner
+        pub.send_multipart([b"kv", (0).to_bytes(8, "big"), _batch([_stored(ids, 4)])])
+        for _ in range(200):
+            if pool.index.n_blocks:
+                break
+            time.sleep(0.01)
+        answers = [ask(url, text).json()["choices"][0]["message"]["content"] for _ in range(3)]
+        metrics = httpx.get(f"{url}/metrics", headers=ADMIN).text
+        pub.close()
+    assert answers == ["r1"] * 3
+    assert "canopy_index_blocks" in metrics
