@@ -373,3 +373,17 @@ def test_a_precise_gateway_routes_to_the_replica_its_events_say_holds_the_prefix
         pub.close()
     assert answers == ["r1"] * 3
     assert "canopy_index_blocks" in metrics
+
+
+def test_the_chat_template_beside_the_tokenizer_is_rendered_before_tokenizing(
+        tokenizer_file):
+    """With ``tokenizer_config.json``'s template the ids are the rendered text's, so two
+    chats differing only in their roles get different keys."""
+    template = ("{% for m in messages %}{{ m['role'] }} {{ m['content'] }}\n{% endfor %}"
+                "{% if add_generation_prompt %}assistant\n{% endif %}")
+    (tokenizer_file.parent / "tokenizer_config.json").write_text(
+        json.dumps({"chat_template": template}))
+    tok = PromptTokenizer(tokenizer_file.parent)
+    ids = tok.ids({"messages": [{"role": "user", "content": "hello there"}]})
+    assert ids.tolist() == tok._tokenizer.encode("user hello there\nassistant\n",
+                                                 add_special_tokens=False).ids

@@ -66,6 +66,10 @@ def prompt_text(body: Mapping[str, Any]) -> str:
     return "".join(parts)
 
 
+def _raise(message: str) -> None:
+    raise ValueError(f"the chat template refused the request: {message}")
+
+
 class PromptTokenizer:
     """Token ids of a request's prompt, as the engine serving it computes them.
 
@@ -95,6 +99,7 @@ class PromptTokenizer:
 
                 env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True,
                                                                    lstrip_blocks=True)
+                env.globals["raise_exception"] = _raise  # as transformers renders them
                 self._template = env.from_string(template)
                 self._special = {k: v for k, v in data.items()
                                  if k in ("bos_token", "eos_token") and isinstance(v, str)}
