@@ -175,6 +175,7 @@ class OnlinePolicy(_Host):
             self._replay_pending()
         path = self.tree.chain(keys)
         self._seq = self.tree.observe(self.requests, path[start:], self._seq)
+        self.tree.rekey(path)
         if not self.tree.has_shadows:
             if not start:
                 self._after_request()
@@ -229,6 +230,35 @@ class OnlinePolicy(_Host):
         v = self.tree.node(key)
         if v >= 0:
             self.tree.clear_visited(v)
+
+    # ------------------------------------------------------------ the evictable set
+    def release(self, blocks: Sequence[int], keys: Sequence[Hashable]) -> np.ndarray:
+        """The engine freed ``blocks[i]`` (ids >= 0) caching ``keys[i]``, in that order: they
+        may be evicted from now on (:meth:`pop_victims`). Returns which keys the policy knows
+        (observed, not forgotten); a block of an unknown key is forgotten here, for its host
+        to evict first."""
+        blocks = np.asarray(blocks, dtype=np.int64)
+        nodes = self.tree.nodes(keys)
+        known = nodes >= 0
+        if not known.all():
+            self.tree.drop(blocks[~known])
+            blocks, nodes = blocks[known], nodes[known]
+        self.tree.release(blocks, nodes)
+        return known
+
+    def acquire(self, blocks: Sequence[int]) -> None:
+        """The engine's hits took ``blocks`` back: pinned, not evictable until released."""
+        self.tree.acquire(np.asarray(blocks, dtype=np.int64))
+
+    def drop(self, blocks: Sequence[int]) -> None:
+        """The engine reused ``blocks`` or dropped their keys: forgotten (not evicted)."""
+        self.tree.drop(np.asarray(blocks, dtype=np.int64))
+
+    def pop_victims(self, n: int) -> np.ndarray:
+        """Up to ``n`` free blocks to evict, in the policy's order among free leaves (blocks
+        no held block hangs under: the replay's victims), or by SIEVE's hand (:attr:`hand`);
+        each is forgotten and its key evicted. Fewer when fewer are free."""
+        return self.tree.pop_victims(n)
 
     def _forget(self) -> None:
         self.tree.hold_at_most(self.capacity + self.tree.longest)
