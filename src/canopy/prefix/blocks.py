@@ -13,6 +13,7 @@ hosts call its methods and never a column of the tables.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Hashable, Iterable, Sequence
 from typing import Any
 
@@ -415,8 +416,7 @@ class BlockTree:
     def nodes(self, keys: Iterable[Hashable]) -> np.ndarray:
         """The nodes of ``keys`` in a tree whose keys name their prefix (-1: a key never met
         or forgotten)."""
-        index = self._index
-        return np.fromiter((index.get(k, -1) for k in keys), dtype=np.int64)
+        return np.fromiter(map(self._index.get, keys, itertools.repeat(-1)), dtype=np.int64)
 
     def _evictable(self, blocks: int) -> kernels.Evictable:
         """The evictable set, made on first use and grown to engine block ids below

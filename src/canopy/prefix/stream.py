@@ -146,7 +146,8 @@ class OnlinePolicy(_Host):
             raise ValueError("an online policy forgets; history_floor must be in (0, 1)")
         super().__init__(policy, capacity, history_floor, prefix_keys=True, serves=False)
         self._seq = 0
-        self._pending: tuple[tuple[Hashable, ...], int] | None = None
+        # the request the shadows replay next: its keys, index, nodes and when they were named
+        self._pending: tuple[tuple[Hashable, ...], int, np.ndarray, int] | None = None
 
     @property
     def hand(self) -> bool:
@@ -181,10 +182,10 @@ class OnlinePolicy(_Host):
                 self._after_request()
             return
         if not start:
-            self._pending = (tuple(keys), self.requests)
+            self._pending = (tuple(keys), self.requests, path, self.tree.forgotten)
             self._after_request()
         elif self._pending is not None and self._grows(self._pending[0], keys):
-            self._pending = (tuple(keys), self._pending[1])
+            self._pending = (tuple(keys), self._pending[1], path, self.tree.forgotten)
 
     @staticmethod
     def _grows(seen: Sequence[Hashable], keys: Sequence[Hashable]) -> bool:
@@ -196,9 +197,11 @@ class OnlinePolicy(_Host):
         """Replay the last observed request in the shadows (``canopy``)."""
         if self._pending is None:
             return
-        keys, t = self._pending
+        keys, t, path, forgotten = self._pending
         self._pending = None
-        self.tree.replay_shadows(t, self.tree.chain(keys))
+        if forgotten != self.tree.forgotten:  # renumbered since: the nodes again
+            path = self.tree.chain(keys)
+        self.tree.replay_shadows(t, path)
 
     def evicted(self, key: Hashable) -> None:
         """The engine dropped block ``key`` (unknown keys are ignored)."""
