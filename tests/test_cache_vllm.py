@@ -24,6 +24,25 @@ def test_without_a_policy_blocks_leave_in_release_order():
     assert free.pop_victim() is None
 
 
+def test_blocks_the_policy_cannot_key_go_first_and_join_it_once_observed():
+    """A block whose key no request showed the policy (an output block) goes first, in
+    release order; observed, it is ranked. Blocks sharing a key leave oldest first, and a
+    block leaves only once nothing held hangs under its key."""
+    order = OnlinePolicy("lfu", 8)
+    free = EvictableBlocks(order)
+    free.observe([("a",), ("a", "b")])
+    free.release_all([0, 1], [("a", "b"), ("a",)])  # deepest first, as vLLM frees
+    free.release_all([2, 3], ["unseen", "later"])
+    assert free.pop_victim() == 2
+    free.observe(["later"])  # request 1: "later" is used after "a", so it stays longer
+    free.release_all([5, 6], [("a", "b"), ("a", "b")])  # two more blocks of one key
+    free.acquire(0)  # ... and a hit on the first, held: "a" has a held block under it
+    assert free.pop_victims(2) == [5, 6]
+    assert free.pop_victim() == 3  # "a" waits for its held child
+    free.release(0, ("a", "b"))
+    assert free.pop_victims(3) == [0, 1]
+
+
 class PagedHost:
     """A paged engine in miniature (vLLM's discipline): a pool of ``capacity`` blocks;
     a request touches its longest cached prefix, takes blocks for the rest (free blocks

@@ -475,6 +475,8 @@ class BlockTree:
             return
         rebuild = self.switches != self._ev_epoch
         self._ev_epoch = self.switches
+        if rebuild:
+            self._ev.es[kernels.ELEN] = 0  # every entry made anew
         ev = self._ev_room(self.n if rebuild else len(path))
         kernels.evictable_rekey(self.kind, self._ev_key(), path, self.n if rebuild else -1,
                                 self.parent, self.depth, self._ni, self._cells, self.params,

@@ -990,8 +990,7 @@ def evictable_rekey(kind, key, nodes, n, parent, depth, ni, cells, params, sc, e
     """Re-key the free nodes among ``nodes`` (a request observed them); ``n >= 0``: rebuild
     the heap over every free node ``0..n - 1`` (the policy re-ordered its keys)."""
     ek = ev.ek
-    if n >= 0:
-        ev.es[ELEN] = 0
+    if n >= 0:  # the host emptied the heap
         nodes = np.arange(n)
     for v in nodes:
         if ek[v, EFREE] > 0:
