@@ -12,8 +12,9 @@ With ``CANOPY_VLLM_EVICTION`` set to a policy (``lru``, ``lfu``, ``sieve``, ``ca
 processes: :func:`~canopy.prefix.policies.resolve_policy`), :func:`register` (run by
 vLLM in each of its processes) replaces each caching pool's queue with
 :class:`PolicyFreeQueue`: the same linked list (so every other part of vLLM sees the queue
-it knows), but when the head holds a cached block the block popped is
-the one the policy evicts, from :class:`~canopy.prefix.evictable.EvictableBlocks`.
+it knows), but when the head holds a cached block the blocks popped are
+the ones the policy evicts (its evictable set, one compiled call an allocation, through
+:class:`~canopy.prefix.evictable.EvictableBlocks`).
 Blocks without a hash still go first, as in vLLM. The policy observes each request's
 block-hash chain (``Request.block_hashes``, root first) once, when the scheduler first looks
 its prefix up (``KVCacheManager.get_computed_blocks``): online, no trace, memory bounded by
