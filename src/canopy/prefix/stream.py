@@ -127,7 +127,10 @@ class OnlinePolicy(_Host):
     * :meth:`observe` each admitted request's block keys, root first, hits and misses, before
       the engine allocates for it;
     * :meth:`evicted` each observed block the engine drops (or could not cache);
-    * evict by :meth:`priority` (lower first). Priorities compare across blocks until
+    * a paged engine hands its free blocks to the policy's evictable set (:meth:`release`,
+      :meth:`acquire`, :meth:`drop`) and takes its victims from :meth:`pop_victims`, which
+      evicts them (:class:`~canopy.prefix.evictable.EvictableBlocks` does this for a host);
+    * or evict by :meth:`priority` (lower first). Priorities compare across blocks until
       :attr:`epoch` changes (``canopy`` switching arm re-orders them): then re-key.
     * ``sieve`` (:attr:`hand`) is not a priority order but a hand over insertion order:
       :meth:`priority` is the insertion order, and the hand walks from the oldest block (from
