@@ -17,10 +17,30 @@ def test_without_a_policy_blocks_leave_in_release_order():
     free = EvictableBlocks()
     for block, key in ((3, "a"), (1, "b"), (2, "c")):
         free.release(block, key)
-    assert free.acquire(1) and not free.acquire(1)  # a hit takes "b" back (pinned)
+    free.acquire(1)  # a hit takes "b" back (pinned)
     free.release(1, "b")  # ... and frees it again: now the most recent
-    assert [free.pop_victim() for _ in range(4)] == [3, 2, 1, None]
-    assert len(free) == 0
+    free.acquire(2)
+    assert free.pop_victims(4) == [3, 1]
+    assert free.pop_victim() is None
+
+
+def test_blocks_the_policy_cannot_key_go_first_and_join_it_once_observed():
+    """A block whose key no request showed the policy (an output block) goes first, in
+    release order; observed, it is ranked. Blocks sharing a key leave oldest first, and a
+    block leaves only once nothing held hangs under its key."""
+    order = OnlinePolicy("lfu", 8)
+    free = EvictableBlocks(order)
+    free.observe([("a",), ("a", "b")])
+    free.release_all([0, 1], [("a", "b"), ("a",)])  # deepest first, as vLLM frees
+    free.release_all([2, 3], ["unseen", "later"])
+    assert free.pop_victim() == 2
+    free.observe(["later"])  # request 1: "later" is used after "a", so it stays longer
+    free.release_all([5, 6], [("a", "b"), ("a", "b")])  # two more blocks of one key
+    free.acquire(0)  # ... and a hit on the first, held: "a" has a held block under it
+    assert free.pop_victims(2) == [5, 6]
+    assert free.pop_victim() == 3  # "a" waits for its held child
+    free.release(0, ("a", "b"))
+    assert free.pop_victims(3) == [0, 1]
 
 
 class PagedHost:
@@ -36,8 +56,7 @@ class PagedHost:
 
     def request(self, chain: list[tuple]) -> int:
         if self.order is not None:
-            self.order.observe(chain)
-            self.free.refresh(chain)
+            self.free.observe(chain)
         hits = 0
         while hits < len(chain) and chain[hits] in self.block_of:
             hits += 1

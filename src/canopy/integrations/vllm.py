@@ -12,8 +12,9 @@ With ``CANOPY_VLLM_EVICTION`` set to a policy (``lru``, ``lfu``, ``sieve``, ``ca
 processes: :func:`~canopy.prefix.policies.resolve_policy`), :func:`register` (run by
 vLLM in each of its processes) replaces each caching pool's queue with
 :class:`PolicyFreeQueue`: the same linked list (so every other part of vLLM sees the queue
-it knows), but when the head holds a cached block the block popped is
-the one the policy evicts, from :class:`~canopy.prefix.evictable.EvictableBlocks`.
+it knows), but when the head holds a cached block the blocks popped are
+the ones the policy evicts (its evictable set, one compiled call an allocation, through
+:class:`~canopy.prefix.evictable.EvictableBlocks`).
 Blocks without a hash still go first, as in vLLM. The policy observes each request's
 block-hash chain (``Request.block_hashes``, root first) once, when the scheduler first looks
 its prefix up (``KVCacheManager.get_computed_blocks``): online, no trace, memory bounded by
@@ -121,21 +122,30 @@ def _queue_class() -> type:
 
         # ----------------------------------------------------- allocation
         def popleft(self) -> Any:
-            head = self.fake_free_list_head.next_free_block
-            if head is None or head is self.fake_free_list_tail or head.block_hash is None:
-                block = super().popleft()  # raises when empty, as vLLM's does
-                self.evictable.drop(block.block_id)  # a key dropped while free
-                return block
-            victim = self.evictable.pop_victim()
-            if victim is None:
-                return super().popleft()
-            block = self.blocks[victim]
-            super().remove(block)
-            self.evictions += 1
-            return block
+            return self.popleft_n(1)[0]
 
         def popleft_n(self, n: int) -> list[Any]:
-            return [self.popleft() for _ in range(n)]
+            """``n`` blocks: those without a hash from the head first, as vLLM takes them,
+            then the policy's victims (one call), then the head again should it run short."""
+            out: list[Any] = []
+            head = self.fake_free_list_head.next_free_block
+            while (len(out) < n and head is not None and head is not self.fake_free_list_tail
+                   and head.block_hash is None):
+                out.append(head)
+                head = head.next_free_block
+            for block in out:
+                super().remove(block)
+            if out:
+                self.evictable.drop_all([block.block_id for block in out])  # keys dropped
+            if len(out) < n:
+                for victim in self.evictable.pop_victims(n - len(out)):
+                    block = self.blocks[victim]
+                    super().remove(block)
+                    out.append(block)
+                    self.evictions += 1
+            while len(out) < n:
+                out.append(super().popleft())  # raises when empty, as vLLM's does
+            return out
 
         def observe(self, keys: list[Hashable]) -> None:
             """A request's block-hash chain, root first, when it is first scheduled."""

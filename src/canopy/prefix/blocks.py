@@ -13,6 +13,7 @@ hosts call its methods and never a column of the tables.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Hashable, Iterable, Sequence
 from typing import Any
 
@@ -127,6 +128,8 @@ class BlockTree:
             self._shadows.kinds)
         self._floor_nodes = 4 * (capacity + shadow_blocks) + _START
         self._limit = 2 * self._floor_nodes
+        self._ev: kernels.Evictable | None = None  # a host's free blocks, once it frees one
+        self._ev_epoch = 0
 
     # ------------------------------------------------------------ what hosts read
     @property
@@ -244,6 +247,9 @@ class BlockTree:
         self.depth = np.concatenate([self.depth, np.zeros(n - old, dtype=np.int64)])
         self._born = np.concatenate([self._born, np.zeros(n - old, dtype=np.int64)])
         self._ni = np.concatenate([self._ni, kernels.node_table(n - old)])
+        if self._ev is not None:
+            ek = np.concatenate([self._ev.ek, kernels.evictable_nodes(n - old)])
+            self._ev = self._ev._replace(ek=ek)
         if self._canopy:
             shadows = self._shadows
             self._cells = np.concatenate(
@@ -372,6 +378,8 @@ class BlockTree:
         children)."""
         n = self.n
         keep = self._ni[:n, CACHED] == 1
+        if self._ev is not None:
+            keep |= self._ev.ek[:n, kernels.EHELD] > 0  # a host's blocks keep their nodes
         if self._canopy:
             keep |= (self._shadows.ni[:, :n, CACHED] == 1).any(axis=0)
             cells = self._cells[:n]
@@ -397,11 +405,118 @@ class BlockTree:
                 kernels.compact(kernels.Cache(s.ni[a], s.sc[a], s.hkey[a], s.hnode[a],
                                               s.hver[a]), kept, n, remap, lists=False,
                                 slots=s.kinds[a] != kernels.LRU and s.ac[4] > 0)
+        if self._ev is not None:
+            self._ev_compact(kept, n, remap)
         self._keys = [self._keys[v] for v in kept]
         self.n = m
         self._reindex()
         self.forgotten += n - m
         self._limit = max(m + m // 4, 2 * self._floor_nodes)
+
+    # ------------------------------------------------------------ a host's free blocks
+    def nodes(self, keys: Iterable[Hashable]) -> np.ndarray:
+        """The nodes of ``keys`` in a tree whose keys name their prefix (-1: a key never met
+        or forgotten)."""
+        return np.fromiter(map(self._index.get, keys, itertools.repeat(-1)), dtype=np.int64)
+
+    def _evictable(self, blocks: int) -> kernels.Evictable:
+        """The evictable set, made on first use and grown to engine block ids below
+        ``blocks``."""
+        ev = self._ev
+        if ev is None:
+            size = kernels.shadow_heap_size(self.capacity, self._longest)
+            ints = [np.zeros(size, dtype=np.int64) for _ in range(3)]
+            ev = kernels.Evictable(kernels.evictable_nodes(len(self.parent)),
+                                   kernels.evictable_blocks(blocks), np.zeros(size), *ints,
+                                   np.array([0, 0, -1], dtype=np.int64))
+            self._ev_epoch = self.switches
+        elif blocks > len(ev.blocks):
+            more = max(blocks, 2 * len(ev.blocks)) - len(ev.blocks)
+            ev = ev._replace(blocks=np.concatenate([ev.blocks, kernels.evictable_blocks(more)]))
+        self._ev = ev
+        return ev
+
+    def _ev_room(self, entries: int) -> kernels.Evictable:
+        """The evictable heap with room for ``entries`` more (dead entries dropped first,
+        then doubled)."""
+        ev = self._ev
+        if ev.es[kernels.ELEN] + entries > len(ev.hkey):
+            kernels.evictable_compact(self._ni, ev)
+            need = ev.es[kernels.ELEN] + entries
+            if 2 * need > len(ev.hkey):
+                grow = 2 * need - len(ev.hkey)
+                ev = self._ev = ev._replace(**{
+                    f: np.concatenate([getattr(ev, f), np.zeros(grow, dtype=getattr(ev, f).dtype)])
+                    for f in ("hkey", "hstamp", "hnode", "hver")})
+        return ev
+
+    def release(self, blocks: np.ndarray, nodes: np.ndarray) -> None:
+        """A host freed engine blocks ``blocks`` (non-negative ids) caching ``nodes``, in that
+        order: evictable from now on (:func:`~canopy.prefix.kernels.evictable_release`)."""
+        self._evictable(int(blocks.max(initial=-1)) + 1)
+        ev = self._ev_room(len(blocks))
+        kernels.evictable_release(self.kind, self._ev_key(), blocks, nodes, self.parent,
+                                  self.depth, self._ni, self._cells, self.params, self._sc, ev)
+
+    def acquire(self, blocks: np.ndarray) -> None:
+        """A host's hits took ``blocks`` back (pinned)."""
+        if self._ev is not None and len(blocks):
+            kernels.evictable_acquire(blocks[blocks < len(self._ev.blocks)], self._ev)
+
+    def drop(self, blocks: np.ndarray) -> None:
+        """A host dropped ``blocks``' keys: forget them."""
+        if self._ev is not None and len(blocks):
+            kernels.evictable_drop(blocks[blocks < len(self._ev.blocks)], self.parent,
+                                   self._ni, self._ev)
+
+    def rekey(self, path: np.ndarray) -> None:
+        """A request observed nodes ``path``: its free nodes re-keyed, or every free node
+        when the policy re-ordered its keys (``canopy`` switched arm)."""
+        if self._ev is None:
+            return
+        rebuild = self.switches != self._ev_epoch
+        self._ev_epoch = self.switches
+        if rebuild:
+            self._ev.es[kernels.ELEN] = 0  # every entry made anew
+        ev = self._ev_room(self.n if rebuild else len(path))
+        kernels.evictable_rekey(self.kind, self._ev_key(), path, self.n if rebuild else -1,
+                                self.parent, self.depth, self._ni, self._cells, self.params,
+                                self._sc, ev)
+
+    def pop_victims(self, want: int) -> np.ndarray:
+        """Up to ``want`` engine blocks to evict, in the policy's order among free leaves
+        (SIEVE: its hand), each forgotten and its node evicted."""
+        if self._ev is None or want <= 0:
+            return np.zeros(0, dtype=np.int64)
+        out = np.empty(want, dtype=np.int64)
+        got = kernels.evictable_pop(self.policy.hand, want, self.n, self.parent, self._ni,
+                                    self._sc, self._ev, out)
+        return out[:got]
+
+    def _ev_key(self) -> Any:
+        return self._how if self.kind == PRIORITY else None
+
+    def _ev_compact(self, kept: np.ndarray, n: int, remap: np.ndarray) -> None:
+        """Renumber the evictable set after forgetting (every node a host holds a block of
+        is kept; the heap keeps its live entries, sorted: a sorted array is a heap)."""
+        ev = self._ev
+        m = len(kept)
+        ev.ek[:m] = ev.ek[kept]
+        ev.ek[m:n] = kernels.evictable_nodes(n - m)
+        owned = ev.blocks[:, kernels.BNODE]
+        known = owned >= 0
+        owned[known] = remap[owned[known]]
+        h = ev.es[kernels.ELEN]
+        nodes = ev.hnode[:h]
+        live = (remap[nodes] >= 0)
+        live[live] = ev.ek[remap[nodes[live]], kernels.EFREE] > 0
+        keys, stamps = ev.hkey[:h][live], ev.hstamp[:h][live]
+        order = np.lexsort((stamps, keys))
+        k = len(order)
+        vers = ev.hver[:h][live][order]
+        ev.hnode[:k] = remap[nodes[live]][order]
+        ev.hkey[:k], ev.hstamp[:k], ev.hver[:k] = keys[order], stamps[order], vers
+        ev.es[kernels.ELEN] = k
 
     def _reindex(self) -> None:
         self._index = {key if self._prefix_keys else (int(self.parent[i]), key): i

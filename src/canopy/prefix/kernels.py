@@ -942,13 +942,17 @@ def _rank(kind, key, nodes, depth, ni, cells, params, sc, out):
     """The eviction key of each node in ``nodes`` for a host (lower evicts first): the replay's
     heap key (``LFU``, ``CANOPY``), recency for ``LRU``, insertion order for ``SIEVE``."""
     for i in range(len(nodes)):
-        v = nodes[i]
-        if kind == LRU:
-            out[i] = _recency(v, depth, ni, params[DMAX])
-        elif kind == SIEVE:
-            out[i] = ni[v, NEXT_USE]
-        else:
-            out[i] = _key(kind, key, v, depth, ni, cells, params, sc[ARM])
+        out[i] = _host_key(kind, key, nodes[i], depth, ni, cells, params, sc)
+
+
+@nb.njit(cache=True, inline="always")
+def _host_key(kind, key, v, depth, ni, cells, params, sc):
+    """:func:`_rank`'s key of one node."""
+    if kind == LRU:
+        return _recency(v, depth, ni, params[DMAX])
+    if kind == SIEVE:
+        return float(ni[v, NEXT_USE])
+    return _key(kind, key, v, depth, ni, cells, params, sc[ARM])
 
 
 @nb.njit(cache=True)
@@ -963,6 +967,261 @@ def priorities(kind, nodes, depth, ni, cells, params, sc, out):
 def priorities_keyed(key, nodes, depth, ni, cells, params, sc, out):
     """:func:`priorities` under a policy's own key function."""
     _rank(PRIORITY, key, nodes, depth, ni, cells, params, sc, out)
+
+
+# ---------------------------------------------------------------- online: a host's free blocks
+# A host's evictable set, kept beside an observed tree (:class:`Evictable`): per node its free
+# blocks (a list through the block table, oldest release first), the blocks the host holds
+# under it, the release stamp of its entry; per engine block its node and list links; a
+# min-heap of nodes by (key, stamp) with lazy deletion (the node table's ``VER``), and the
+# node table's ``NCHILD`` counting the blocks the host holds under a node's children.
+EFREE, EHELD, ESTAMP, EHEAD, ETAIL = range(5)
+_EK = 5
+BNODE, BPREV, BNEXT, BFREE = range(4)
+_BK = 4
+ELEN, ESEQ, EHAND = range(3)
+Evictable = namedtuple("Evictable", "ek blocks hkey hstamp hnode hver es")
+"""A host's evictable set as the kernels take it: the per-node table (``EFREE`` ...
+``ETAIL``), the per-block table (``BNODE`` ... ``BFREE``), the heap (keys, stamps, nodes,
+versions) and its scalars (heap length, next stamp, SIEVE's hand: the insertion order of its
+last victim)."""
+
+
+@nb.njit(cache=True, inline="always")
+def _ev_push(ev, k, stamp, v, ver):
+    """Push ``(k, stamp)`` for node ``v`` onto the evictable heap."""
+    hkey, hstamp, hnode, hver = ev.hkey, ev.hstamp, ev.hnode, ev.hver
+    i = ev.es[ELEN]
+    while i > 0:
+        up = (i - 1) >> 1
+        if hkey[up] < k or (hkey[up] == k and hstamp[up] <= stamp):
+            break
+        hkey[i], hstamp[i], hnode[i], hver[i] = hkey[up], hstamp[up], hnode[up], hver[up]
+        i = up
+    hkey[i], hstamp[i], hnode[i], hver[i] = k, stamp, v, ver
+    ev.es[ELEN] += 1
+
+
+@nb.njit(cache=True, inline="always")
+def _ev_pop(ev):
+    """Drop the evictable heap's root."""
+    hkey, hstamp, hnode, hver = ev.hkey, ev.hstamp, ev.hnode, ev.hver
+    n = ev.es[ELEN] - 1
+    ev.es[ELEN] = n
+    k, stamp, v, ver = hkey[n], hstamp[n], hnode[n], hver[n]
+    i = 0
+    while True:
+        c = 2 * i + 1
+        if c >= n:
+            break
+        if c + 1 < n and (hkey[c + 1] < hkey[c] or (hkey[c + 1] == hkey[c]
+                                                   and hstamp[c + 1] < hstamp[c])):
+            c += 1
+        if hkey[c] > k or (hkey[c] == k and hstamp[c] >= stamp):
+            break
+        hkey[i], hstamp[i], hnode[i], hver[i] = hkey[c], hstamp[c], hnode[c], hver[c]
+        i = c
+    if n > 0:
+        hkey[i], hstamp[i], hnode[i], hver[i] = k, stamp, v, ver
+
+
+@nb.njit(cache=True, inline="always")
+def _ev_unfree(ev, b):
+    """Take free block ``b`` off its node's free list."""
+    ek, blocks = ev.ek, ev.blocks
+    v, p, q = blocks[b, BNODE], blocks[b, BPREV], blocks[b, BNEXT]
+    if p >= 0:
+        blocks[p, BNEXT] = q
+    else:
+        ek[v, EHEAD] = q
+    if q >= 0:
+        blocks[q, BPREV] = p
+    else:
+        ek[v, ETAIL] = p
+    blocks[b, BFREE] = 0
+    ek[v, EFREE] -= 1
+
+
+@nb.njit(cache=True, inline="always")
+def _ev_drop(ev, b, parent, ni):
+    """Forget block ``b`` (the host reused it or dropped its key)."""
+    v = ev.blocks[b, BNODE]
+    if v < 0:
+        return
+    if ev.blocks[b, BFREE]:
+        _ev_unfree(ev, b)
+    ev.ek[v, EHELD] -= 1
+    p = parent[v]
+    if p >= 0 and ni[p, NCHILD] > 0:
+        ni[p, NCHILD] -= 1
+    ev.blocks[b, BNODE] = -1
+
+
+@nb.njit(cache=True)
+def evictable_release(kind, key, ids, nodes, parent, depth, ni, cells, params, sc, ev):
+    """The host freed blocks ``ids[i]`` caching node ``nodes[i]``, in that order: each joins
+    its node's free list; a node with its first free block enters the heap at its key now,
+    stamped by this release (ties evict the older release first)."""
+    ek, blocks = ev.ek, ev.blocks
+    for i in range(len(ids)):
+        b, v = ids[i], nodes[i]
+        if blocks[b, BNODE] != v:
+            _ev_drop(ev, b, parent, ni)
+            blocks[b, BNODE] = v
+            ek[v, EHELD] += 1
+            if parent[v] >= 0:
+                ni[parent[v], NCHILD] += 1
+        elif blocks[b, BFREE]:
+            _ev_unfree(ev, b)  # freed twice: now the newest
+        t = ek[v, ETAIL]
+        blocks[b, BPREV], blocks[b, BNEXT], blocks[b, BFREE] = t, -1, 1
+        if t >= 0:
+            blocks[t, BNEXT] = b
+        else:
+            ek[v, EHEAD] = b
+        ek[v, ETAIL] = b
+        ek[v, EFREE] += 1
+        stamp = ev.es[ESEQ]
+        ev.es[ESEQ] += 1
+        if ek[v, EFREE] == 1:
+            ek[v, ESTAMP] = stamp
+            ni[v, VER] += 1
+            _ev_push(ev, _host_key(kind, key, v, depth, ni, cells, params, sc), stamp, v,
+                     ni[v, VER])
+
+
+@nb.njit(cache=True)
+def evictable_acquire(ids, ev):
+    """Hits took blocks ``ids`` back: pinned, no longer evictable (their nodes' heap entries
+    die when no free block is left)."""
+    for b in ids:
+        if ev.blocks[b, BFREE]:
+            _ev_unfree(ev, b)
+
+
+@nb.njit(cache=True)
+def evictable_drop(ids, parent, ni, ev):
+    """The host dropped blocks ``ids`` (their keys are gone): forget them."""
+    for b in ids:
+        _ev_drop(ev, b, parent, ni)
+
+
+@nb.njit(cache=True)
+def evictable_rekey(kind, key, nodes, n, parent, depth, ni, cells, params, sc, ev):
+    """Re-key the free nodes among ``nodes`` (a request observed them); ``n >= 0``: rebuild
+    the heap over every free node ``0..n - 1`` (the policy re-ordered its keys)."""
+    ek = ev.ek
+    if n >= 0:  # the host emptied the heap
+        nodes = np.arange(n)
+    for v in nodes:
+        if ek[v, EFREE] > 0:
+            ni[v, VER] += 1
+            _ev_push(ev, _host_key(kind, key, v, depth, ni, cells, params, sc), ek[v, ESTAMP],
+                     v, ni[v, VER])
+
+
+@nb.njit(cache=True)
+def evictable_compact(ni, ev):
+    """Drop the heap's dead entries (their node has no free block or a newer entry)."""
+    h = 0
+    for e in range(ev.es[ELEN]):
+        v = ev.hnode[e]
+        if ev.ek[v, EFREE] > 0 and ni[v, VER] == ev.hver[e]:
+            ev.hkey[h], ev.hstamp[h], ev.hnode[h], ev.hver[h] = (
+                ev.hkey[e], ev.hstamp[e], ev.hnode[e], ev.hver[e])
+            h += 1
+    ev.es[ELEN] = 0
+    for e in range(h):  # re-heaped in place: pushing entry e never writes beyond slot e
+        _ev_push(ev, ev.hkey[e], ev.hstamp[e], ev.hnode[e], ev.hver[e])
+
+
+@nb.njit(cache=True, inline="always")
+def _ev_lowest(ev, ni):
+    """The free leaf node of the lowest (key, stamp), its entry popped and pushed back should
+    the node keep a free block (a node with cached blocks under it waits; when every free
+    node has some, the lowest goes); -1 if none."""
+    hk = np.empty(16)
+    hs = np.empty(16, dtype=np.int64)
+    hv = np.empty(16, dtype=np.int64)
+    h, victim = 0, -1
+    while ev.es[ELEN] > 0:
+        v, ver = ev.hnode[0], ev.hver[0]
+        if ev.ek[v, EFREE] == 0 or ni[v, VER] != ver:
+            _ev_pop(ev)
+            continue
+        if h == len(hk):
+            hk, hs, hv = (np.concatenate((hk, hk)), np.concatenate((hs, hs)),
+                          np.concatenate((hv, hv)))
+        hk[h], hs[h], hv[h] = ev.hkey[0], ev.hstamp[0], v
+        h += 1
+        _ev_pop(ev)
+        if ni[v, NCHILD] == 0:
+            victim = v
+            break
+    if victim < 0 and h > 0:
+        victim = hv[0]
+    for i in range(h):  # the entries back, as they were, but the victim's once it is gone
+        v = hv[i]
+        if v != victim or ev.ek[v, EFREE] > 1:
+            _ev_push(ev, hk[i], hs[i], v, ni[v, VER])
+    return victim
+
+
+@nb.njit(cache=True, inline="always")
+def _ev_sieve(ev, ni, n):
+    """SIEVE's hand over the nodes the host holds blocks of, in insertion order from after
+    its last victim, wrapping: it clears the visited bits it passes (pinned blocks' too) and
+    stops at the first unvisited free leaf; -1 if none."""
+    ek = ev.ek
+    known = np.flatnonzero(ek[:n, EHELD] > 0)
+    if len(known) == 0:
+        return -1
+    order = known[np.argsort(ni[known, NEXT_USE], kind="mergesort")]
+    start = 0
+    while start < len(order) and ni[order[start], NEXT_USE] <= ev.es[EHAND]:
+        start += 1
+    for i in range(2 * len(order)):  # the second lap finds the bits cleared
+        v = order[(start + i) % len(order)]
+        if ni[v, VISITED]:
+            ni[v, VISITED] = 0
+        elif ek[v, EFREE] > 0 and ni[v, NCHILD] == 0:
+            ev.es[EHAND] = ni[v, NEXT_USE]
+            return v
+    return -1
+
+
+@nb.njit(cache=True)
+def evictable_pop(hand, want, n, parent, ni, sc, ev, out):
+    """Up to ``want`` victims into ``out`` (engine blocks; returns how many): by SIEVE's hand
+    over insertion order (``hand``) or the lowest key among free leaves; each victim's block
+    (its node's oldest free block) is forgotten and its node evicted."""
+    got = 0
+    while got < want:
+        v = _ev_sieve(ev, ni, n) if hand else _ev_lowest(ev, ni)
+        if v < 0:
+            break
+        b = ev.ek[v, EHEAD]
+        out[got] = b
+        got += 1
+        _ev_drop(ev, b, parent, ni)
+        if ni[v, CACHED]:
+            ni[v, CACHED] = 0
+            sc[SIZE] -= 1
+    return got
+
+
+def evictable_nodes(n: int) -> np.ndarray:
+    """An evictable set's rows of ``n`` nodes: nothing free or held, empty free lists."""
+    ek = np.zeros((n, _EK), dtype=np.int64)
+    ek[:, EHEAD] = ek[:, ETAIL] = -1
+    return ek
+
+
+def evictable_blocks(n: int) -> np.ndarray:
+    """An evictable set's rows of ``n`` engine blocks: unknown, unlinked, not free."""
+    blocks = np.full((n, _BK), -1, dtype=np.int64)
+    blocks[:, BFREE] = 0
+    return blocks
 
 
 def node_table(n: int, dtype: type = np.int64, k: int | None = None) -> np.ndarray:

@@ -127,7 +127,10 @@ class OnlinePolicy(_Host):
     * :meth:`observe` each admitted request's block keys, root first, hits and misses, before
       the engine allocates for it;
     * :meth:`evicted` each observed block the engine drops (or could not cache);
-    * evict by :meth:`priority` (lower first). Priorities compare across blocks until
+    * a paged engine hands its free blocks to the policy's evictable set (:meth:`release`,
+      :meth:`acquire`, :meth:`drop`) and takes its victims from :meth:`pop_victims`, which
+      evicts them (:class:`~canopy.prefix.evictable.EvictableBlocks` does this for a host);
+    * or evict by :meth:`priority` (lower first). Priorities compare across blocks until
       :attr:`epoch` changes (``canopy`` switching arm re-orders them): then re-key.
     * ``sieve`` (:attr:`hand`) is not a priority order but a hand over insertion order:
       :meth:`priority` is the insertion order, and the hand walks from the oldest block (from
@@ -146,7 +149,8 @@ class OnlinePolicy(_Host):
             raise ValueError("an online policy forgets; history_floor must be in (0, 1)")
         super().__init__(policy, capacity, history_floor, prefix_keys=True, serves=False)
         self._seq = 0
-        self._pending: tuple[tuple[Hashable, ...], int] | None = None
+        # the request the shadows replay next: its keys, index, nodes and when they were named
+        self._pending: tuple[tuple[Hashable, ...], int, np.ndarray, int] | None = None
 
     @property
     def hand(self) -> bool:
@@ -175,15 +179,16 @@ class OnlinePolicy(_Host):
             self._replay_pending()
         path = self.tree.chain(keys)
         self._seq = self.tree.observe(self.requests, path[start:], self._seq)
+        self.tree.rekey(path)
         if not self.tree.has_shadows:
             if not start:
                 self._after_request()
             return
         if not start:
-            self._pending = (tuple(keys), self.requests)
+            self._pending = (tuple(keys), self.requests, path, self.tree.forgotten)
             self._after_request()
         elif self._pending is not None and self._grows(self._pending[0], keys):
-            self._pending = (tuple(keys), self._pending[1])
+            self._pending = (tuple(keys), self._pending[1], path, self.tree.forgotten)
 
     @staticmethod
     def _grows(seen: Sequence[Hashable], keys: Sequence[Hashable]) -> bool:
@@ -195,9 +200,11 @@ class OnlinePolicy(_Host):
         """Replay the last observed request in the shadows (``canopy``)."""
         if self._pending is None:
             return
-        keys, t = self._pending
+        keys, t, path, forgotten = self._pending
         self._pending = None
-        self.tree.replay_shadows(t, self.tree.chain(keys))
+        if forgotten != self.tree.forgotten:  # renumbered since: the nodes again
+            path = self.tree.chain(keys)
+        self.tree.replay_shadows(t, path)
 
     def evicted(self, key: Hashable) -> None:
         """The engine dropped block ``key`` (unknown keys are ignored)."""
@@ -229,6 +236,35 @@ class OnlinePolicy(_Host):
         v = self.tree.node(key)
         if v >= 0:
             self.tree.clear_visited(v)
+
+    # ------------------------------------------------------------ the evictable set
+    def release(self, blocks: Sequence[int], keys: Sequence[Hashable]) -> np.ndarray:
+        """The engine freed ``blocks[i]`` (ids >= 0) caching ``keys[i]``, in that order: they
+        may be evicted from now on (:meth:`pop_victims`). Returns which keys the policy knows
+        (observed, not forgotten); a block of an unknown key is forgotten here, for its host
+        to evict first."""
+        blocks = np.asarray(blocks, dtype=np.int64)
+        nodes = self.tree.nodes(keys)
+        known = nodes >= 0
+        if not known.all():
+            self.tree.drop(blocks[~known])
+            blocks, nodes = blocks[known], nodes[known]
+        self.tree.release(blocks, nodes)
+        return known
+
+    def acquire(self, blocks: Sequence[int]) -> None:
+        """The engine's hits took ``blocks`` back: pinned, not evictable until released."""
+        self.tree.acquire(np.asarray(blocks, dtype=np.int64))
+
+    def drop(self, blocks: Sequence[int]) -> None:
+        """The engine reused ``blocks`` or dropped their keys: forgotten (not evicted)."""
+        self.tree.drop(np.asarray(blocks, dtype=np.int64))
+
+    def pop_victims(self, n: int) -> np.ndarray:
+        """Up to ``n`` free blocks to evict, in the policy's order among free leaves (blocks
+        no held block hangs under: the replay's victims), or by SIEVE's hand (:attr:`hand`);
+        each is forgotten and its key evicted. Fewer when fewer are free."""
+        return self.tree.pop_victims(n)
 
     def _forget(self) -> None:
         self.tree.hold_at_most(self.capacity + self.tree.longest)
