@@ -32,6 +32,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
@@ -46,7 +47,8 @@ from canopy.stats import mean_ci
 from canopy.validation import check_count
 
 __all__ = ["ENGINES", "PEERS", "ROUTERS", "BenchError", "Front", "MissingPeer", "Outcome",
-           "Replica", "bench_json", "interleave", "peer_binary", "peer_router", "predict",
+           "Replica", "RouterRuns", "bench_json", "canopy_gateway", "fit_ttft",
+           "gateway_config", "interleave", "peer_binary", "peer_router", "predict",
            "run_bench", "send", "start_replicas", "write_mooncake"]
 
 ENGINES = ("vllm", "llama")
@@ -90,6 +92,9 @@ class Replica:
     headers: dict[str, str]
     model: str
     counters: Callable[[], tuple[float, float]]
+    events_endpoint: str | None = None
+    tokenizer: str | None = None
+    block_tokens: int = 16
 
 
 @dataclass(frozen=True)
@@ -197,7 +202,7 @@ def _free_port() -> int:
 
 
 @contextmanager
-def peer_router(name: str, replicas: Sequence[Replica], *, health_endpoint: str = "/health",
+def peer_router(name: str, replicas: Sequence[Replica], *,
                 startup_timeout: float = 120.0) -> Iterator[str]:
     """Peer router ``name`` on 127.0.0.1 in front of ``replicas`` with its cache-aware
     policy (its other settings at their defaults); yields its URL. Its output goes to a
@@ -209,8 +214,7 @@ def peer_router(name: str, replicas: Sequence[Replica], *, health_endpoint: str 
     command = [binary, *(("launch",) if name == "sglang-router" else ()),
                "--host", "127.0.0.1", "--port", str(port),
                "--worker-urls", *(r.url for r in replicas), "--policy", "cache_aware",
-               "--prometheus-port", str(metrics_port), "--prometheus-host", "127.0.0.1",
-               "--health-check-endpoint", health_endpoint]
+               "--prometheus-port", str(metrics_port), "--prometheus-host", "127.0.0.1"]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "NO_COLOR": "1", "RUST_LOG": "warn"}
     with tempfile.NamedTemporaryFile(prefix=f"canopy-{name}-", suffix=".log") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
@@ -241,12 +245,64 @@ def peer_router(name: str, replicas: Sequence[Replica], *, health_endpoint: str 
                 process.wait(timeout=10)
 
 
+def gateway_config(replicas: Sequence[Replica], *, precise: bool) -> dict[str, Any]:
+    """The configuration of ``canopy serve router`` with one model served by ``replicas``
+    under the ``canopy`` replica policy: ``precise`` from the replicas' KV events, else
+    ``approximate`` (its routing history, calibrated by the cached tokens engines report)."""
+    first = replicas[0]
+    entries: list[Any] = [
+        {"url": f"{r.url}/v1", "events_endpoint": r.events_endpoint, "events_topic": "kv"}
+        if precise else f"{r.url}/v1" for r in replicas]
+    return {"store": "memory", "prices": {first.model: {"input": 0.0, "output": 0.0}},
+            "upstreams": [{"model": first.model, "upstream_model": first.model,
+                           "timeout_s": 600,
+                           "replicas": entries, "replica_policy": "canopy",
+                           "index": {"mode": "precise" if precise else "approximate",
+                                     "block_size": first.block_tokens,
+                                     "tokenizer": first.tokenizer}}]}
+
+
 @contextmanager
-def canopy_gateway(engine: str, replicas: Sequence[Replica]) -> Iterator[str]:
-    """Canopy's gateway (``canopy serve router``) in front of ``replicas``; yields its URL."""
-    raise BenchError("Canopy's gateway in front of replicas is not in this build: run "
-                     "with --no-canopy")
-    yield ""
+def canopy_gateway(engine: str, replicas: Sequence[Replica], *,
+                   startup_timeout: float = 120.0) -> Iterator[str]:
+    """Canopy's gateway (``canopy serve router``, no client key, loopback) in front of
+    ``replicas`` (:func:`gateway_config`; precise where the engine is vLLM); yields its URL."""
+    import httpx
+
+    port = _free_port()
+    with tempfile.TemporaryDirectory(prefix="canopy-bench-gateway-") as folder:
+        config = Path(folder) / "gateway.json"
+        config.write_text(json.dumps(gateway_config(replicas, precise=engine == "vllm")))
+        log = Path(folder) / "gateway.log"
+        with log.open("wb") as sink:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "canopy", "serve", "router", "--config", str(config),
+                 "--host", "127.0.0.1", "--port", str(port), "--insecure-no-auth"],
+                stdout=sink, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.monotonic() + startup_timeout
+            while True:
+                if process.poll() is not None:
+                    raise BenchError(f"canopy serve router exited with code "
+                                     f"{process.returncode}: {_tail(str(log))}")
+                try:
+                    if httpx.get(f"{url}/health", timeout=2.0).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise BenchError(f"canopy serve router did not answer within "
+                                     f"{startup_timeout:g} s: {_tail(str(log))}")
+                time.sleep(0.3)
+            yield url
+        finally:
+            process.terminate()
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(timeout=10)
 
 
 def _tail(file: str, n_chars: int = 600) -> str:
@@ -259,7 +315,7 @@ def start_replicas(engine: str, n: int, stack: ExitStack, *, block_tokens: int,
     """``n`` engine replicas on loopback, ended with ``stack``: vLLM's CPU build (prefix
     caching on, a pool of ``blocks`` blocks; counters ``vllm:prefix_cache_hits_total`` and
     ``_queries_total``, in tokens) or llama.cpp with an LRU state cache of ``capacity_mb``
-    (counters: ``/canopy/cache``'s reused and full prompt blocks)."""
+    (:mod:`.llama_replica`; counters: ``/canopy/cache``'s reused and full prompt blocks)."""
     if engine not in ENGINES:
         raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
     check_count(n, "replicas")
@@ -271,21 +327,39 @@ def start_replicas(engine: str, n: int, stack: ExitStack, *, block_tokens: int,
                            n_ctx=max_model_len, threads=threads) for _ in range(n)]
 
 
-def _vllm_replica(stack: ExitStack, **options: Any) -> Replica:
+def _vllm_replica(stack: ExitStack, *, block_tokens: int, **options: Any) -> Replica:
+    """A vLLM replica publishing its KV events (ZMQ, topic ``kv``) to an endpoint on
+    loopback where Canopy's gateway binds, without an API key: the peer routers hand every
+    worker the client's one key, and each :class:`VLLMServer` draws its own (loopback only).
+    Both through a launcher script in vLLM's interpreter's place (the server's command is
+    :class:`VLLMServer`'s)."""
+    import shlex
+
     from canopy.apps.cache.vllm_server import VLLMServer, model_folder, vllm_python
     from canopy.llm.local import find_smollm2_gguf
 
     python = vllm_python()
     folder, how = model_folder(find_smollm2_gguf(), python)
+    endpoint = f"tcp://127.0.0.1:{_free_port()}"
+    events = json.dumps({"enable_kv_cache_events": True, "publisher": "zmq",
+                         "endpoint": endpoint, "topic": "kv"})
+    launcher = Path(stack.enter_context(tempfile.TemporaryDirectory(
+        prefix="canopy-bench-vllm-"))) / "python"
+    launcher.write_text(f"#!/bin/sh\nunset VLLM_API_KEY\nexec {shlex.quote(python)} \"$@\" "
+                        f"--kv-events-config {shlex.quote(events)}\n")
+    launcher.chmod(0o700)
     server = stack.enter_context(VLLMServer(folder, policy="vllm", dummy=how == "dummy",
-                                            python=python, **options))
+                                            python=str(launcher), block_tokens=block_tokens,
+                                            **options))
 
     def counters() -> tuple[float, float]:
         values = server.metrics()
         return (values.get("vllm:prefix_cache_hits_total", 0.0),
                 values.get("vllm:prefix_cache_queries_total", 0.0))
 
-    return Replica(server.url, server.headers, server.model, counters)
+    tokenizer = folder if (folder / "tokenizer.json").is_file() else None
+    return Replica(server.url, {}, server.model, counters, endpoint,
+                   None if tokenizer is None else str(tokenizer), block_tokens)
 
 
 def _llama_replica(stack: ExitStack, *, block_tokens: int, capacity_mb: float, n_ctx: int,
@@ -296,7 +370,7 @@ def _llama_replica(stack: ExitStack, *, block_tokens: int, capacity_mb: float, n
 
     # no key: the peer routers' health checks send none (loopback only)
     server = stack.enter_context(LocalLlamaServer(
-        n_ctx=n_ctx, n_threads=threads, module="canopy.apps.cache.engine",
+        n_ctx=n_ctx, n_threads=threads, module="canopy.apps.fleet.llama_replica",
         extra_args=["--policy", "lru", "--capacity-mb", repr(capacity_mb), "--block-tokens",
                     str(block_tokens), "--no-auth"]))
     root = server.direct_url.removesuffix("/v1")
@@ -305,7 +379,12 @@ def _llama_replica(stack: ExitStack, *, block_tokens: int, capacity_mb: float, n
         stats = httpx.get(f"{root}/canopy/cache", timeout=30.0).json()
         return float(sum(stats["reused_blocks"])), float(sum(stats["prompt_blocks"]))
 
-    return Replica(root, {}, server.model, counters)
+    from canopy.apps.cache.vllm_server import _cache_root
+
+    tokenizer = _cache_root() / "smollm2-135m-hf"  # the same vocabulary, where converted
+    return Replica(root, {}, server.model, counters, None,
+                   str(tokenizer) if (tokenizer / "tokenizer.json").is_file() else None,
+                   block_tokens)
 
 
 def _interval(values: Sequence[float]) -> dict[str, float]:
@@ -338,6 +417,9 @@ def bench_json(runs: dict[str, RouterRuns],
         entry["hit_rate"] = float(np.mean(per.hit_rate)) if per.hit_rate else math.nan
         entry["lost"] = int(sum(len(rep) - len(ok) for rep, ok in zip(
             per.outcomes, served, strict=True)))
+        errors = Counter(o.error for rep in per.outcomes for o in rep if o.error is not None)
+        if errors:
+            entry["errors"] = dict(errors.most_common(3))
         reported = [(o.cached_tokens, len(tokens))
                     for rep, sent in zip(per.outcomes, prompt_tokens, strict=True)
                     for o, tokens in zip(rep, sent, strict=True)
@@ -405,16 +487,24 @@ def predict(file: Path, routers: Sequence[str], *, n_replicas: int, capacity_blo
         rows[name] = {"policy": rule, "index": index, "ttft_p50_s": row["ttft_p50_s"],
                       "ttft_p90_s": row["ttft_p90_s"], "hit_rate": row["hit_rate"]}
     return {"load": load, "ms_per_token": ms_per_token, "overhead_ms": overhead_ms,
+            "capacity_blocks": capacity_blocks,
             "seeds": seeds, "results": rows}
 
 
-def fit_ttft(outcomes: Sequence[Outcome], prompt_tokens: Sequence[Sequence[int]]
+def fit_ttft(runs: dict[str, RouterRuns], prompt_tokens: Sequence[Sequence[Sequence[int]]]
              ) -> tuple[float, float] | None:
-    """Least-squares ``ttft_ms = overhead + per_token * uncached`` over served requests whose
-    engine reported cached tokens (``None`` when too few or no spread)."""
-    pairs = [(len(t) - o.cached_tokens, o.ttft_s * 1000.0)
-             for o, t in zip(outcomes, prompt_tokens, strict=False)
-             if o.error is None and o.cached_tokens >= 0]
+    """Least-squares ``ttft_ms = overhead + per_token * uncached`` over every served request
+    of every router (the TTFT model of the simulator, :class:`~canopy.prefix.ttft.TTFTModel`,
+    as the loaded machine shows it); a request's uncached tokens are its prompt less the
+    cached tokens its engine reported, or, where the engine reports none per request (llama.cpp),
+    its prompt times one less its engines' hit rate in that repeat. ``None``: too few
+    requests or no spread."""
+    pairs = []
+    for per in runs.values():
+        for rep, hit, sent in zip(per.outcomes, per.hit_rate, prompt_tokens, strict=True):
+            pairs += [(len(t) - o.cached_tokens if o.cached_tokens >= 0 else
+                       len(t) * (1.0 - hit), o.ttft_s * 1000.0)
+                      for o, t in zip(rep, sent, strict=True) if o.error is None]
     if len(pairs) < 8 or len({x for x, _ in pairs}) < 2:
         return None
     x, y = np.array(pairs, dtype=float).T
@@ -466,9 +556,8 @@ def run_bench(*, engine: str, replicas: int, routers: Sequence[str], workload: s
             reps = start_replicas(engine, replicas, stack, block_tokens=block, blocks=blocks,
                                   capacity_mb=capacity_mb, max_model_len=longest,
                                   threads=threads)
-            health = "/health" if engine == "vllm" else "/v1/models"
             if name in PEERS:
-                url = stack.enter_context(peer_router(name, reps, health_endpoint=health))
+                url = stack.enter_context(peer_router(name, reps))
             elif name == "canopy":
                 url = stack.enter_context(canopy_gateway(engine, reps))
             else:
@@ -490,9 +579,8 @@ def run_bench(*, engine: str, replicas: int, routers: Sequence[str], workload: s
         "engine": engine, "replicas": replicas, "workload": streams[0].name,
         "requests": requests, "concurrency": concurrency, "repeats": repeats,
         "block_tokens": block, "results": bench_json(runs, tokens)}
-    fitted = fit_ttft([o for per in runs.values() for rep in per.outcomes for o in rep],
-                      [t for _ in runs for sent in tokens for t in sent])
-    per_token, overhead = fitted or (0.5, 30.0)
+    fitted = fit_ttft(runs, tokens)
+    per_token, overhead = fitted or (8.8, 44.0)  # docs/cache.md's llama.cpp calibration
     per_token = ms_per_token if ms_per_token is not None else per_token
     overhead = overhead_ms if overhead_ms is not None else overhead
     file = trace_out or Path(tempfile.gettempdir()) / f"canopy-fleet-bench-{os.getpid()}.jsonl"
