@@ -156,6 +156,38 @@ def test_interleave_holds_a_front_to_its_concurrency(workers):
     assert done.is_set() and workers[0].most_in_flight == 3
 
 
+def test_least_load_front_sends_around_a_busy_replica(workers):
+    workers[0].release.clear()
+    front = bench.Front("least-load", (workers[0].replica, workers[1].replica))
+    thread = threading.Thread(target=bench.interleave, args=([front], PROMPTS[:6]),
+                              kwargs={"model": "m", "concurrency": 2, "max_tokens": 1,
+                                      "headers": {}})
+    thread.start()
+    try:
+        for _ in range(100):  # the first request holds worker 0; the rest go to worker 1
+            if len(workers[1].prompts) == 5:
+                break
+            threading.Event().wait(0.05)
+        assert workers[0].in_flight == 1 and workers[1].prompts == PROMPTS[1:6]
+    finally:
+        workers[0].release.set()
+        thread.join(10)
+
+
+def test_ranking_compares_the_live_and_simulated_orders():
+    def row(p90):
+        return {"ttft_p90_s": {"mean": p90, "lo": p90, "hi": p90}}
+
+    live = {"canopy": row(0.2), "sglang-router": row(0.3), "round-robin": row(0.5)}
+    same = bench.ranking(live, {"canopy": row(1.0), "sglang-router": row(2.0),
+                                "round-robin": row(3.0), "least_load": row(0.1)})
+    assert same == {"live": ["canopy", "sglang-router", "round-robin"],
+                    "simulator": ["canopy", "sglang-router", "round-robin"], "same": True}
+    differ = bench.ranking(live, {"canopy": row(2.0), "sglang-router": row(1.0),
+                                  "round-robin": row(3.0)})
+    assert not differ["same"] and differ["simulator"][0] == "sglang-router"
+
+
 def test_bench_json_has_the_schema_and_counts_lost_requests(workers):
     failing = Worker(fail=True)
     try:

@@ -10,8 +10,8 @@ request for request and a difference in time to first token (TTFT) is the routin
 
 Routers (:data:`ROUTERS`): ``sglang-router`` and ``vllm-router``, the registry packages' own
 binaries with their default cache-aware policy (they try to download a tokenizer, fail
-offline and go on); ``round-robin``, a direct client-side rotation over the replicas (the
-reference without a router process).
+offline and go on); ``round-robin`` and ``least-load``, chosen by the client over the
+replicas (references without a router process).
 
 The stream (the workloads of ``canopy cache live``: Zipf few-shot prefixes or a Mooncake
 trace's prefix structure, one token a word) is also written in Mooncake format
@@ -49,15 +49,16 @@ from canopy.validation import check_count
 __all__ = ["ENGINES", "PEERS", "ROUTERS", "BenchError", "Front", "MissingPeer", "Outcome",
            "Replica", "RouterRuns", "bench_json", "canopy_gateway", "fit_ttft",
            "gateway_config", "interleave", "peer_binary", "peer_router", "predict",
-           "run_bench", "send", "start_replicas", "write_mooncake"]
+           "ranking", "run_bench", "send", "start_replicas", "write_mooncake"]
 
 ENGINES = ("vllm", "llama")
 PEERS = ("sglang-router", "vllm-router")
-ROUTERS = ("canopy", *PEERS, "round-robin")
+CLIENT_SIDE = ("round-robin", "least-load")
+ROUTERS = ("canopy", *PEERS, *CLIENT_SIDE)
 """Router names of ``--peers`` and of the JSON's ``results``."""
 INSTALL = "pip install sglang-router==0.3.2 vllm-router==0.1.17"
 SIM_POLICY = {"canopy": "canopy", "sglang-router": "sglang", "vllm-router": "sglang",
-              "round-robin": "round_robin"}
+              "round-robin": "round_robin", "least-load": "least_load"}
 """The simulator's rule for each live router (vllm-router's ``cache_aware`` is SGLang's)."""
 
 
@@ -97,17 +98,40 @@ class Replica:
     block_tokens: int = 16
 
 
-@dataclass(frozen=True)
+@dataclass
 class Front:
     """How requests reach one router's replicas: through ``url`` (a router process), or,
-    without one, rotated over ``replicas`` by the client (``round-robin``)."""
+    without one, chosen by the client: ``least-load`` the replica with the fewest of this
+    front's requests in flight (the first of the tied), else rotated by request index
+    (``round-robin``)."""
 
     name: str
     replicas: tuple[Replica, ...]
     url: str | None = None
+    in_flight: list[int] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def target(self, i: int) -> str:
-        return self.url if self.url is not None else self.replicas[i % len(self.replicas)].url
+    def acquire(self, i: int) -> int:
+        """The replica (index) request ``i`` goes to, counted in flight until
+        :meth:`release`; -1 when a router process chooses."""
+        if self.url is not None:
+            return -1
+        with self.lock:
+            if len(self.in_flight) != len(self.replicas):
+                self.in_flight = [0] * len(self.replicas)
+            k = (self.in_flight.index(min(self.in_flight)) if self.name == "least-load"
+                 else i % len(self.replicas))
+            self.in_flight[k] += 1
+        return k
+
+    def release(self, k: int) -> None:
+        if k >= 0:
+            with self.lock:
+                self.in_flight[k] -= 1
+
+    def target(self, k: int) -> str:
+        """The URL of the replica :meth:`acquire` chose (-1: the router's)."""
+        return self.url if k < 0 else self.replicas[k].url
 
     def counters(self) -> tuple[float, float]:
         pairs = [r.counters() for r in self.replicas]
@@ -177,12 +201,14 @@ def interleave(fronts: Sequence[Front], prompts: Sequence[str | list[int]], *, m
     with httpx.Client(timeout=600.0, limits=limits) as client, \
             ThreadPoolExecutor(concurrency * len(fronts)) as pool:
         def one(front: Front, i: int, sent: float) -> None:
+            k = front.acquire(i)
             try:
-                outcome = send(client, front.target(i), model, prompts[i], max_tokens,
+                outcome = send(client, front.target(k), model, prompts[i], max_tokens,
                                headers)
                 outcome.sent_s = sent
                 out[front.name][i] = outcome
             finally:
+                front.release(k)
                 slots[front.name].release()
                 if progress is not None:
                     progress(1)
@@ -465,15 +491,15 @@ def predict(file: Path, routers: Sequence[str], *, n_replicas: int, capacity_blo
             block_tokens: int, precise: bool, seeds: int = 3) -> dict[str, Any]:
     """The fleet simulator on the written stream: per router its rule's TTFT p50/p90 and hit
     rate (``canopy`` on the precise index where the engine publishes KV events, else the
-    approximate one), plus ``least_load``. Times per live token are converted to the file's
-    512-token unit."""
+    approximate one), plus ``least_load`` when no router is ``least-load``. Times per live
+    token are converted to the file's 512-token unit."""
     from canopy.apps.fleet.sim import Spec, load_trace, simulate, summarize
     from canopy.prefix.traces import MOONCAKE_BLOCK_TOKENS
 
     trace = load_trace(file)
     per_token = ms_per_token * block_tokens / MOONCAKE_BLOCK_TOKENS
     rows: dict[str, Any] = {}
-    names = [*routers, "least_load"]
+    names = [*routers, *(() if "least-load" in routers else ("least_load",))]
     for name in names:
         rule = SIM_POLICY.get(name, name)
         index = ("precise" if precise else "approximate") if rule == "canopy" else \
@@ -595,7 +621,17 @@ def run_bench(*, engine: str, replicas: int, routers: Sequence[str], workload: s
                                load=load, ms_per_token=per_token, overhead_ms=overhead,
                                tpot_ms=per_token, block_tokens=block,
                                precise=engine == "vllm")
+    out["ranking"] = ranking(out["results"], out["simulator"]["results"])
     return out
+
+
+def ranking(live: dict[str, Any], simulated: dict[str, Any]) -> dict[str, Any]:
+    """The routers ordered by mean TTFT p90, live and in the simulator (routers both have),
+    and whether the two orders agree."""
+    both = [name for name in live if name in simulated]
+    order = {where: sorted(both, key=lambda n: rows[n]["ttft_p90_s"]["mean"])
+             for where, rows in (("live", live), ("simulator", simulated))}
+    return {**order, "same": order["live"] == order["simulator"]}
 
 
 def _llama_blocks(capacity_mb: float, block_tokens: int) -> int:

@@ -140,7 +140,8 @@ def bench_command(
                                "(llama.cpp)"),
     replicas: int = typer.Option(2, help="engine replicas behind each router"),
     peers: str = typer.Option("sglang-router,vllm-router", help="peer routers, "
-                              "comma-separated: sglang-router, vllm-router, round-robin"),
+                              "comma-separated: sglang-router, vllm-router, round-robin, "
+                              "least-load (the last two chosen by the client)"),
     canopy: bool = typer.Option(True, "--canopy/--no-canopy", help="Canopy's gateway too"),
     workload: str = typer.Option("zipf", help="zipf, conversation or synthetic"),
     requests: int = typer.Option(240, help="requests per repeat"),
@@ -162,7 +163,14 @@ def bench_command(
     from rich.console import Console
     from rich.table import Table
 
-    from canopy.apps.fleet.bench import ENGINES, ROUTERS, MissingPeer, peer_binary, run_bench
+    from canopy.apps.fleet.bench import (
+        ENGINES,
+        PEERS,
+        ROUTERS,
+        MissingPeer,
+        peer_binary,
+        run_bench,
+    )
 
     names = [p.strip() for p in peers.split(",") if p.strip()]
     routers = (["canopy"] if canopy else []) + names
@@ -185,7 +193,7 @@ def bench_command(
     if capacity_mb <= 0:
         raise typer.BadParameter(f"--capacity-mb must be > 0, got {capacity_mb:g}")
     for name in names:
-        if name != "round-robin":
+        if name in PEERS:
             try:
                 peer_binary(name)
             except MissingPeer as error:
@@ -203,7 +211,7 @@ def bench_command(
     for column in ("router", "p50", "p90", "hit", "lost", "sim p50", "sim p90", "sim hit"):
         table.add_column(column, justify="left" if column == "router" else "right")
     sim = out["simulator"]["results"]
-    for name in [*out["results"], "least_load"]:
+    for name in sim:
         live, predicted = out["results"].get(name), sim.get(name)
         cells = ["", "", "", ""] if live is None else [
             _live_cell(live["ttft_p50_s"]), _live_cell(live["ttft_p90_s"]),
@@ -211,6 +219,9 @@ def bench_command(
         table.add_row(name, *cells, f"{predicted['ttft_p50_s']['mean']:.3f}",
                       f"{predicted['ttft_p90_s']['mean']:.3f}", f"{predicted['hit_rate']:.3f}")
     Console().print(table)
+    order = out["ranking"]
+    Console().print(f"by TTFT p90, live: {' < '.join(order['live'])}; simulator: "
+                    f"{' < '.join(order['simulator'])} ({'same' if order['same'] else 'differ'})")
     Console().print(f"stream written in Mooncake format to {out['trace']}")
 
 
