@@ -198,10 +198,13 @@ def bench_command(
                 peer_binary(name)
             except MissingPeer as error:
                 raise typer.BadParameter(str(error)) from None
-    out = run_bench(engine=engine, replicas=replicas, routers=routers, workload=workload,
-                    requests=requests, concurrency=concurrency, repeats=repeats, seed=seed,
-                    blocks=blocks, capacity_mb=capacity_mb, max_tokens=max_tokens,
-                    trace_out=trace_out)
+    from canopy.apps.cache.cli import _ended_by_signals  # SIGTERM: every engine stopped
+
+    with _ended_by_signals():
+        out = run_bench(engine=engine, replicas=replicas, routers=routers, workload=workload,
+                        requests=requests, concurrency=concurrency, repeats=repeats,
+                        seed=seed, blocks=blocks, capacity_mb=capacity_mb,
+                        max_tokens=max_tokens, trace_out=trace_out)
     if as_json:
         typer.echo(json.dumps(out))
         return
