@@ -159,8 +159,13 @@ def serve_router(config: Annotated[Path, typer.Option("--config", exists=True,
     )
     from canopy.apps.routing.proxy.config import ProxyConfig
     from canopy.apps.routing.proxy.connections import serve, uvicorn_config
+    from canopy.apps.routing.proxy.upstreams import unanswered
 
     settings = ProxyConfig.from_file(config)
+    for upstream in settings.upstreams:
+        down = unanswered(upstream) if len(upstream.replicas) > 1 else []
+        if down and len(down) == len(upstream.replicas):
+            raise ValueError(f"no replica of {upstream.model!r} answers: {', '.join(down)}")
     app = create_app(settings, insecure_no_auth=insecure_no_auth,
                      prior=None if prior is None else read_prior(prior))
     if workers > 1:  # each worker builds its own app

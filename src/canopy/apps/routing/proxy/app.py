@@ -67,7 +67,7 @@ from canopy.apps.routing.proxy.guard import (
     sane_usage,
 )
 from canopy.apps.routing.proxy.metrics import CONTENT_TYPE_LATEST, ProxyMetrics
-from canopy.apps.routing.proxy.upstreams import UpstreamPool
+from canopy.apps.routing.proxy.upstreams import Pick, UpstreamPool
 from canopy.apps.routing.proxy.web import error_json as _error
 from canopy.apps.routing.proxy.web import rating_route, read_json, refusal, refused
 from canopy.llm.client import (
@@ -121,6 +121,24 @@ class _Call:
     deadline: float  # time.perf_counter() at which it ends, streams included
 
 
+@dataclass(frozen=True)
+class _Served:
+    """Which replica of which pool answers a call (its bookkeeping when it ends)."""
+
+    pool: UpstreamPool | None
+    pick: Pick
+    replica: int
+
+    def finished(self, usage: Any) -> None:
+        if self.pool is not None:
+            self.pool.finished(self.pick, self.replica,
+                               usage if isinstance(usage, dict) else None)
+
+    def gone(self) -> _Served:
+        """Already accounted for (its replica failed)."""
+        return _Served(None, self.pick, self.replica)
+
+
 class _Proxy:
     """The proxy's state and logic, apart from the web framework. It decides nothing: the
     routing service chooses (:meth:`RoutingService.route`) and learns
@@ -147,14 +165,14 @@ class _Proxy:
         except StoreBusy as error:
             raise ValueError(f"cannot open the store {config.store}: {error}") from None
         cap = limits.max_answer_bytes
-        self.upstreams = {u.model: UpstreamPool(u, max_answer_bytes=cap)
+        self.metrics = ProxyMetrics()
+        self.upstreams = {u.model: UpstreamPool(u, max_answer_bytes=cap, metrics=self.metrics)
                           for u in config.upstreams}
         self.embedders = {u.model: UpstreamPool(u, max_answer_bytes=cap)
                           for u in config.embeddings}
         self.secrets = keys.secrets + tuple(os.environ.get(u.api_key_env, "")
                                             for u in (*config.upstreams, *config.embeddings)
                                             if u.api_key_env)
-        self.metrics = ProxyMetrics()
 
     async def _record(self, request_id: str, region: str, model: str, cost: float,
                       episode: str | None) -> None:
@@ -223,16 +241,17 @@ class _Proxy:
             streamed = await self._first(call, ranking, self._open_stream)
             if isinstance(streamed, JSONResponse):
                 return streamed
-            model, (response, chunks, first), _, _ = streamed
+            model, (response, chunks, first), _, _, served = streamed
             return StreamingResponse(
-                self._relay(call, model, first, chunks, response),
+                self._relay(call, model, first, chunks, response, served),
                 media_type="text/event-stream",
                 headers={"X-Canopy-Model": model, "X-Canopy-Request-Id": call.request_id,
                          "X-Canopy-Region": call.region})
         answered = await self._first(call, ranking, self._ask)
         if isinstance(answered, JSONResponse):
             return answered
-        model, answer, attempts, upstream_s = answered
+        model, answer, attempts, upstream_s, served = answered
+        served.finished(answer.raw.get("usage") if isinstance(answer.raw, dict) else None)
         prompt, completion, usage = sane_usage(view, len(answer.text), answer.raw,
                                                answer.prompt_tokens, answer.completion_tokens)
         cost = self.config.prices.cost(model, prompt, completion)
@@ -272,7 +291,7 @@ class _Proxy:
 
     async def _first(self, call: _Call, ranking: Sequence[str],
                      attempt: Callable[[AsyncPassthrough, _Call, float], Awaitable[_T]]
-                     ) -> tuple[str, _T, list[dict[str, Any]], float] | JSONResponse:
+                     ) -> tuple[str, _T, list[dict[str, Any]], float, _Served] | JSONResponse:
         """The failover of chats and streams alike: ``attempt`` on each model of
         ``ranking`` in turn (on the replica its upstream names), each within its timeout and
         all within the request's deadline, until one succeeds: ``(model, what it gave, the
@@ -280,23 +299,34 @@ class _Proxy:
         so. Every outcome reaches the service's breaker."""
         attempts: list[dict[str, Any]] = []
         upstream_s = 0.0
+        streaming = attempt is self._open_stream
         for model in ranking:
-            remaining = call.deadline - time.perf_counter()
-            if remaining <= 0:
-                break
             upstream = self.upstreams[model]
-            budget = min(remaining, upstream.timeout_s)
-            t0 = time.perf_counter()
-            try:  # the deadline holds for the whole call, not per read
-                result = await asyncio.wait_for(
-                    attempt(upstream.replica(call.body), call, budget), timeout=budget)
-            except _UPSTREAM_FAILURES as error:
-                attempts.append(self._attempt_failed(model, error, call.request_id))
-                continue
-            finally:
-                upstream_s += time.perf_counter() - t0
-            self.service.outcome(model, ok=True)
-            return model, result, attempts, upstream_s
+            pick = upstream.pick(call.body)
+            for replica in pick.order:
+                remaining = call.deadline - time.perf_counter()
+                if remaining <= 0:
+                    break
+                budget = min(remaining, upstream.timeout_s)
+                t0 = time.perf_counter()
+                upstream.sent(pick, replica)
+                try:  # the deadline holds for the whole call, not per read
+                    result = await asyncio.wait_for(
+                        attempt(upstream.client(replica), call, budget), timeout=budget)
+                except _UPSTREAM_FAILURES as error:
+                    status = getattr(error, "status", None)
+                    upstream.failed(pick, replica, down=not client_fault(status) and not
+                                    isinstance(error, (asyncio.TimeoutError,
+                                                       LLMTimeoutError)))
+                    attempts.append(self._attempt_failed(
+                        model, error, call.request_id,
+                        breaker=replica == pick.order[-1] or not upstream.fleet))
+                    continue
+                finally:
+                    upstream_s += time.perf_counter() - t0
+                upstream.first_token(pick, replica, learn=streaming)
+                self.service.outcome(model, ok=True)
+                return model, result, attempts, upstream_s, _Served(upstream, pick, replica)
         return self._failed(attempts, call.request_id, call.deadline)
 
     def _failed(self, attempts: list[dict[str, Any]], request_id: str, deadline: float
@@ -316,8 +346,8 @@ class _Proxy:
         return _error(503, "no upstream answered", "upstream_error", request_id=request_id,
                       attempts=public)
 
-    def _attempt_failed(self, model: str, error: BaseException, request_id: str
-                        ) -> dict[str, Any]:
+    def _attempt_failed(self, model: str, error: BaseException, request_id: str, *,
+                        breaker: bool = True) -> dict[str, Any]:
         """Count a failed upstream call (breaker, redacted log); the attempt's public record.
         A rejection that blames the request (:func:`client_fault`) is not the upstream's
         failure: the breaker does not count it."""
@@ -326,7 +356,7 @@ class _Proxy:
                 else LLMResponseError(f"the stream broke before its first byte "
                                       f"({type(error).__name__})")
         status = getattr(error, "status", None)
-        if not client_fault(status):
+        if breaker and not client_fault(status):  # a model's last replica, or its only one
             self.service.outcome(model, ok=False)
         self.metrics.failovers.labels(model=model).inc()
         log.warning("request %s: upstream %s failed: %s", request_id, model,
@@ -334,7 +364,8 @@ class _Proxy:
         return {"model": model, "reason": _reason(error), "status": status}
 
     async def _relay(self, call: _Call, model: str, first: bytes,
-                     chunks: AsyncIterator[bytes], response: Any) -> AsyncIterator[bytes]:
+                     chunks: AsyncIterator[bytes], response: Any, served: _Served
+                     ) -> AsyncIterator[bytes]:
         """The upstream's events, until it ends, the request's deadline passes or the
         answer exceeds ``limits.max_answer_bytes`` (then a last ``error`` event says why);
         the call is recorded whatever happens, and a failure to record never cuts the
@@ -363,6 +394,8 @@ class _Proxy:
                     log.warning("request %s: stream from %s broke: %s", call.request_id,
                                 model, redact(str(error), self.secrets))
                     cut = "the upstream's stream broke"
+                    served.pool.failed(served.pick, served.replica, down=True)
+                    served = served.gone()
                     break
             if cut is not None:
                 log.warning("request %s: stream from %s cut: %s", call.request_id, model, cut)
@@ -372,6 +405,7 @@ class _Proxy:
         finally:
             await response.aclose()
             usage = events.usage or {}
+            served.finished(usage)
             try:
                 prompt, completion, _ = sane_usage(
                     call.view, events.chars, {"usage": usage} if events.usage else {},
@@ -432,6 +466,8 @@ class _Proxy:
             log.warning("warm-up: the region classifier failed: %s",
                         redact(repr(error), self.secrets))
         self.config.prices.cost(scratch.models[0], *expected_tokens(body))
+        for pool in self.upstreams.values():
+            pool.warm_up(body)
 
     # -- feedback (through :func:`~canopy.apps.routing.proxy.web.rating_route`) ---------
     def feedback(self, request_id: str, quality: Any) -> dict[str, Any]:
@@ -461,6 +497,17 @@ class _Proxy:
                 "price_table": self.config.prices.version, "ejected": self.service.ejected(),
                 **counts, "statistics": self.service.estimates()}
 
+    async def start(self) -> None:
+        """Start the replica pools' health probes and event subscribers; a replica down at
+        start is logged (once) and left to the probe."""
+        for pool in self.upstreams.values():
+            await pool.start()
+            if pool.fleet:
+                answers = await asyncio.gather(*(pool.answers(r) for r in range(len(pool.up))))
+                for replica, up in enumerate(answers):
+                    if not up:
+                        pool.mark_down(replica)
+
     async def close(self) -> None:
         for upstream in (*self.upstreams.values(), *self.embedders.values()):
             await upstream.aclose()
@@ -482,6 +529,7 @@ def create_app(config: ProxyConfig, *, insecure_no_auth: bool = False,
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         proxy.warm_up()  # uvicorn accepts connections only after this
+        await proxy.start()
         yield
         await proxy.close()
 
@@ -525,6 +573,8 @@ def create_app(config: ProxyConfig, *, insecure_no_auth: bool = False,
         refused_key = refusal(keys, request, admin=True)
         if refused_key is not None:
             return refused_key
+        for pool in proxy.upstreams.values():
+            pool.report()
         return Response(proxy.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/router/stats")

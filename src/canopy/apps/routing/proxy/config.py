@@ -3,7 +3,16 @@
     {
       "upstreams": [
         {"model": "small", "base_url": "http://127.0.0.1:8001/v1",
-         "upstream_model": "smollm2-135m", "api_key_env": null, "timeout_s": 10}
+         "upstream_model": "smollm2-135m", "api_key_env": null, "timeout_s": 10},
+        {"model": "fleet", "replicas": ["http://127.0.0.1:8002/v1",
+                                        {"url": "http://127.0.0.1:8003/v1",
+                                         "events_endpoint": "tcp://127.0.0.1:5557",
+                                         "events_topic": "kv", "replay_endpoint": null,
+                                         "block_size": 16, "tokenizer": null}],
+         "replica_policy": "canopy",    # canopy.fleet.make_policy's names
+         "index": {"mode": "approximate", "block_size": 16, "tokenizer": null,
+                   "ttl_s": 180, "max_event_bytes": 4194304},
+         "allow_remote_events": false}  # the gateway's replicas (docs/fleet.md, "Gateway")
       ],
       "lam": 100.0,                      # reward = quality - lam * cost (dollars)
       "learner": "ucb", "sharing": "test", "delta": 0.01, "kappa": 5.0, "explore": 1.0,
@@ -41,25 +50,95 @@ from canopy.regional import sources
 from canopy.regional.router import RegionalRouter
 from canopy.validation import check_count, check_positive
 
-__all__ = ["AuthConfig", "Limits", "ProxyConfig", "Upstream"]
+__all__ = ["AuthConfig", "Limits", "ProxyConfig", "Replica", "Upstream"]
+
+
+INDEX_KEYS = frozenset({"mode", "block_size", "tokenizer", "ttl_s", "max_event_bytes"})
+
+
+@dataclass(frozen=True)
+class Replica:
+    """One replica of a model: its URL and, for a ``precise`` index, where its KV events
+    arrive (``events_endpoint``, bound by the gateway; ``events_topic``; vLLM's
+    ``replay_endpoint``); ``block_size`` and ``tokenizer`` override the upstream's
+    ``index`` settings."""
+
+    url: str
+    events_endpoint: str | None = None
+    events_topic: str = ""
+    replay_endpoint: str | None = None
+    block_size: int | None = None
+    tokenizer: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.url, str) or not self.url.startswith(("http://", "https://")):
+            raise ValueError(f"a replica URL must be http(s), got {self.url!r}")
+        if self.block_size is not None:
+            check_count(self.block_size, "block_size")
+
+    @classmethod
+    def from_entry(cls, entry: Any) -> Replica:
+        """A replica from its config entry: a URL, or an object with ``url``."""
+        if isinstance(entry, str):
+            return cls(entry)
+        if not isinstance(entry, dict):
+            raise ValueError(f"a replica is a URL or an object with 'url', got {entry!r}")
+        try:
+            return cls(**entry)
+        except TypeError as error:
+            raise ValueError(f"bad replica entry: {error}") from None
 
 
 @dataclass(frozen=True)
 class Upstream:
-    """One model behind the proxy."""
+    """One model behind the proxy: one ``base_url``, or several ``replicas`` among which
+    ``replica_policy`` (a name of :func:`canopy.fleet.make_policy`) chooses per request,
+    with a replica index set by ``index`` (``mode``: ``precise`` from KV events or
+    ``approximate``; ``block_size``; ``tokenizer``; ``ttl_s``; ``max_event_bytes``)."""
 
     model: str
-    base_url: str
+    base_url: str = ""
     upstream_model: str = ""
     api_key_env: str | None = None
     timeout_s: float = 30.0
+    replicas: tuple[Replica, ...] = ()
+    replica_policy: str = "round_robin"
+    index: dict[str, Any] = field(default_factory=dict)
+    allow_remote_events: bool = False
 
     def __post_init__(self) -> None:
         if not self.model:
             raise ValueError("an upstream needs a model name")
-        if not self.base_url.startswith(("http://", "https://")):
-            raise ValueError(f"upstream {self.model!r}: base_url must be http(s), "
-                             f"got {self.base_url!r}")
+        replicas = tuple(r if isinstance(r, Replica) else Replica.from_entry(r)
+                         for r in self.replicas)
+        urls = [r.url for r in replicas]
+        if not replicas:
+            if not self.base_url.startswith(("http://", "https://")):
+                raise ValueError(f"upstream {self.model!r}: base_url must be http(s), "
+                                 f"got {self.base_url!r}")
+            replicas = (Replica(self.base_url),)
+        elif self.base_url and self.base_url not in urls:
+            raise ValueError(f"upstream {self.model!r}: base_url {self.base_url!r} is not "
+                             "one of its replicas")
+        if len(set(urls)) != len(urls):
+            raise ValueError(f"upstream {self.model!r}: replica URLs repeat")
+        object.__setattr__(self, "replicas", replicas)
+        object.__setattr__(self, "base_url", replicas[0].url)
+        from canopy.fleet.policies import NAMES
+
+        if self.replica_policy not in NAMES:
+            raise ValueError(f"upstream {self.model!r}: unknown replica policy "
+                             f"{self.replica_policy!r}; known: {', '.join(NAMES)}")
+        if not isinstance(self.index, dict) or set(self.index) - INDEX_KEYS:
+            raise ValueError(f"upstream {self.model!r}: 'index' takes the keys "
+                             f"{sorted(INDEX_KEYS)}")
+        mode = self.index.get("mode", "approximate")
+        if mode not in ("precise", "approximate"):
+            raise ValueError(f"upstream {self.model!r}: index mode must be 'precise' or "
+                             f"'approximate', got {mode!r}")
+        if mode == "precise" and any(r.events_endpoint is None for r in replicas):
+            raise ValueError(f"upstream {self.model!r}: a precise index needs every "
+                             "replica's events_endpoint")
         object.__setattr__(self, "timeout_s", check_positive(self.timeout_s, "timeout_s"))
         if not self.upstream_model:
             object.__setattr__(self, "upstream_model", self.model)

@@ -1,6 +1,8 @@
 """The proxy's Prometheus metrics (``GET /metrics``, admin key): requests by status,
 failed upstream attempts by model, whole-request latency, the model that answered, and
-feedback by kind and status. One registry per app, so several proxies in one process (tests,
+feedback by kind and status; for models with replicas, picks and fallbacks per replica,
+the replica index's size, the KV events' lag and the event messages dropped.
+One registry per app, so several proxies in one process (tests,
 ``serve_in_thread``) never share counters; with ``--workers N`` each worker reports its own
 (scrape each, or sum them)."""
 
@@ -10,6 +12,7 @@ from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
     Counter,
+    Gauge,
     Histogram,
     generate_latest,
 )
@@ -35,6 +38,17 @@ class ProxyMetrics:
                                registry=self.registry)
         self.feedback = Counter("canopy_feedback", "Feedback requests by kind and HTTP status",
                                 ["kind", "status"], registry=self.registry)
+        self.replica_picks = Counter("canopy_replica_picks", "Requests sent, by replica",
+                                     ["model", "replica"], registry=self.registry)
+        self.replica_fallbacks = Counter(
+            "canopy_replica_fallbacks", "Requests a replica failed or could not take (the "
+            "next replica was tried)", ["model", "replica"], registry=self.registry)
+        self.index_blocks = Gauge("canopy_index_blocks", "Blocks in the replica index",
+                                  ["model"], registry=self.registry)
+        self.event_lag = Gauge("canopy_event_lag_seconds", "Age of the newest KV-event batch "
+                               "applied", ["model", "replica"], registry=self.registry)
+        self.events_dropped = Counter("canopy_events_dropped", "KV-event messages dropped, by "
+                                      "reason", ["model", "reason"], registry=self.registry)
 
     def chat(self, status: int, model: str | None, seconds: float) -> None:
         self.requests.labels(status=str(status)).inc()

@@ -1,0 +1,375 @@
+"""The gateway: the routing proxy in front of several replicas of one model, over real HTTP
+on 127.0.0.1 against scripted replicas, and its KV-event subscriber against a real ZMQ
+publisher sending msgpack batches as vLLM's ``ZmqEventPublisher`` does."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import httpx
+import numpy as np
+import pytest
+
+pytest.importorskip("fastapi")
+zmq = pytest.importorskip("zmq")
+msgpack = pytest.importorskip("msgpack")
+
+from canopy.apps.routing.proxy.app import create_app, serve_in_thread  # noqa: E402
+from canopy.apps.routing.proxy.config import ProxyConfig  # noqa: E402
+from canopy.fleet import ReplicaIndex  # noqa: E402
+from canopy.fleet.subscriber import EventSource, EventSubscriber  # noqa: E402
+from canopy.fleet.tokens import PromptTokenizer, chain_keys  # noqa: E402
+
+CLIENT_KEY, ADMIN_KEY = "client-gateway-key-1", "admin-gateway-key-2"
+CLIENT = {"Authorization": f"Bearer {CLIENT_KEY}"}
+ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
+PRICES = {"version": "test-1", "models": {"fleet": {"input": 1.0, "output": 1.0}}}
+
+
+@pytest.fixture(autouse=True)
+def keys(monkeypatch):
+    monkeypatch.setenv("GW_CLIENT_KEY", CLIENT_KEY)
+    monkeypatch.setenv("GW_ADMIN_KEY", ADMIN_KEY)
+
+
+def _port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Replica:
+    """A scripted engine replica: ``GET /v1/models``, chats (streamed or not) answered with
+    its name; ``stop()`` then ``start()`` brings it back on the same port. ``die_after``:
+    a stream is cut after its first event."""
+
+    def __init__(self, name: str, port: int | None = None) -> None:
+        self.name, self.port = name, port or _port()
+        self.served: Counter[str] = Counter()
+        self.die_mid_stream = False
+        self._server: ThreadingHTTPServer | None = None
+
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def start(self) -> Replica:
+        replica = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def _send(self, body: bytes, kind: str = "application/json") -> None:
+                self.send_response(200)
+                self.send_header("Content-Type", kind)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+                self.close_connection = True  # a stopped replica answers nothing more
+
+            def do_GET(self) -> None:
+                self._send(json.dumps({"data": [{"id": "m"}]}).encode())
+
+            def do_POST(self) -> None:
+                asked = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                replica.served["chat"] += 1
+                usage = {"prompt_tokens": 10, "completion_tokens": 2,
+                         "prompt_tokens_details": {"cached_tokens": 0}}
+                if not asked.get("stream"):
+                    self._send(json.dumps({"choices": [{"message": {
+                        "role": "assistant", "content": replica.name}}], "usage": usage})
+                        .encode())
+                    return
+                chunk = {"choices": [{"delta": {"content": replica.name}}]}
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+
+                def write(data: bytes) -> None:
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+                    self.wfile.flush()
+
+                write(f"data: {json.dumps(chunk)}\n\n".encode())
+                self.close_connection = True
+                if replica.die_mid_stream:  # the process dies: no last chunk
+                    time.sleep(0.2)
+                    self.connection.shutdown(socket.SHUT_RDWR)
+                    return
+                write(f"data: {json.dumps({'choices': [], 'usage': usage})}\n\n"
+                      "data: [DONE]\n\n".encode())
+                self.wfile.write(b"0\r\n\r\n")
+
+            def log_message(self, format: str, *args: object) -> None:
+                pass
+
+        ThreadingHTTPServer.allow_reuse_address = True
+        self._server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        self._server.daemon_threads = True
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+
+@pytest.fixture
+def replicas():
+    started = [Replica("r0").start(), Replica("r1").start()]
+    yield started
+    for replica in started:
+        replica.stop()
+
+
+def config(replicas, *, policy="round_robin", index=None, **extra) -> dict:
+    return {"upstreams": [{"model": "fleet", "replicas": [r.url() for r in replicas],
+                           "replica_policy": policy, "index": index or {}, "timeout_s": 5,
+                           **extra}],
+            "store": "memory", "prices": PRICES,
+            "auth": {"client_key_env": "GW_CLIENT_KEY", "admin_key_env": "GW_ADMIN_KEY"}}
+
+
+def ask(url: str, text: str = "hello there", **body) -> httpx.Response:
+    return httpx.post(f"{url}/v1/chat/completions", headers=CLIENT, timeout=10,
+                      json={"messages": [{"role": "user", "content": text}], **body})
+
+
+def test_replicas_are_chosen_per_request_and_counted(replicas):
+    app = create_app(ProxyConfig.from_mapping(config(replicas)))
+    with serve_in_thread(app, startup_timeout=120) as url:
+        answers = [ask(url).json()["choices"][0]["message"]["content"] for _ in range(6)]
+        metrics = httpx.get(f"{url}/metrics", headers=ADMIN).text
+    assert Counter(answers) == {"r0": 3, "r1": 3}  # round robin
+    assert "canopy_replica_picks_total" in metrics and replicas[1].url() in metrics
+
+
+def test_the_canopy_policy_keeps_a_prefix_where_it_is_cached(replicas):
+    """Approximate index: the same long prompt twice goes to the same replica."""
+    app = create_app(ProxyConfig.from_mapping(config(
+        replicas, policy="canopy", index={"mode": "approximate", "block_size": 4})))
+    prompt = "a long shared system prompt " * 20
+    with serve_in_thread(app, startup_timeout=120) as url:
+        first = [ask(url, prompt).json()["choices"][0]["message"]["content"]
+                 for _ in range(4)]
+    assert len(set(first)) == 1
+
+
+def test_a_replica_killed_mid_run_loses_no_request_and_leaves_the_index(replicas):
+    app = create_app(ProxyConfig.from_mapping(config(
+        replicas, policy="least_load", index={"mode": "approximate", "block_size": 4})))
+    pool = app.state.proxy.upstreams["fleet"]
+    with serve_in_thread(app, startup_timeout=120) as url:
+        statuses = [ask(url, f"prompt {i} " * 8).status_code for i in range(4)]
+        replicas[1].stop()
+        statuses += [ask(url, f"prompt {i} " * 8).status_code for i in range(4, 12)]
+        held = [pool.index.match(pool.pick({"messages": [{"role": "user", "content":
+                                                           f"prompt {i} " * 8}]}).keys)
+                for i in range(12)]
+        assert pool.up == [True, False]
+        replicas[1].start()  # the same port: the probe re-admits it
+        for _ in range(100):
+            if pool.up[1]:
+                break
+            time.sleep(0.05)
+        assert pool.up[1]
+        answers = Counter(ask(url, f"again {i}").json()["choices"][0]["message"]["content"]
+                          for i in range(6))
+    assert statuses == [200] * 12
+    assert all(h[1] == 0 for h in held)  # the dead replica left the index at its failure
+    assert answers["r1"] > 0
+
+
+def test_a_stream_whose_replica_dies_ends_with_an_error_event(replicas):
+    replicas[0].die_mid_stream = replicas[1].die_mid_stream = True
+    app = create_app(ProxyConfig.from_mapping(config(replicas)))
+    with serve_in_thread(app, startup_timeout=120) as url:
+        with httpx.stream("POST", f"{url}/v1/chat/completions", headers=CLIENT, timeout=10,
+                          json={"messages": [{"role": "user", "content": "hi"}],
+                                "stream": True}) as response:
+            text = b"".join(response.iter_raw()).decode()
+    assert '"content": "r' in text and '"error"' in text.rsplit("data:", 1)[1]
+
+
+def test_bad_replica_configurations_are_refused():
+    base = config([Replica("a"), Replica("b")])
+    for change, needle in (({"replica_policy": "best"}, "unknown replica policy"),
+                           ({"base_url": "http://127.0.0.1:1/v1"}, "not one of its replicas"),
+                           ({"index": {"mode": "precise"}}, "events_endpoint"),
+                           ({"index": {"colour": 1}}, "'index' takes")):
+        data = json.loads(json.dumps(base))
+        data["upstreams"][0].update(change)
+        with pytest.raises(ValueError, match=needle):
+            ProxyConfig.from_mapping(data)
+
+
+def test_the_cli_refuses_a_model_none_of_whose_replicas_answers(tmp_path):
+    path = tmp_path / "router.json"
+    path.write_text(json.dumps(config([Replica("a"), Replica("b")])))
+    done = subprocess.run([sys.executable, "-m", "canopy", "serve", "router", "--config",
+                           str(path), "--port", str(_port())], capture_output=True, text=True,
+                          timeout=120, env={"PYTHONPATH": ":".join(sys.path), "PATH": "",
+                                            "GW_CLIENT_KEY": "k", "GW_ADMIN_KEY": "a"})
+    assert done.returncode == 2
+    assert "no replica of 'fleet' answers" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+
+
+# -- KV events ---------------------------------------------------------------------------
+@pytest.fixture
+def tokenizer_file(tmp_path):
+    """A small local word-level tokenizer (nothing from a hub)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    words = "user assistant hello there a long shared system prompt the cat sat".split()
+    vocab = {"[UNK]": 0, **{w: i + 1 for i, w in enumerate(words)}}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    path = tmp_path / "tokenizer.json"
+    tokenizer.save(str(path))
+    return path
+
+
+def _batch(events, ts=None) -> bytes:
+    return msgpack.packb([time.time() if ts is None else ts, events])
+
+
+def _stored(tokens, block_size, parent=None, first_hash=1000):
+    n = len(tokens) // block_size
+    return {"type": "BlockStored", "block_hashes": list(range(first_hash, first_hash + n)),
+            "parent_block_hash": parent,
+            "token_ids": [int(t) for t in tokens[:n * block_size]],
+            "block_size": block_size, "lora_id": None, "medium": "GPU"}
+
+
+async def _settle(condition, seconds=2.0):
+    for _ in range(int(seconds / 0.01)):
+        if condition():
+            return True
+        await asyncio.sleep(0.01)
+    return condition()
+
+
+def test_events_from_a_real_zmq_publisher_fill_the_index(tokenizer_file, caplog):
+    """BlockStored keyed on its token ids matches the request's keys; a malformed or
+    foreign message is dropped, counted and logged once; the next good one is applied."""
+    tok = PromptTokenizer(tokenizer_file)
+    body = {"messages": [{"role": "user", "content": "a long shared system prompt " * 4}]}
+    ids = tok.ids(body)
+    keys, _ = tok.keys(body, 4)
+    endpoint = f"tcp://127.0.0.1:{_port()}"
+
+    async def main():
+        index = ReplicaIndex(2)
+        sub = EventSubscriber(index, [EventSource(1, endpoint, "kv", None, 4)])
+        sub.start()
+        pub = zmq.asyncio.Context.instance().socket(zmq.PUB)
+        pub.connect(endpoint)
+        await asyncio.sleep(0.3)  # the slow joiner
+        half = len(ids) // 8 * 4
+        await pub.send_multipart([b"kv", (0).to_bytes(8, "big"),
+                                  _batch([_stored(ids[:half], 4)])])
+        await pub.send_multipart([b"kv", (1).to_bytes(8, "big"), b"\xc1garbage"])
+        await pub.send_multipart([b"kv", (2).to_bytes(8, "big"), b"\xc1again"])
+        await pub.send_multipart([b"other", (3).to_bytes(8, "big"), _batch([])])
+        await pub.send_multipart([b"kv", (3).to_bytes(8, "big"), _batch(
+            [_stored(ids[half:], 4, parent=1000 + half // 4 - 1, first_hash=2000)])])
+        assert await _settle(lambda: index.match(keys)[1] == keys.size)
+        pub.close()
+        await sub.aclose()
+        return index, sub
+
+    with caplog.at_level(logging.WARNING, logger="canopy.fleet.events"):
+        index, sub = asyncio.run(main())
+    assert index.match(keys).tolist() == [0, keys.size]
+    assert sub.dropped["malformed"] == 2
+    assert sum("malformed" in r.getMessage() for r in caplog.records) == 1
+    assert keys.tolist() == chain_keys(ids, 4).tolist()
+
+
+def test_a_sequence_gap_is_replayed_or_drops_to_approximate(tokenizer_file, caplog):
+    ids = np.arange(1, 33)
+    endpoint, replay = f"tcp://127.0.0.1:{_port()}", f"tcp://127.0.0.1:{_port()}"
+    batches = {s: _batch([_stored(ids[8 * s:8 * s + 8], 4, None if s == 0 else 100 * s - 98,
+                                  first_hash=100 * s + 1)]) for s in range(4)}
+    lost: list[int] = []
+
+    async def main(with_replay: bool):
+        index = ReplicaIndex(1)
+        ctx = zmq.asyncio.Context.instance()
+        router = ctx.socket(zmq.ROUTER)
+        router.bind(replay)
+
+        async def serve_replay():
+            client, _, start = await router.recv_multipart()
+            for s in range(int.from_bytes(start, "big"), 4):
+                await router.send_multipart([client, b"", s.to_bytes(8, "big"), batches[s]])
+            await router.send_multipart([client, b"", (-1).to_bytes(8, "big", signed=True),
+                                         b""])
+
+        server = asyncio.get_running_loop().create_task(serve_replay())
+        sub = EventSubscriber(index, [EventSource(0, endpoint, "", replay if with_replay
+                                                  else None, 4)], on_gap_lost=lost.append)
+        sub.start()
+        pub = ctx.socket(zmq.PUB)
+        pub.connect(endpoint)
+        await asyncio.sleep(0.3)
+        for s in (0, 3):  # 1 and 2 never arrive
+            await pub.send_multipart([b"", s.to_bytes(8, "big"), batches[s]])
+        await _settle(lambda: index.last_seq[0] == 3 or sub.lost)
+        server.cancel()
+        pub.close()
+        router.close()
+        await sub.aclose()
+        return index, sub
+
+    index, sub = asyncio.run(main(True))
+    assert index.match(chain_keys(ids, 4)).tolist() == [8] and not lost
+    with caplog.at_level(logging.WARNING, logger="canopy.fleet.events"):
+        index, sub = asyncio.run(main(False))
+    assert sub.lost and lost == [0]
+    assert sum("drops to approximate" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_a_remote_events_endpoint_is_refused_unless_allowed():
+    with pytest.raises(ValueError, match="not loopback"):
+        EventSubscriber(ReplicaIndex(1), [EventSource(0, "tcp://0.0.0.0:5557")])
+
+
+def test_a_precise_gateway_routes_to_the_replica_its_events_say_holds_the_prefix(
+        replicas, tokenizer_file):
+    endpoints = [f"tcp://127.0.0.1:{_port()}" for _ in replicas]
+    data = config(replicas, policy="dynamo",
+                  index={"mode": "precise", "block_size": 4, "tokenizer": str(tokenizer_file)})
+    data["upstreams"][0]["replicas"] = [
+        {"url": r.url(), "events_endpoint": e, "events_topic": "kv"}
+        for r, e in zip(replicas, endpoints, strict=True)]
+    app = create_app(ProxyConfig.from_mapping(data))
+    pool = app.state.proxy.upstreams["fleet"]
+    text = "a long shared system prompt " * 6
+    body = {"messages": [{"role": "user", "content": text}]}
+    ids = PromptTokenizer(tokenizer_file).ids(body)
+    with serve_in_thread(app, startup_timeout=120) as url:
+        pub = zmq.Context.instance().socket(zmq.PUB)
+        pub.connect(endpoints[1])
+        time.sleep(0.5)  # the slow joiner
+        pub.send_multipart([b"kv", (0).to_bytes(8, "big"), _batch([_stored(ids, 4)])])
+        for _ in range(200):
+            if pool.index.n_blocks:
+                break
+            time.sleep(0.01)
+        answers = [ask(url, text).json()["choices"][0]["message"]["content"] for _ in range(3)]
+        metrics = httpx.get(f"{url}/metrics", headers=ADMIN).text
+        pub.close()
+    assert answers == ["r1"] * 3
+    assert "canopy_index_blocks" in metrics
