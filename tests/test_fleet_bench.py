@@ -302,3 +302,15 @@ def test_cli_missing_peer_binary_says_how_to_install(tmp_path, monkeypatch, caps
     monkeypatch.setenv("PATH", str(tmp_path))
     _fails_in_one_line(["fleet", "bench", "--no-canopy", "--peers", "sglang-router"], capsys,
                        ["sglang-router is not installed", "pip install sglang-router"])
+
+
+def test_canopy_gateway_routes_to_loopback_workers(workers):
+    pytest.importorskip("uvicorn")
+    replicas = [workers[0].replica, workers[1].replica]
+    with bench.canopy_gateway("llama", replicas) as url:
+        front = bench.Front("canopy", tuple(replicas), url=url)
+        prompts = [" ".join(f"s{k % 2}w{j}" for j in range(40)) + f" q{k}" for k in range(8)]
+        out = bench.interleave([front], prompts, model="m", concurrency=1, max_tokens=1,
+                               headers={})
+    assert [o.error for o in out["canopy"]] == [None] * 8
+    assert len(workers[0].prompts) + len(workers[1].prompts) == 8

@@ -279,7 +279,8 @@ def gateway_config(replicas: Sequence[Replica], *, precise: bool) -> dict[str, A
     entries: list[Any] = [
         {"url": f"{r.url}/v1", "events_endpoint": r.events_endpoint, "events_topic": "kv"}
         if precise else f"{r.url}/v1" for r in replicas]
-    return {"store": "memory", "prices": {first.model: {"input": 0.0, "output": 0.0}},
+    return {"store": "memory", "prices": {"version": "fleet-bench", "models": {
+                first.model: {"input": 0.0, "output": 0.0}}},
             "upstreams": [{"model": first.model, "upstream_model": first.model,
                            "timeout_s": 600,
                            "replicas": entries, "replica_policy": "canopy",
