@@ -24,6 +24,7 @@ engine core) appends each fallback, one JSON object a line, to the file that
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
@@ -124,6 +125,9 @@ class FailSafePolicy(_Guard):
         self.policy = policy
         self.hand = policy.hand
         self._epoch = 0
+        # the free blocks the policy holds, in release order: handed out in that order (the
+        # engine's own, LRU) once the policy failed, so no free block is lost with it
+        self._held: dict[int, None] = {}
 
     @property
     def epoch(self) -> int:
@@ -144,6 +148,41 @@ class FailSafePolicy(_Guard):
             self._check_size(self.policy.n_nodes)
 
         self._call(None, observe)
+
+    def release(self, blocks: Sequence[int], keys: Sequence[Hashable]) -> np.ndarray:
+        """:meth:`OnlinePolicy.release`, guarded; once the policy failed every block is known
+        (kept here, in release order)."""
+        known = self._call(None, self.policy.release, blocks, keys)
+        if known is None:
+            known = np.ones(len(blocks), dtype=bool)
+        for block, kept in zip(blocks, known, strict=True):
+            if kept:
+                self._held.pop(block, None)
+                self._held[block] = None
+        return known
+
+    def acquire(self, blocks: Sequence[int]) -> None:
+        """:meth:`OnlinePolicy.acquire`, guarded."""
+        self._forget(blocks)
+        self._call(None, self.policy.acquire, blocks)
+
+    def drop(self, blocks: Sequence[int]) -> None:
+        """:meth:`OnlinePolicy.drop`, guarded."""
+        self._forget(blocks)
+        self._call(None, self.policy.drop, blocks)
+
+    def pop_victims(self, n: int) -> np.ndarray:
+        """:meth:`OnlinePolicy.pop_victims`, guarded; once the policy failed, the blocks it
+        held in release order."""
+        victims = self._call(None, self.policy.pop_victims, n)
+        if victims is None:
+            victims = np.fromiter(itertools.islice(self._held, n), dtype=np.int64)
+        self._forget(victims.tolist())
+        return victims
+
+    def _forget(self, blocks: Sequence[int]) -> None:
+        for block in blocks:
+            self._held.pop(block, None)
 
     def evicted(self, key: Hashable) -> None:
         """:meth:`OnlinePolicy.evicted`, guarded."""
