@@ -229,7 +229,7 @@ class ReplicaIndex:
     # -- precise: the engines' KV events -----------------------------------------------
     def sequence(self, replica: int, seq: int) -> bool:
         """Check a batch's sequence number: False for a duplicate (drop the batch); a gap is
-        recorded in :attr:`gaps` as ``(replica, first missing, received)``."""
+        recorded in ``gaps`` as ``(replica, first missing, received)``."""
         self._bit(replica)
         last = int(self.last_seq[replica])
         if seq <= last:

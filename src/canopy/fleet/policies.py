@@ -169,7 +169,7 @@ def decide(code: int, params: np.ndarray, state: np.ndarray, matched: np.ndarray
 def learn(stats: np.ndarray, chain: np.ndarray, arm: int, ttft: float, rule: np.ndarray,
           cost_max: np.ndarray) -> None:
     """The regional router's update with reward ``-ttft`` (quality 0, cost ``ttft``,
-    ``lam`` 1: :meth:`canopy.regional.RegionalRouter.update`), in a compiled loop."""
+    ``lam`` 1: ``RegionalRouter.update``), in a compiled loop."""
     kernels.push(stats, chain, arm, -ttft)
     if ttft > cost_max[0]:
         cost_max[0] = ttft
@@ -260,7 +260,7 @@ class View:
 
 
 class ReplicaPolicy:
-    """A replica policy by name (:data:`NAMES`); see :func:`make_policy`."""
+    """A replica policy by name (``NAMES``); see :func:`make_policy`."""
 
     PENDING = 65_536
     """Requests awaiting their TTFT that a learning policy remembers (oldest dropped)."""

@@ -11,7 +11,7 @@ the index matches whatever hash algorithm and seed the engine uses.
 A sequence gap is replayed from the engine's replay socket (a ROUTER: send
 ``(b"", first missing seq)``, receive ``(b"", seq, payload)`` until seq -1); when there is
 none, or it does not answer, the replica's events can no longer be trusted and the host
-drops to ``approximate`` (:attr:`EventSubscriber.on_gap_lost`), logged once.
+drops to ``approximate`` (``EventSubscriber.on_gap_lost``), logged once.
 """
 
 from __future__ import annotations

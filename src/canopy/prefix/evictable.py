@@ -6,8 +6,9 @@ prefix: a later request may hit it (the engine takes it back) or the engine may 
 new tokens, evicting what it held. Which free cached block goes first is the eviction policy
 (paper Section 4). :class:`EvictableBlocks` is the engine's side of that choice:
 
-* :meth:`release_all` (the engine freed cached blocks), :meth:`acquire` (a hit took one
-  back), :meth:`drop` (its key is gone), :meth:`pop_victims` (the engine needs blocks);
+* :meth:`~EvictableBlocks.release_all` (the engine freed cached blocks),
+  :meth:`~EvictableBlocks.acquire` (a hit took one back), :meth:`~EvictableBlocks.drop` (its
+  key is gone), :meth:`~EvictableBlocks.pop_victims` (the engine needs blocks);
 * the victims are the policy's (:class:`~canopy.prefix.stream.OnlinePolicy`): its evictable
   set, compiled arrays beside its node table, hands them out among the free *leaves*, lowest
   priority first, or by SIEVE's hand (one compiled call per release, per allocation and per

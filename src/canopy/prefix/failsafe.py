@@ -9,7 +9,7 @@ flight. The hosts wrap the policy once:
   SGLang): every call is guarded; on the first exception, or once the policy's tables hold
   more than ``max_nodes`` nodes, the policy is dropped for the rest of the run and the
   wrapper answers as the engine's own order would: every priority equal (ties go by the
-  engine's release order: vLLM's free-queue LRU) and :attr:`FailSafePolicy.failed` set (a
+  engine's release order: vLLM's free-queue LRU) and ``FailSafePolicy.failed`` set (a
   host with an order of its own, SGLang's ``last_access_time``, reads it);
 * :class:`FailSafeCache` around a :class:`~canopy.prefix.stream.StreamingCache` (llama.cpp,
   whose cache serves requests itself): on failure an LRU streaming cache of the same capacity

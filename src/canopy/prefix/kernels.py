@@ -33,10 +33,10 @@ public kernels :func:`request`, :func:`replay`, :func:`canopy_request`, :func:`o
 :func:`priorities` (``_keyed`` for a policy's own key), and renumbers the tables after
 forgetting with :func:`compact`.
 
-``CANOPY`` values cells by statistics of the request stream (:func:`_cells_update`, shared by
+``CANOPY`` values cells by statistics of the request stream (``_cells_update``, shared by
 the main cache and its shadows) and replays a hashed sample of the requests in one
 metadata-only shadow cache per arm (recency: LRU's kernel; a decayed arm: eviction by
-sampling among its leaves, :func:`_sampled_request`, or the heap), see
+sampling among its leaves, ``_sampled_request``, or the heap), see
 :class:`~canopy.prefix.policies.Canopy`.
 """
 
@@ -440,7 +440,7 @@ def _cells_update(lo, hi, nodes, parent, cells, sc, params, now):
 
 def cell_counts(cells: np.ndarray, clock: float, params: np.ndarray) -> np.ndarray:
     """Each cell's discounted counts ``S_j`` at ``clock`` (one column a decayed arm), from
-    the scaled values :func:`_cells_update` stores."""
+    the scaled values ``_cells_update`` stores."""
     last = cells[:, CELL_CLOCK]
     base = params[PERIOD] * np.floor(np.maximum(last, 0.0) / params[PERIOD])
     return cells[:, CELL_S0:] * np.exp(-np.outer(clock - base, params[LAM0:]))
@@ -561,7 +561,7 @@ def _leaf_drop(ni, lkey, lnode, n, v):
 @nb.njit(cache=True, inline="always")
 def _count(v, nf, j, epoch, lam, period):
     """Decayed arm ``j``'s count of cell ``v`` in the scale of the epoch starting at clock
-    ``epoch`` (:func:`_cells_update`): as stored when ``v`` was last used in it, rescaled
+    ``epoch`` (``_cells_update``): as stored when ``v`` was last used in it, rescaled
     otherwise (rare). Within one scale the counts order blocks as :func:`_key` does."""
     at = nf[v, CELL_CLOCK]
     if at >= epoch:
@@ -917,7 +917,7 @@ def _shadows_step(t, lo, hi, nodes, parent, depth, params, cells, sc, ac, stats,
 @nb.njit(cache=True)
 def observe(kind, t, nodes, parent, params, ni, cells, sc, seq):
     """Account one request admitted by a host that keeps the cache itself: ``CANOPY``'s cells
-    (:func:`_cells_update`), then each block's use as :func:`request` accounts it (a block
+    (``_cells_update``), then each block's use as :func:`request` accounts it (a block
     the host does not hold is (re)inserted: hit count restarts, SIEVE's visited bit clears and
     ``NEXT_USE`` takes the insertion order ``seq``). Returns the next insertion order."""
     if kind == CANOPY:
@@ -1290,7 +1290,7 @@ class Shadows:
     :class:`~canopy.prefix.policies.Canopy`); they read the main cache's cells.
     ``rides``: the main cache is served by :func:`canopy_request` (not a host's own), so at
     full rate and capacity the recency shadow rides on it until the main cache leaves recency
-    (:data:`RIDES`)."""
+    (``RIDES``)."""
 
     def __init__(self, n_nodes: int, longest: int, policy, capacity: int,
                  dtype: type = np.int64, rides: bool = False) -> None:

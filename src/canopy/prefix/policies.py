@@ -1,6 +1,6 @@
 """Eviction policies: small strategy objects swapped by name (cf. SGLang ``evict_policy.py``).
 
-Each policy is immutable configuration; :meth:`kernel` returns the kernel code and parameter
+Each policy is immutable configuration; ``kernel`` returns the kernel code and parameter
 vector that :class:`~canopy.prefix.RadixCache` runs. All of them evict leaves only.
 """
 

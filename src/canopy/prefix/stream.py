@@ -1,8 +1,8 @@
 """The radix block cache fed one request at a time, for servers (paper Section 4, "Serving
 systems").
 
-:class:`~canopy.prefix.RadixCache` replays a whole :class:`Trace` whose block
-universe is known in advance. A server meets its blocks one request at a time, keyed by
+:class:`~canopy.prefix.RadixCache` replays a whole :class:`~canopy.prefix.traces.Trace` whose
+block universe is known in advance. A server meets its blocks one request at a time, keyed by
 whatever its engine hashes (token tuples, prefix-hash strings, integers), and runs for ever.
 :class:`StreamingCache` runs the same per-request kernels (so the same victims, request for
 request: the tests compare it with :meth:`RadixCache.run`) on a

@@ -88,8 +88,8 @@ class FeedbackLedger:
     """Pending calls and their ratings over a :class:`~canopy.regional.store.Store`.
 
     ``chain(region)`` gives the region paths a reward in ``region`` updates (the router's
-    :meth:`~canopy.regional.router.RegionalRouter.chain_paths`); ``reward(quality, cost)``
-    is the router's reward (:meth:`~canopy.regional.router.RegionalRouter.reward`);
+    ``RegionalRouter.chain_paths``); ``reward(quality, cost)``
+    is the router's reward (``RegionalRouter.reward``);
     ``window_s`` is how long a call accepts its rating; at most ``max_queued`` calls wait
     for the store (past that a call is dropped, with a warning: it is served, not rated)."""
 

@@ -251,7 +251,7 @@ class RoutingService:
 
     def sync(self) -> int:
         """Read the cells changed in the store since the last read into the router; how
-        many. A store restarted empty or replaced is re-seeded first (:meth:`_reseed`).
+        many. A store restarted empty or replaced is re-seeded first (``_reseed``).
         Raises ``StoreBusy``."""
         with self._sync_lock:
             try:

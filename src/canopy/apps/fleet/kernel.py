@@ -152,8 +152,9 @@ def held_lru(state, r, path, out_r):
 @nb.njit(cache=True)
 def serve_canopy(state, r, i, lo, hi, path, capacity, mask, bit):
     """Replicas evicting by Canopy's policy (``state``: the trace's tables, the policy's
-    parameters, per replica its cells, cache and shadows; :func:`canopy.prefix.kernels.
-    canopy_request`). It emits no events: the precise index reads the replicas' tables."""
+    parameters, per replica its cells, cache and shadows;
+    :func:`~canopy.prefix.kernels.canopy_request`). It emits no events: the precise index reads
+    the replicas' tables."""
     nodes, parent, depth, params, cells, caches, shadows = state
     return canopy_request(i, lo, hi, nodes, parent, depth, capacity, params, cells[r],
                           caches[r], shadows[r])

@@ -32,7 +32,8 @@ __all__ = ["FleetTrace", "Run", "Spec", "best_fixed", "load_trace", "simulate", 
 DEFAULT_OUTPUT_TOKENS = 256
 """Output tokens of a request whose trace line has no ``output_length``."""
 TIMED_DECISIONS = 256
-"""Requests whose decision is timed through the gateway's path (:meth:`ReplicaPolicy.choose`)."""
+"""Requests whose decision is timed through the gateway's path
+(:meth:`~canopy.fleet.policies.ReplicaPolicy.choose`)."""
 
 
 @dataclass(frozen=True)

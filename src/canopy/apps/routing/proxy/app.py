@@ -518,7 +518,7 @@ def create_app(config: ProxyConfig, *, insecure_no_auth: bool = False,
                prior: Outcomes | None = None) -> FastAPI:
     """The FastAPI application of the proxy. Refuses (``ValueError``) to build without API
     keys unless ``insecure_no_auth``. ``prior``: a log the router is warm-started from
-    (``canopy serve router --prior LOG``, :meth:`RegionalRouter.fit`), kept in memory under
+    (``canopy serve router --prior LOG``, ``RegionalRouter.fit``), kept in memory under
     the stored ratings, so a restart never counts it twice; every process sharing a store
     takes the same log."""
     keys = Keys.from_env(config.auth.client_key_env, config.auth.admin_key_env,
