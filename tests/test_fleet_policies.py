@@ -10,6 +10,7 @@ import pytest
 
 from canopy.fleet import NAMES, Load, ReplicaIndex, Request, View, make_policy
 from canopy.fleet import load as load_module
+from canopy.fleet.policies import DEFAULT_GRID, LEARNT_GRID
 
 BLOCK = 16
 
@@ -108,6 +109,24 @@ def test_canopy_learns_the_trade_off_that_gives_the_lowest_ttft():
         chosen.append(theta)
         policy.observe(request, replica, 0.2 if theta >= 2 else 1.0)
     assert np.mean(np.asarray(chosen[-200:]) >= 2) > 0.9
+
+
+def test_canopy_never_learns_a_trade_off_below_one():
+    """Below 1 the score weighs prefill less than wait, dominated in the TTFT model: even
+    when spreading pays (a low TTFT whenever theta <= 1), the learner stays at theta 1, and
+    the fixed references keep their grid of nine."""
+    policy = make_policy("canopy", seed=5)
+    view = _view(2)
+    rng = np.random.default_rng(1)
+    chosen = []
+    for rid in range(400):
+        request = _request([7, 8, 9, int(rng.integers(10, 14))], rid=rid)
+        replica = policy.choose(request, view)
+        chosen.append(policy.params[0])
+        policy.observe(request, replica, 0.2 if policy.params[0] <= 1.0 else 1.0)
+    assert min(chosen) == 1.0
+    assert np.mean(np.asarray(chosen[-100:]) == 1.0) > 0.9
+    assert len(DEFAULT_GRID) >= 8 and set(LEARNT_GRID) == {t for t in DEFAULT_GRID if t >= 1}
 
 
 def test_policies_pickle_mid_run_and_continue_bit_for_bit():

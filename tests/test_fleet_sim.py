@@ -19,7 +19,7 @@ SEEDS = range(3)
 
 @pytest.fixture(scope="module", params=sorted(SLICES))
 def cell(request):
-    """p90 TTFT per seed of each row on a slice at load 0.9."""
+    """p50 and p90 TTFT per seed of each row on a slice at load 0.9."""
     name = request.param
     require_data("mooncake", f"{name}_trace.jsonl")
     trace = load_trace(name).head(SLICES[name])
@@ -28,16 +28,17 @@ def cell(request):
             Spec("sglang", "approximate"), Spec("least_load", "none"),
             Spec("dynamo", "precise"), Spec("oracle", "precise")]
     rows += [Spec("canopy", "precise", {"theta": t}) for t in (1.0, 2.0, 4.0)]
-    p90 = {}
+    p50, p90 = {}, {}
     for spec in rows:
-        p90[(spec.label, spec.index)] = np.array([
-            np.percentile(simulate(trace, spec, n_replicas=8, capacity=capacity, load=0.9,
-                                   seed=s, time_decisions=False).ttft, 90) for s in SEEDS])
-    return name, p90
+        ttft = [simulate(trace, spec, n_replicas=8, capacity=capacity, load=0.9, seed=s,
+                         time_decisions=False).ttft for s in SEEDS]
+        p50[(spec.label, spec.index)] = np.array([np.percentile(t, 50) for t in ttft])
+        p90[(spec.label, spec.index)] = np.array([np.percentile(t, 90) for t in ttft])
+    return name, p50, p90
 
 
 def test_canopy_beats_the_peers_it_must(cell):
-    name, p90 = cell
+    name, _, p90 = cell
     canopy = p90[("canopy", "precise")].mean()
     assert canopy < 0.8 * p90[("sglang", "approximate")].mean(), name
     assert canopy < 0.6 * p90[("least_load", "none")].mean(), name
@@ -46,9 +47,13 @@ def test_canopy_beats_the_peers_it_must(cell):
 
 
 def test_canopy_learns_close_to_the_best_fixed_trade_off(cell):
-    name, p90 = cell
+    """At p90 and at p50: the learner plays no trade-off below 1 (dominated in the TTFT
+    model), which on the synthetic slice cost it over 40% of p50 (0.247 s against 0.175)."""
+    name, p50, p90 = cell
+    for pct in (p50, p90):
+        fixed = min(pct[(f"canopy(theta={t:g})", "precise")].mean() for t in (1.0, 2.0, 4.0))
+        assert pct[("canopy", "precise")].mean() <= 1.1 * fixed, name
     fixed = min(p90[(f"canopy(theta={t:g})", "precise")].mean() for t in (1.0, 2.0, 4.0))
-    assert p90[("canopy", "precise")].mean() <= 1.1 * fixed, name
     assert p90[("oracle", "precise")].mean() <= 1.02 * fixed, name  # the model's floor
 
 

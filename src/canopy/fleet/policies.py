@@ -24,7 +24,8 @@ them (summary in ``docs/fleet.md``):
   greedy estimate of the request's own TTFT; above 1 it keeps prefixes where they are
   (affinity), below 1 it spreads load. A hot prefix is copied to a second replica exactly
   when the holder's queue costs more than ``theta`` x recomputing it elsewhere. With
-  ``learn=True`` (the default) ``theta`` is chosen per request from a grid by the regional
+  ``learn=True`` (the default) ``theta`` is chosen per request from :data:`LEARNT_GRID`
+  (``theta >= 1``: lower trade-offs are dominated in the TTFT model) by the regional
   router (:class:`canopy.regional.RegionalRouter`, certified sharing between a region of the
   prefix tree and its parent, paper Section 5) from the observed TTFT.
 """
@@ -45,7 +46,7 @@ from canopy.regional import kernels
 from canopy.regional.router import RegionalRouter
 from canopy.validation import check_count, check_nonnegative, check_number, check_positive
 
-__all__ = ["CANOPY", "DEFAULT_GRID", "NAMES", "PEERS", "ReplicaPolicy", "Request",
+__all__ = ["CANOPY", "DEFAULT_GRID", "LEARNT_GRID", "NAMES", "PEERS", "ReplicaPolicy", "Request",
            "TradeoffRouter", "View", "decide", "hash_key", "learn", "make_policy",
            "region_buckets",
            "region_path"]
@@ -60,7 +61,16 @@ PRODUCTION_INDEX = {"sglang": "approximate", "dynamo": "precise", "llmd": "preci
                     "canopy": "precise"}
 """The index each rule has in production (sglang-router: its tree of what it sent where)."""
 DEFAULT_GRID = (0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0, 8.0)
-"""Canopy's trade-offs ``theta`` (weight of prefill to compute against queued work)."""
+"""Canopy's trade-offs ``theta`` (weight of prefill to compute against queued work): the
+fixed references' grid (``best_fixed``)."""
+LEARNT_GRID = tuple(theta for theta in DEFAULT_GRID if theta >= 1.0)
+"""The arms the learner plays: ``theta >= 1``. In the TTFT model (wait + prefill) routing to
+replica ``r`` costs the request its wait there plus its prefill, and costs the fleet its
+prefill once more for every request that queues behind it (FIFO: its wait delays nobody)
+and the blocks it stores (each evicts one): a marginal cost ``wait + (1 + e) x prefill``
+with ``e >= 0``. A ``theta`` below 1 weighs a second of prefill less than a second of wait,
+which is worse for the request and for the fleet alike, so those arms are dominated a
+priori and playing them is pure exploration cost."""
 HASHED_BLOCKS = 4
 """Blocks of the prefix ``prefix_hash`` hashes (one would send every request that shares a
 system prompt's first block to one replica)."""
@@ -314,12 +324,13 @@ class ReplicaPolicy:
 def make_policy(name: str, *, seed: int = 0, cache_threshold: float = 0.3,
                 balance_abs: float = 64.0, balance_rel: float = 1.5,
                 dynamo_weight: float = 1.0, llmd_weights: tuple[float, float, float] = (3, 1, 1),
-                theta: float | None = None, grid: tuple[float, ...] = DEFAULT_GRID,
+                theta: float | None = None, grid: tuple[float, ...] = LEARNT_GRID,
                 overhead_tokens: float = 200.0, sharing: str = "test",
                 explore: float = 1.0) -> ReplicaPolicy:
     """The policy ``name`` with its peers' defaults (each settable). ``canopy``: learns
-    ``theta`` over ``grid`` unless ``theta`` fixes it; ``overhead_tokens`` is the fixed
-    per-request prefill overhead in tokens (overhead / time per token of the TTFT model)."""
+    ``theta`` over ``grid`` (:data:`LEARNT_GRID`) unless ``theta`` fixes it;
+    ``overhead_tokens`` is the fixed per-request prefill overhead in tokens (overhead / time
+    per token of the TTFT model)."""
     if name not in NAMES:
         raise ValueError(f"unknown replica policy {name!r}; known: {', '.join(NAMES)}")
     if name == "sglang":
