@@ -1,7 +1,7 @@
 """Percentile bootstrap intervals over items (problems, questions), plain and paired.
 
 Paired intervals resample the same items for both methods, so the per-item gap carries the
-shared difficulty out (the paper's "paired per-item bootstrap intervals", Section 5).
+shared difficulty out (the paper's "paired per-item bootstrap intervals", Section 4).
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ them (summary in ``docs/fleet.md``):
   ``learn=True`` (the default) ``theta`` is chosen per request from :data:`LEARNT_GRID`
   (``theta >= 1``: lower trade-offs are dominated in the TTFT model) by the regional
   router (:class:`canopy.regional.RegionalRouter`, certified sharing between a region of the
-  prefix tree and its parent, paper Section 5) from the observed TTFT.
+  prefix tree and its parent, paper Section 4) from the observed TTFT.
 """
 
 from __future__ import annotations

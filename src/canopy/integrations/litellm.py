@@ -10,7 +10,7 @@ A LiteLLM ``Router`` user adds three lines::
     await canopy.afeedback(reply.id, quality=0.9)         # when the quality is known
 
 Within a model group the arms are the group's deployments (``model_info.id``) and the reward
-is ``quality - lam * cost`` (paper Section 5, "Routing"). Each group is one
+is ``quality - lam * cost`` (paper Section 4, "Routing"). Each group is one
 :class:`~canopy.regional.service.RoutingService`, the proxy's: the same feedback ledger (one
 rating per reply, in [0, 1], within ``feedback_window_s``), the same circuit breaker, and the
 same stores (``store="sqlite:///path"`` keeps what was learned across restarts,

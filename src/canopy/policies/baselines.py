@@ -1,4 +1,4 @@
-"""Structure-blind baselines: leaf evaluations only, at full leaf cost (Section 5, Baselines).
+"""Structure-blind baselines: leaf evaluations only, at full leaf cost (Section 4, Baselines).
 
 All ignore the tree above the leaves (``query_kinds = ("leaf",)``), spend budget in leaf-cost
 units, and rank leaves for ``recommend(k)`` as described in

@@ -1,4 +1,4 @@
-"""Fixed-budget identification on the tree (Section 3.4, Appendix B, Section 5 "Top-k").
+"""Fixed-budget identification on the tree (Section 3.4, Appendix B, Section 4 "Top-k").
 
 Three policies share one skeleton: probe cells cheaply, discard cells, and end with a race of
 leaf evaluations (successive rejects, ``sr_schedule``) over
@@ -332,7 +332,7 @@ class _TreeIdentifier(PhasedPolicy):
 
 
 class TopKBeam(_TreeIdentifier):
-    """Top-k identification by best-first focusing (Section 5, App. D; beam width 20).
+    """Top-k identification by best-first focusing (Section 4, App. D; beam width 20).
 
     From the root's children down, each level's cells are probed equally (the budget split of
     the module docstring, planned for ``min(cells at the level, width b)`` cells per level and

@@ -1,6 +1,6 @@
 """Regional learners: the depth-one (or shallow) tree bandit over a tree of task regions,
 sharing statistics between a region and its parent by a test (:mod:`canopy.sharing`). Model
-routing and prompt trimming are built on it (paper Section 5), and the routing service
+routing and prompt trimming are built on it (paper Section 4), and the routing service
 (:mod:`canopy.regional.service`): a router, its region sources, its feedback ledger and
 circuit breaker over a store shared by every worker (memory, SQLite or Redis)."""
 

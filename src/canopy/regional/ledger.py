@@ -3,7 +3,7 @@ router, whoever serves the calls (the proxy, LiteLLM).
 
 A routed call is kept (:meth:`FeedbackLedger.record`) until it is rated or its window
 passes. A rating is a quality in [0, 1], checked here and nowhere else; the call's reward is
-the router's ``quality - lam * cost`` (paper Section 5, "Routing"), added at every region of
+the router's ``quality - lam * cost`` (paper Section 4, "Routing"), added at every region of
 its chain. Each call is rated once;
 an episode's terminal reward is credited to every open call of the episode (paper Appendix
 E). Calls are written by one background thread, in batches, so a caller never waits on the

@@ -76,7 +76,7 @@ class Outcomes:
         return tree, nodes
 
     def reward(self, lam: float) -> np.ndarray:
-        """``quality - lam * cost`` per query and model (the routing reward, Section 5)."""
+        """``quality - lam * cost`` per query and model (the routing reward, Section 4)."""
         return self.quality - lam * self.cost
 
     def summary(self) -> dict[str, object]:

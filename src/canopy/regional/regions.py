@@ -2,7 +2,7 @@
 
 A region path such as ``"stem/physics"`` names a node; every prefix (``"stem"``) is its
 parent region and the empty path is the root (the whole pool). Queries may sit at any node.
-The regional learners share statistics along this tree (paper Section 5, "Routing": the
+The regional learners share statistics along this tree (paper Section 4, "Routing": the
 depth-one or shallow case of the tree bandit).
 
 Paths are bounded (``MAX_DEPTH`` levels, ``MAX_LENGTH`` characters): a region is a

@@ -1,5 +1,5 @@
 """Regional learners on the router interface: ``route(region) -> model`` and
-``update(region, model, quality, cost)`` (paper Section 5, "Routing": regions are task
+``update(region, model, quality, cost)`` (paper Section 4, "Routing": regions are task
 categories, arms are models, reward is ``quality - lam * cost``). They are the depth-one (or
 shallow) tree bandit, used by routing and trimming alike.
 
@@ -198,7 +198,7 @@ class _Learner:
         return self.ranking(region)[0]
 
     def reward(self, quality: float, cost: float) -> float:
-        """The reward of an outcome, ``quality - lam * cost`` (paper Section 5, "Routing"):
+        """The reward of an outcome, ``quality - lam * cost`` (paper Section 4, "Routing"):
         the one place the router's trade-off is applied."""
         return quality - self.lam * cost
 

@@ -1,5 +1,5 @@
 """The routing service: a regional router, one feedback ledger and one circuit breaker over
-a store that several processes may share (paper Section 5, "Routing", as a service). It owns
+a store that several processes may share (paper Section 4, "Routing", as a service). It owns
 the routing decision; the routing proxy and the LiteLLM strategy are thin adapters that call
 its public methods: :meth:`RoutingService.route` (a request's region and the models to try,
 best first), :meth:`~RoutingService.outcome` (how a model's call went, for the breaker),

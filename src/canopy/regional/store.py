@@ -5,7 +5,7 @@
 :class:`~canopy.regional.store_redis.RedisStore` (many workers and machines).
 
 A cell holds ``(n, s, q)``: the weight, the weighted sum and the weighted sum of squares of
-the rewards ``quality - lam * cost`` (paper Section 5, "Routing") taken at that node of the
+the rewards ``quality - lam * cost`` (paper Section 4, "Routing") taken at that node of the
 region tree. Sums add, so any number of processes may add to one cell in any order; each
 reads back the moments ``(count, mean, m2)`` the kernels work with (:func:`moments`).
 

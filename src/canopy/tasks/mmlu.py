@@ -1,4 +1,4 @@
-"""MMLU (Hendrycks et al., 2021) as a few-shot task (prompt trimming, paper Section 5 and
+"""MMLU (Hendrycks et al., 2021) as a few-shot task (prompt trimming, paper Section 4 and
 Appendix E): per subject, the five ``dev`` questions with their answers as the worked examples
 under Hendrycks' header, the ``test`` questions as the items, and letter grading.
 

@@ -1,4 +1,4 @@
-"""Model routing (paper Section 5, "Routing"): regional tree-bandit routers, offline bandit
+"""Model routing (paper Section 4, "Routing"): regional tree-bandit routers, offline bandit
 replay on logged outcomes, data loaders, a price table, and an OpenAI-compatible proxy
 (:mod:`canopy.apps.routing.proxy`, behind the ``serve`` extra)."""
 

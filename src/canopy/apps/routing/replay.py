@@ -1,4 +1,4 @@
-"""Offline bandit replay on logged per-query outcomes (paper Section 5, "Routing").
+"""Offline bandit replay on logged per-query outcomes (paper Section 4, "Routing").
 
 Queries arrive in a seeded random order; a learning router sees only the outcome of the
 model it chose. Sweeping ``lam`` in the reward ``quality - lam * cost`` traces each router's

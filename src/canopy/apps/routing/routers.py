@@ -1,5 +1,5 @@
 """Routers on one interface: ``route(region) -> model`` and
-``update(region, model, quality, cost)`` (paper Section 5, "Routing": regions are task
+``update(region, model, quality, cost)`` (paper Section 4, "Routing": regions are task
 categories, arms are models, reward is ``quality - lam * cost``).
 
 * :class:`RegionalRouter`, :class:`FlatRouter`, :class:`ThompsonRouter` - the regional

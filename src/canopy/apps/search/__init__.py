@@ -1,2 +1,2 @@
 """Test-time search: offline replay on logged answers and live value-guided search (paper
-Section 5, "Test-time search")."""
+Section 4, "Test-time search")."""

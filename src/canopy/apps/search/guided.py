@@ -1,6 +1,6 @@
 """Value-guided test-time search: the core library's optimistic descent (paper Section 3.2,
 Eqs. 4-6) chooses which prefix of a reasoning chain to extend, probe or complete, under a
-budget in generation calls (Section 5, "Test-time search").
+budget in generation calls (Section 4, "Test-time search").
 
 The tree is a :class:`~canopy.apps.search.prefix_tree.PrefixTree` (a complete tree realised
 as text on demand) and the policy a :class:`~canopy.policies.OptimisticDescent` driven

@@ -1,4 +1,4 @@
-"""Live test-time search against an OpenAI-compatible endpoint (paper Section 5, "Test-time
+"""Live test-time search against an OpenAI-compatible endpoint (paper Section 4, "Test-time
 search"), at budgets matched in generation calls and reported in tokens, on a task of
 :mod:`canopy.apps.search.tasks` (GSM8K, MATH-500).
 

@@ -1,4 +1,4 @@
-"""The core library's tree realised as text, for value-guided search (paper Section 5,
+"""The core library's tree realised as text, for value-guided search (paper Section 4,
 "Test-time search").
 
 The policy runs on a complete ``arity``-ary :class:`~canopy.tree.Tree` of ``depth`` levels

@@ -1,4 +1,4 @@
-"""Measuring the prior (paper Section 5, "Measuring the prior"; Table 7): log
+"""Measuring the prior (paper Section 4, "Measuring the prior"; Table 7): log
 each node's cheap probe and its graded truth, and ask how tree-Lipschitz the value function is.
 
 A log row is one rollout from a node: ``{"tree", "node", "parent", "depth", "probe",

@@ -1,4 +1,4 @@
-"""Offline replay of test-time selection on logged MATH answers (paper Section 5, "Test-time
+"""Offline replay of test-time selection on logged MATH answers (paper Section 4, "Test-time
 search"; data set ``qwen25math_rm``: 100 problems x 8 sampled chain-of-thought answers, each
 with its final answer, a reward-model score and its correctness).
 

@@ -1,4 +1,4 @@
-"""Top-k identification over real model pools (paper Section 5, Appendix E): pools from score
+"""Top-k identification over real model pools (paper Section 4, Appendix E): pools from score
 tables, pool trees, the multi-fidelity problem over a pool, and the variance the tree explains."""
 
 from canopy._lazy import lazy_exports

@@ -1,4 +1,4 @@
-"""Model pools from score tables (paper Section 5, "Top-k identification").
+"""Model pools from score tables (paper Section 4, "Top-k identification").
 
 A :class:`Pool` is a set of candidates (models, checkpoints, prompts, configurations): one
 name each, the *target* score in ``[0, 1]`` that top-``k`` identification ranks by, *features*

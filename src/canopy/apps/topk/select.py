@@ -1,6 +1,6 @@
 """Choose the top ``k`` of a pool under a cost budget with one of six methods.
 
-Three tree-aware methods (paper Section 5, "Top-k identification": the data-driven spread,
+Three tree-aware methods (paper Section 4, "Top-k identification": the data-driven spread,
 discontinuity targeting, and the certificate's pre-pass charged to the budget):
 
 - ``canopy``: :class:`~canopy.policies.TopKBeam` with ``spread="hybrid"`` (the assumed

@@ -1,4 +1,4 @@
-"""Pool trees (paper Section 5: "a branching-10, depth-3 tree of similar models").
+"""Pool trees (paper Section 4: "a branching-10, depth-3 tree of similar models").
 
 Two ways to arrange a :class:`~canopy.apps.topk.pools.Pool` as a tree whose leaves are its
 candidates:

@@ -6,7 +6,7 @@ over the total, ``1 - SS_within / SS_total`` (the ``R^2`` of predicting a candid
 its group mean), counting every candidate once. A probe of a node returns its subtree mean
 (Eq. 1) in expectation, so this share is how much of the ranking a descent can read from cheap
 probes at that level; it explains where the tree's recall gain over structure-blind
-identification comes from (paper Section 5, Appendix E).
+identification comes from (paper Section 4, Appendix E).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The trimming bandit (paper Section 5, "Serving systems"): the routing application's regional
+"""The trimming bandit (paper Section 4, "Serving systems"): the routing application's regional
 bandit with trim levels as the arms and task categories as the regions, its per-category and
 per-item oracles.
 

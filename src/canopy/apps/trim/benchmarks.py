@@ -1,4 +1,4 @@
-"""The benchmarks a trimming run reads (paper Section 5: "Trimming uses MMLU, LongBench and
+"""The benchmarks a trimming run reads (paper Section 4: "Trimming uses MMLU, LongBench and
 BBH"): per benchmark its categories (the bandit's regions), the few-shot prompts and items,
 the trim levels and the grader, all through the data registry."""
 

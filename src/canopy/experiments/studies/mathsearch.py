@@ -1,5 +1,5 @@
 """Live value-guided search against best-of-N on MATH-500 at matched generation calls (paper
-Section 5, "Test-time search"; Table 1: +0.087 [+0.04, +0.14] on MATH, 0.617 against 0.530,
+Section 4, "Test-time search"; Table 1: +0.087 [+0.04, +0.14] on MATH, 0.617 against 0.530,
 with Llama-3.1-70B; "Scope of the advantage": Llama-3.1-8B loses 0.147 on MATH, the regime
 where the optimum is out of reach).
 
@@ -154,7 +154,7 @@ def headlines(rows: Sequence[Row]) -> list[Headline]:
 
 STUDY = Study(
     name="mathsearch",
-    title="live value-guided search vs best-of-N on MATH-500 at matched calls (Section 5, "
+    title="live value-guided search vs best-of-N on MATH-500 at matched calls (Section 4, "
           "Table 1)",
     module=__name__,
     params=MathSearchParams(),

@@ -1,4 +1,4 @@
-"""MMLU prompt trimming, live (paper Section 5 "Scope of the advantage" and Appendix E "Prompt
+"""MMLU prompt trimming, live (paper Section 4 "Scope of the advantage" and Appendix E "Prompt
 trimming", Figure 12 right): the regional trim-level bandit with MMLU subjects as regions
 against every fixed trim and the per-subject and per-item oracles, at several lambdas.
 

@@ -1,4 +1,4 @@
-"""``realtopk``: top-10 identification over real model pools (paper Section 5, "Top-k
+"""``realtopk``: top-10 identification over real model pools (paper Section 4, "Top-k
 identification"; Appendix E, Table 4).
 
 Pools (see :mod:`canopy.apps.topk.pools`), each with a fixed tree (seed 0, the same for every
@@ -191,7 +191,7 @@ def _headlines(rows: Sequence[Row]) -> list[Headline]:
 
 STUDY = Study(
     name="realtopk",
-    title="Top-10 identification over real model pools (Section 5, Appendix E)",
+    title="Top-10 identification over real model pools (Section 4, Appendix E)",
     module=__name__,
     params=Params(),
     quick_params=Params(budgets=(150.0, 600.0)),

@@ -1,4 +1,4 @@
-"""The OpenAI-compatible routing proxy (paper Section 5, "Routing", as a service).
+"""The OpenAI-compatible routing proxy (paper Section 4, "Routing", as a service).
 
 ``POST /v1/chat/completions`` picks a model with the regional router (region from a header,
 a regular-expression rule, a user-supplied classifier, or the nearest centroid of a text
