@@ -11,7 +11,10 @@ store longer than it chooses; a busy store raises :class:`~canopy.regional.store
 on a rating (retry later) and never loses a call it holds in its queue. The calls this
 process stored and has not seen rated are also kept here (the most recent ``max_queued``),
 so a store restarted empty gets them back (:meth:`FeedbackLedger.restore`) and a rating for
-a call made before the outage still counts. Every refusal is a
+a call made before the outage still counts. An outcome that needs no rating (a gateway's
+time to first token: :meth:`FeedbackLedger.observe`) is credited the same way, with no call
+kept: observations wait here, at most ``max_queued`` of them, until the next
+:meth:`FeedbackLedger.flush` adds them in one atomic step. Every refusal is a
 :class:`FeedbackError` whose type carries the HTTP ``status`` and ``code`` a service answers
 with.
 """
@@ -24,7 +27,7 @@ import logging
 import queue
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
@@ -106,6 +109,7 @@ class FeedbackLedger:
         self._queued_lock = threading.Lock()
         self._pending: OrderedDict[str, Call] = OrderedDict()  # stored, not seen rated
         self._max_pending = max_queued
+        self._observed: deque[tuple[list[Increment], float]] = deque()
         self._closing = threading.Event()
         self.dropped = 0
         self._writer = threading.Thread(target=self._write_loop, daemon=True,
@@ -187,9 +191,15 @@ class FeedbackLedger:
         return self._stored([call_id])[0]
 
     # -- ratings ---------------------------------------------------------------------------
+    def _increments(self, region: str, model: str, quality: float, cost: float
+                    ) -> list[Increment]:
+        """One outcome's reward at every region of its chain."""
+        reward = self._reward(quality, cost)
+        return [Increment(path, model, 1.0, reward) for path in self._chain(region)]
+
     def _credit(self, calls: Sequence[Call], quality: float) -> None:
-        increments = [Increment(path, c.model, 1.0, self._reward(quality, c.cost))
-                      for c in calls for path in self._chain(c.region)]
+        increments = [i for c in calls for i in self._increments(c.region, c.model, quality,
+                                                                 c.cost)]
         rated = self.store.rate([c.id for c in calls], quality, increments,
                                 max(c.cost for c in calls))
         with self._queued_lock:
@@ -240,6 +250,40 @@ class FeedbackLedger:
                                "has expired")
         self._credit(open_calls, reward)
         return [replace(c, quality=reward) for c in open_calls]
+
+    def observe(self, region: str, model: str, quality: float, cost: float) -> None:
+        """An outcome with no call awaiting a rating (checked by the caller): its reward,
+        at every region of its chain, waits for :meth:`flush`. Never touches the store; past
+        ``max_queued`` waiting observations the oldest is dropped (counted in ``dropped``)."""
+        increments = self._increments(region, model, quality, cost)
+        with self._queued_lock:
+            if len(self._observed) >= self._max_pending:
+                self._observed.popleft()
+                self.dropped += 1
+            self._observed.append((increments, cost))
+
+    def flush(self) -> int:
+        """Add the waiting observations to the store (:meth:`Store.rate` with no call: one
+        atomic step per 512 of them); how many. Raises ``StoreBusy`` (``StoreReset`` after
+        a restart), keeping those not written for the next flush."""
+        with self._queued_lock:
+            batch = list(self._observed)
+            self._observed.clear()
+        written = 0
+        try:
+            while written < len(batch):
+                part = batch[written:written + 512]
+                self.store.rate([], 0.0, [i for increments, _ in part for i in increments],
+                                max(cost for _, cost in part))
+                written += len(part)
+        except StoreBusy:
+            with self._queued_lock:  # back in front of the newer ones, still bounded
+                self._observed.extendleft(reversed(batch[written:]))
+                while len(self._observed) > self._max_pending:
+                    self._observed.popleft()
+                    self.dropped += 1
+            raise
+        return written
 
     def expire(self) -> int:
         """Forget the calls older than two windows (at least a window and a second), so a

@@ -166,7 +166,9 @@ class _Proxy:
             raise ValueError(f"cannot open the store {config.store}: {error}") from None
         cap = limits.max_answer_bytes
         self.metrics = ProxyMetrics()
-        self.upstreams = {u.model: UpstreamPool(u, max_answer_bytes=cap, metrics=self.metrics)
+        self.upstreams = {u.model: UpstreamPool(u, max_answer_bytes=cap, metrics=self.metrics,
+                                                store=config.store,
+                                                wait_s=limits.store_wait_s)
                           for u in config.upstreams}
         self.embedders = {u.model: UpstreamPool(u, max_answer_bytes=cap)
                           for u in config.embeddings}
