@@ -94,18 +94,21 @@ class FeedbackLedger:
     ``RegionalRouter.chain_paths``); ``reward(quality, cost)``
     is the router's reward (``RegionalRouter.reward``);
     ``window_s`` is how long a call accepts its rating; at most ``max_queued`` calls wait
-    for the store (past that a call is dropped, with a warning: it is served, not rated)."""
+    for the store (past that a call is dropped, with a warning: it is served, not rated);
+    a rating of a call still waiting waits for it at most ``wait_s`` (then ``StoreBusy``),
+    so a caller need not wait for its call to be stored before it answers."""
 
     def __init__(self, store: Store, *, reward: Callable[[float, float], float],
                  chain: Callable[[str], list[str]], window_s: float = 7 * 24 * 3600.0,
-                 max_queued: int = 100_000) -> None:
+                 max_queued: int = 100_000, wait_s: float = 0.0) -> None:
         self.store = store
         self.window_s = float(window_s)
+        self.wait_s = float(wait_s)
         self._reward = reward
         self._chain = chain
         self._queue: queue.Queue[tuple[Call, concurrent.futures.Future[None]] | None] = \
             queue.Queue(maxsize=max_queued)
-        self._queued: dict[str, Call] = {}
+        self._queued: dict[str, tuple[Call, concurrent.futures.Future[None]]] = {}
         self._queued_lock = threading.Lock()
         self._pending: OrderedDict[str, Call] = OrderedDict()  # stored, not seen rated
         self._max_pending = max_queued
@@ -123,7 +126,7 @@ class FeedbackLedger:
         (the call stays queued: nobody waits on a store that is down)."""
         done: concurrent.futures.Future[None] = concurrent.futures.Future()
         with self._queued_lock:
-            self._queued[call.id] = call
+            self._queued[call.id] = (call, done)
         try:
             self._queue.put_nowait((call, done))
         except queue.Full:
@@ -178,16 +181,27 @@ class FeedbackLedger:
             for _, done in batch:
                 done.set_result(None)
 
+    def _wait_stored(self, waiting: list[tuple[Call, concurrent.futures.Future[None]]]
+                     ) -> None:
+        """Wait (at most ``wait_s``) for these queued calls to be stored; ``StoreBusy``
+        when one is still queued."""
+        if not waiting:
+            return
+        concurrent.futures.wait([done for _, done in waiting], timeout=self.wait_s)
+        with self._queued_lock:
+            late = next((c for c, _ in waiting if c.id in self._queued), None)
+        if late is not None:
+            raise StoreBusy(f"call {late.id} is not stored yet")
+
     def _stored(self, ids: Sequence[str]) -> list[Call | None]:
         with self._queued_lock:
-            waiting = [one for one in ids if one in self._queued]
-        if waiting:
-            raise StoreBusy(f"call {waiting[0]} is not stored yet")
+            waiting = [self._queued[one] for one in ids if one in self._queued]
+        self._wait_stored(waiting)
         return self.store.calls(ids)
 
     def call(self, call_id: str) -> Call | None:
         """The call of ``call_id`` as stored (``None``: unknown or forgotten); ``StoreBusy``
-        while it waits in the queue."""
+        while it waits in the queue (past ``wait_s``)."""
         return self._stored([call_id])[0]
 
     # -- ratings ---------------------------------------------------------------------------
@@ -238,8 +252,8 @@ class FeedbackLedger:
         yet rated and within the window (paper Appendix E); those calls, rated."""
         reward = check_rating(reward, "reward")
         with self._queued_lock:
-            if any(c.episode == episode for c in self._queued.values()):
-                raise StoreBusy(f"a call of episode {episode!r} is not stored yet")
+            waiting = [entry for entry in self._queued.values() if entry[0].episode == episode]
+        self._wait_stored(waiting)
         calls = self.store.episode(episode)
         if not calls:
             raise UnknownCall(f"unknown episode {episode!r}")

@@ -71,7 +71,8 @@ class RoutingService:
     a call accepts its rating; ``breaker_failures`` and ``breaker_cooldown_s``: the circuit
     breaker; ``sync_s``: how often the store is read (``0``: only on :meth:`sync`);
     ``expire_every_s``: how often calls past the window are forgotten (default: every
-    minute, or every half window when that is shorter)."""
+    minute, or every half window when that is shorter); ``wait_s``: how long one store
+    operation, or a rating of a call not yet stored, waits."""
 
     def __init__(self, router: RegionalRouter, store: Store | str = "memory", *,
                  regions: RegionSource | None = None, namespace: str = "",
@@ -95,7 +96,7 @@ class RoutingService:
         self._mean_cost: dict[str, tuple[int, float]] = {}  # model -> (calls, mean cost)
         self._ledger = FeedbackLedger(self.store, reward=router.reward,
                                       chain=self.chain_paths, window_s=window_s,
-                                      max_queued=max_queued)
+                                      max_queued=max_queued, wait_s=wait_s)
         self._breaker = Breaker(breaker_failures, breaker_cooldown_s)
         self._sync_quietly()
         self._stop = threading.Event()
