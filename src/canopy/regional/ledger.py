@@ -6,12 +6,13 @@ passes. A rating is a quality in [0, 1], checked here and nowhere else; the call
 the router's ``quality - lam * cost`` (paper Section 5, "Routing"), added at every region of
 its chain. Each call is rated once;
 an episode's terminal reward is credited to every open call of the episode (paper Appendix
-E). Calls are written by one background thread, in batches, so a caller never waits on the
-store longer than it chooses; a busy store raises :class:`~canopy.regional.store.StoreBusy`
-on a rating (retry later) and never loses a call it holds in its queue. The calls this
-process stored and has not seen rated are also kept here (the most recent ``max_queued``),
-so a store restarted empty gets them back (:meth:`FeedbackLedger.restore`) and a rating for
-a call made before the outage still counts. An outcome that needs no rating (a gateway's
+E). Calls are written by one background thread, in batches (every :data:`WRITE_EVERY_S`),
+so a caller never waits on the store longer than it chooses; a busy store raises
+:class:`~canopy.regional.store.StoreBusy` on a rating (retry later) and never loses a call
+it holds in its queue. The calls this process stored and has not seen rated are also kept
+here (the most recent ``max_queued``), so a store restarted empty gets them back
+(:meth:`FeedbackLedger.restore`) and a rating for a call made before the outage still
+counts. An outcome that needs no rating (a gateway's
 time to first token: :meth:`FeedbackLedger.observe`) is credited the same way, with no call
 kept: observations wait here, at most ``max_queued`` of them, until the next
 :meth:`FeedbackLedger.flush` adds them in one atomic step. Every refusal is a
@@ -40,6 +41,9 @@ __all__ = ["AlreadyRated", "FeedbackError", "FeedbackExpired", "FeedbackLedger",
            "check_rating"]
 
 log = logging.getLogger("canopy.regional")
+WRITE_EVERY_S = 0.02
+"""How often the writer looks for calls to store (a call waits that long at most, plus the
+store's write; a rating of a call still queued waits for it)."""
 
 
 class FeedbackError(Exception):
@@ -143,10 +147,20 @@ class FeedbackLedger:
             return failed
         return done
 
+    def _next(self) -> tuple[Call, concurrent.futures.Future[None]] | None:
+        """The next queued item, polled every :data:`WRITE_EVERY_S`: a caller never wakes
+        the writer (a wake-up per call would cost the caller's event loop a hand-over of
+        the interpreter lock on every request)."""
+        while True:
+            try:
+                return self._queue.get_nowait()
+            except queue.Empty:
+                time.sleep(WRITE_EVERY_S)
+
     def _write_loop(self) -> None:
         wait = 0.05
         while True:
-            item = self._queue.get()
+            item = self._next()
             if item is None:
                 return
             batch = [item]
