@@ -8,6 +8,8 @@ p99 minus the direct call's), and its process's CPU time per request. Prints JSO
 
     PYTHONPATH=src python benchmarks/gateway_overhead.py --rounds 3000
 
+``--also-src DIR`` adds a second Canopy gateway, ``canopy@DIR``, run from the sources in
+``DIR`` (another checkout's ``src``: before and after a change, in one interleaved run).
 ``--echo PORT`` runs one echo upstream (what the benchmark starts twice). A router whose
 binary is missing is left out (listed under ``"missing"``).
 """
@@ -123,7 +125,8 @@ def _wait(port: int, process: subprocess.Popen[bytes], path: str, timeout: float
     raise RuntimeError(f"{process.args} did not answer within {timeout:g} s")
 
 
-def _canopy(port: int, upstreams: list[str], folder: Path, log: Any) -> subprocess.Popen[bytes]:
+def _canopy(port: int, upstreams: list[str], folder: Path, log: Any, src: str | None = None
+            ) -> subprocess.Popen[bytes]:
     config = {"upstreams": [{"model": "echo", "replicas": upstreams, "timeout_s": 30,
                              "replica_policy": "canopy",
                              "index": {"mode": "approximate", "block_size": 16}}],
@@ -134,6 +137,8 @@ def _canopy(port: int, upstreams: list[str], folder: Path, log: Any) -> subproce
     path = folder / "gateway.json"
     path.write_text(json.dumps(config))
     env = {**os.environ, "BENCH_CLIENT_KEY": KEY, "BENCH_ADMIN_KEY": ADMIN}
+    if src is not None:
+        env["PYTHONPATH"] = src
     return subprocess.Popen([sys.executable, "-m", "canopy", "serve", "router", "--config",
                              str(path), "--host", "127.0.0.1", "--port", str(port)],
                             env=env, stdout=log, stderr=log)
@@ -174,7 +179,8 @@ def _client(port: int, path: str, auth: bool) -> Callable[[], float]:
 
 
 def measure(*, rounds: int = 3000, warmup: int = 200, seed: int = 0,
-            peers: tuple[str, ...] = ("sglang-router", "vllm-router")) -> dict[str, Any]:
+            peers: tuple[str, ...] = ("sglang-router", "vllm-router"),
+            also_src: str | None = None) -> dict[str, Any]:
     """The figures of the module's docstring, as a dict."""
     rng = random.Random(seed)
     folder = Path(tempfile.mkdtemp(prefix="gateway-overhead-"))
@@ -190,6 +196,10 @@ def measure(*, rounds: int = 3000, warmup: int = 200, seed: int = 0,
         routers: dict[str, tuple[int, subprocess.Popen[bytes]]] = {}
         port = _port()
         routers["canopy"] = (port, _canopy(port, upstreams, folder, log))
+        if also_src is not None:
+            port = _port()
+            routers[f"canopy@{also_src}"] = (port, _canopy(port, upstreams, folder, log,
+                                                           also_src))
         missing = []
         for name in peers:
             binary = _binary(name)
@@ -250,6 +260,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--peers", default="sglang-router,vllm-router",
                         help="comma-separated peer routers ('' for none)")
+    parser.add_argument("--also-src", default=None,
+                        help="another Canopy source tree to run a second gateway from")
     parser.add_argument("--echo", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.echo is not None:
@@ -257,7 +269,7 @@ def main() -> None:
         return
     peers = tuple(p for p in args.peers.split(",") if p)
     print(json.dumps(measure(rounds=args.rounds, warmup=args.warmup, seed=args.seed,
-                             peers=peers), indent=1))
+                             peers=peers, also_src=args.also_src), indent=1))
 
 
 if __name__ == "__main__":
