@@ -5,9 +5,10 @@ timeout per client; a routing proxy needs to forward a caller's body unchanged (
 name), within a per-request deadline, from an event loop. :class:`AsyncPassthrough` does that
 on ``httpx.AsyncClient``, reusing the client's error classes, response parsing and
 :class:`~canopy.llm.client.Usage` record. No retries: the caller decides what to try next.
-A whole (non-streamed) answer from a plain ``http://`` upstream goes through the lean client
-of :mod:`canopy.llm.http1` when httptools is installed (the ``serve`` extra), its body
-written and read by orjson: a small fraction of ``httpx``'s cost per call.
+A whole (non-streamed) answer from a plain ``http://`` upstream that no proxy setting of the
+environment covers goes through the lean client of :mod:`canopy.llm.http1` when httptools
+is installed (the ``serve`` extra), its body written and read by orjson: a small fraction of
+``httpx``'s cost per call.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+import urllib.request
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -62,7 +64,7 @@ class AsyncPassthrough:
         self._http = httpx.AsyncClient(limits=httpx.Limits(
             max_connections=max_connections, max_keepalive_connections=max_connections))
         self._lean: Any = None
-        if self.base_url.startswith("http://"):
+        if self.base_url.startswith("http://") and not _proxied(self.base_url):
             with contextlib.suppress(ImportError):  # httptools: the serve extra
                 from canopy.llm.http1 import Http1Pool
 
@@ -205,6 +207,15 @@ class AsyncPassthrough:
         await self._http.aclose()
         if self._lean is not None:
             self._lean.close()
+
+
+def _proxied(url: str) -> bool:
+    """Whether the environment sends ``url`` through an HTTP proxy (``HTTP_PROXY``, unless
+    ``NO_PROXY`` names its host): then ``httpx``, which reads them, carries its calls."""
+    proxies = urllib.request.getproxies()
+    host = httpx.URL(url).host
+    return bool(proxies.get("http") or proxies.get("all")) and not \
+        urllib.request.proxy_bypass(host)
 
 
 def _server_error(url: str, status: int, start: bytes) -> LLMServerError:
