@@ -675,11 +675,11 @@ def test_headers_past_the_limit_are_refused_and_the_proxy_goes_on(tmp_path, upst
 
 def test_the_lean_upstream_client_keeps_its_connection_and_refuses_what_it_must():
     """Twenty calls over one kept-alive connection; an answer declaring more than the cap
-    and a server that closes mid-answer are refused with the client's error types; an error
-    status comes back as it is."""
+    and a server that closes mid-answer are refused with the client's error types, as is one
+    that never answers (past the timeout); an error status comes back as it is."""
     import asyncio
 
-    from canopy.llm.client import AnswerTooLarge, LLMConnectionError
+    from canopy.llm.client import AnswerTooLarge, LLMConnectionError, LLMTimeoutError
     from canopy.llm.http1 import Http1Pool
 
     connections = []
@@ -698,6 +698,8 @@ def test_the_lean_upstream_client_keeps_its_connection_and_refuses_what_it_must(
             length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
             await reader.readexactly(length)
             path = head.split(b" ")[1]
+            if path == b"/hang":
+                continue  # never answers
             writer.write(answers[path])
             await writer.drain()
             if path == b"/cut":
@@ -717,11 +719,15 @@ def test_the_lean_upstream_client_keeps_its_connection_and_refuses_what_it_must(
             except (AnswerTooLarge, LLMConnectionError) as error:
                 errors.append(type(error))
         status = await pool.post("/bad", b"{}", {}, timeout=10, cap=1000)
+        try:
+            await pool.post("/hang", b"{}", {}, timeout=0.3, cap=1000)
+        except LLMTimeoutError as error:
+            errors.append(type(error))
         pool.close()
         server.close()
         return oks, kept, errors, status
 
     oks, kept, errors, status = asyncio.run(run())
     assert oks == [(200, b"{}")] * 20 and kept == 1
-    assert errors == [AnswerTooLarge, LLMConnectionError]
+    assert errors == [AnswerTooLarge, LLMConnectionError, LLMTimeoutError]
     assert status == (503, b"busy")  # the status is the pass-through's to judge

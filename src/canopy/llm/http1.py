@@ -140,22 +140,29 @@ class Http1Pool:
         for name, value in headers.items():
             head += [name.encode("latin-1"), b": ", value.encode("latin-1"), b"\r\n"]
         request = b"".join([*head, b"\r\n", body])
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
         try:
-            return await asyncio.wait_for(self._send(request, cap), timeout)
+            if self._slots.locked():  # every connection busy: wait for one, within time
+                await asyncio.wait_for(self._slots.acquire(), timeout)
+            else:
+                await self._slots.acquire()
+            try:
+                try:
+                    return await self._exchange(request, cap, deadline, reused=True)
+                except _Cut:  # a kept-alive connection the origin had closed: once more
+                    return await self._exchange(request, cap, deadline, reused=False)
+            finally:
+                self._slots.release()
         except asyncio.TimeoutError:
             raise LLMTimeoutError(f"no whole answer within {timeout:.3g} s") from None
         except _Cut:
             raise LLMConnectionError("the upstream closed the connection before answering"
                                      ) from None
 
-    async def _send(self, request: bytes, cap: int) -> Answer:
-        async with self._slots:
-            try:
-                return await self._exchange(request, cap, reused=True)
-            except _Cut:  # a kept-alive connection the origin had closed: once more
-                return await self._exchange(request, cap, reused=False)
-
-    async def _exchange(self, request: bytes, cap: int, *, reused: bool) -> Answer:
+    async def _exchange(self, request: bytes, cap: int, deadline: float, *, reused: bool
+                        ) -> Answer:
+        loop = asyncio.get_running_loop()
         conn = None
         while reused and self._idle:
             conn = self._idle.pop()
@@ -163,9 +170,11 @@ class Http1Pool:
                 break
             conn = None
         if conn is None:
-            conn = await self._connect()
+            conn = await asyncio.wait_for(self._connect(), max(deadline - loop.time(), 0))
         conn._reset(cap)
-        conn.answer = asyncio.get_running_loop().create_future()
+        conn.answer = loop.create_future()
+        # a timer, not wait_for: no task per call
+        timer = loop.call_at(deadline, conn._fail, asyncio.TimeoutError())
         try:
             assert conn.transport is not None
             conn.transport.write(request)
@@ -173,6 +182,8 @@ class Http1Pool:
         except BaseException:
             conn.close()  # failed, timed out or cancelled: never reused
             raise
+        finally:
+            timer.cancel()
         if conn.keep_alive and conn.open:
             conn.answer = None
             self._idle.append(conn)

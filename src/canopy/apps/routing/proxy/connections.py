@@ -217,6 +217,7 @@ def uvicorn_config(app: Any, limits: Limits, *, upstreams: int, host: str, port:
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on",
                             workers=workers, factory=isinstance(app, str),
                             http=GuardedHttpToolsProtocol, loop=_loop(), backlog=2048,
+                            proxy_headers=False,  # the proxy reads no client address
                             h11_max_incomplete_event_size=limits.max_header_bytes,
                             timeout_keep_alive=limits.keep_alive_s)
     config.canopy_guard = ConnectionGuard.for_limits(limits, upstreams=upstreams)
