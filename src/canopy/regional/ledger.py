@@ -6,8 +6,8 @@ passes. A rating is a quality in [0, 1], checked here and nowhere else; the call
 the router's ``quality - lam * cost`` (paper Section 5, "Routing"), added at every region of
 its chain. Each call is rated once;
 an episode's terminal reward is credited to every open call of the episode (paper Appendix
-E). Calls are written by one background thread, in batches (every :data:`WRITE_EVERY_S`),
-so a caller never waits on the store longer than it chooses; a busy store raises
+E). Calls are written by one background thread, in batches, so a caller never waits on the
+store longer than it chooses; a busy store raises
 :class:`~canopy.regional.store.StoreBusy` on a rating (retry later) and never loses a call
 it holds in its queue. The calls this process stored and has not seen rated are also kept
 here (the most recent ``max_queued``), so a store restarted empty gets them back
@@ -41,9 +41,6 @@ __all__ = ["AlreadyRated", "FeedbackError", "FeedbackExpired", "FeedbackLedger",
            "check_rating"]
 
 log = logging.getLogger("canopy.regional")
-WRITE_EVERY_S = 0.02
-"""How often the writer looks for calls to store (a call waits that long at most, plus the
-store's write; a rating of a call still queued waits for it)."""
 
 
 class FeedbackError(Exception):
@@ -147,20 +144,10 @@ class FeedbackLedger:
             return failed
         return done
 
-    def _next(self) -> tuple[Call, concurrent.futures.Future[None]] | None:
-        """The next queued item, polled every :data:`WRITE_EVERY_S`: a caller never wakes
-        the writer (a wake-up per call would cost the caller's event loop a hand-over of
-        the interpreter lock on every request)."""
-        while True:
-            try:
-                return self._queue.get_nowait()
-            except queue.Empty:
-                time.sleep(WRITE_EVERY_S)
-
     def _write_loop(self) -> None:
         wait = 0.05
         while True:
-            item = self._next()
+            item = self._queue.get()
             if item is None:
                 return
             batch = [item]

@@ -176,12 +176,19 @@ class _Proxy:
                                             for u in (*config.upstreams, *config.embeddings)
                                             if u.api_key_env)
 
-    def _record(self, request_id: str, region: str, model: str, cost: float,
-                episode: str | None) -> None:
-        """Keep an answered request for its feedback: queued, and stored in the background
-        (a rating that comes first waits for it, at most ``limits.store_wait_s``), so an
-        answer never waits on the store."""
-        self.service.record(Call(request_id, region, model, cost, time.time(), episode))
+    async def _record(self, request_id: str, region: str, model: str, cost: float,
+                      episode: str | None) -> None:
+        """Keep an answered request for its feedback (waiting at most ``store_wait_s`` for
+        the store: past that the call is stored in the background), so a rating through any
+        process sharing the store finds it."""
+        stored = self.service.record(Call(request_id, region, model, cost, time.time(),
+                                          episode))
+        try:
+            await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(stored)),
+                                   timeout=self.config.limits.store_wait_s)
+        except (asyncio.TimeoutError, StoreBusy) as error:
+            log.warning("request %s: its call is not stored yet (%s)", request_id,
+                        type(error).__name__)
 
     def _route(self, headers: Any, view: dict[str, Any], asked: str,
                preferences: Preferences) -> Route:
@@ -251,7 +258,7 @@ class _Proxy:
         prompt, completion, usage = sane_usage(view, len(answer.text), answer.raw,
                                                answer.prompt_tokens, answer.completion_tokens)
         cost = self.config.prices.cost(model, prompt, completion)
-        self._record(call.request_id, region, model, cost, episode)
+        await self._record(call.request_id, region, model, cost, episode)
         overhead_ms = (time.perf_counter() - started - upstream_s) * 1000.0
         out = dict(answer.raw)
         out["model"] = model
@@ -407,7 +414,7 @@ class _Proxy:
                     call.view, events.chars, {"usage": usage} if events.usage else {},
                     usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0))
                 cost = self.config.prices.cost(model, prompt, completion)
-                self._record(call.request_id, call.region, model, cost, call.episode)
+                await self._record(call.request_id, call.region, model, cost, call.episode)
             except Exception as error:  # the client's stream has been sent whole already
                 log.error("request %s: the streamed call was not recorded: %s",
                           call.request_id, redact(repr(error), self.secrets))

@@ -168,8 +168,8 @@ class Limits:
     """What a client can make the proxy hold: body size, distinct regions, how long a request
     id accepts feedback, open connections, how long a client may take to send a request,
     header size, idle keep-alive, an upstream answer's size; the circuit breaker (failures in
-    a row, cool-down); and how long a rating waits for a busy store, or for its call to be
-    stored (then it gets 503; a chat never waits: its call is stored in the background)."""
+    a row, cool-down); and how long a chat or a rating waits for a busy store (then the chat
+    is answered anyway and its call stored later; the rating gets 503)."""
 
     max_body_bytes: int = 1 << 20
     max_regions: int = 1024
