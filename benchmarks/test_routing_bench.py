@@ -145,6 +145,20 @@ def test_proxy_overhead_scripted(benchmark, tmp_path, monkeypatch):
     assert len(overhead) == 400
 
 
+def test_gateway_overhead_beside_peers(benchmark):
+    """The latency the gateway adds as its client sees it, beside sglang-router and
+    vllm-router where installed (``benchmarks/gateway_overhead.py``: one interleaved run,
+    loopback echo upstreams, auth on); its figures in ``benchmark.extra_info``."""
+    pytest.importorskip("fastapi")
+    from gateway_overhead import measure
+
+    result = benchmark.pedantic(measure, kwargs={"rounds": 500, "warmup": 100},
+                                rounds=1, iterations=1)
+    benchmark.extra_info.update(result)
+    print(json.dumps(result, indent=1))
+    assert result["results"]["canopy"]["added_p50_ms"] > 0
+
+
 def test_region_tree_insert_100k(benchmark):
     """100,000 distinct two-level regions into a router: linear growth (issue 16.1)."""
     from canopy.regional import RegionalRouter

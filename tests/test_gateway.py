@@ -26,6 +26,7 @@ msgpack = pytest.importorskip("msgpack")
 from canopy.apps.routing.proxy.app import create_app, serve_in_thread  # noqa: E402
 from canopy.apps.routing.proxy.config import ProxyConfig  # noqa: E402
 from canopy.fleet import ReplicaIndex  # noqa: E402
+from canopy.fleet.policies import DEFAULT_GRID  # noqa: E402
 from canopy.fleet.subscriber import EventSource, EventSubscriber  # noqa: E402
 from canopy.fleet.tokens import PromptTokenizer, chain_keys  # noqa: E402
 
@@ -387,3 +388,73 @@ def test_the_chat_template_beside_the_tokenizer_is_rendered_before_tokenizing(
     ids = tok.ids({"messages": [{"role": "user", "content": "hello there"}]})
     assert ids.tolist() == tok._tokenizer.encode("user hello there\nassistant\n",
                                                  add_special_tokens=False).ids
+
+
+# -- gateways on one store ---------------------------------------------------------------
+def _stream(url: str, text: str) -> None:
+    with httpx.stream("POST", f"{url}/v1/chat/completions", headers=CLIENT, timeout=10,
+                      json={"messages": [{"role": "user", "content": text}],
+                            "stream": True}) as response:
+        assert response.status_code == 200
+        b"".join(response.iter_raw())
+
+
+def _tradeoff(pool, region: str) -> tuple[dict[str, int], float]:
+    """The pool's trade-off statistics in ``region`` (pulled from the store first): each
+    theta's count, and the theta its policy would use there now."""
+    shared = pool.shared
+    for _ in range(200):  # a circuit opened by a restart closes on its probe's next answer
+        try:
+            shared.sync()
+            break
+        except Exception:  # StoreDown, StoreBusy: probed again in the background
+            time.sleep(0.05)
+    counts = {row["model"]: row["count"] for row in shared.estimates()
+              if row["region"] == region}
+    with shared.reading() as router:
+        return counts, float(router.grid[router.arm(region)])
+
+
+def test_gateways_on_one_redis_use_the_tradeoff_either_learns(replicas, tmp_path):
+    """Two gateways, one Redis, the same two replicas: streams through A teach A's trade-off
+    for their region; B, which served none of them, holds the same counts and chooses the
+    same theta there. Redis restarted empty: A re-seeds what it knew, B adopts it, and a
+    stream through B reaches A."""
+    from canopy.fleet.policies import region_path
+    from redis_server import start_redis
+
+    server, url = start_redis(tmp_path / "redis", persist=False)
+    port = int(url.rsplit(":", 1)[1].split("/")[0])
+    data = config(replicas, policy="canopy", index={"mode": "approximate", "block_size": 4})
+    data["store"] = url
+    apps = [create_app(ProxyConfig.from_mapping(data)) for _ in range(2)]
+    pools = [app.state.proxy.upstreams["fleet"] for app in apps]
+    prompt = "a system prompt both gateways see " * 4
+    keys, _ = pools[0].tokenizer.keys({"messages": [{"role": "user", "content": prompt}]},
+                                      pools[0].block_size)
+    region = region_path(keys)
+    try:
+        with serve_in_thread(apps[0], startup_timeout=120) as one, \
+                serve_in_thread(apps[1], startup_timeout=120) as two:
+            fresh_counts, fresh_theta = _tradeoff(pools[1], region)
+            for _ in range(12):
+                _stream(one, prompt)
+            learnt = _tradeoff(pools[0], region)
+            shared = _tradeoff(pools[1], region)
+            ask(two, prompt)  # B routes the region with the shared statistics
+            used = float(pools[1].policy.params[0])
+            server.kill()  # -9, no persistence: the store comes back empty
+            server.wait(timeout=30)
+            server, _ = start_redis(tmp_path / "redis", port=port, persist=False)
+            kept = [_tradeoff(pool, region) for pool in pools]
+            _stream(two, prompt)
+            after = [_tradeoff(pool, region) for pool in pools[::-1]]  # B's flush, A's read
+    finally:
+        server.kill()
+        server.wait(timeout=30)
+    assert sum(fresh_counts.values()) == 0 and fresh_theta == DEFAULT_GRID[0]
+    assert sum(learnt[0].values()) == 12 and min(learnt[0].values()) >= 1  # every theta tried
+    assert shared == learnt and used == learnt[1]
+    assert kept == [learnt, learnt]
+    assert [sum(counts.values()) for counts, _ in after] == [13, 13]
+    assert after[0] == after[1]

@@ -651,3 +651,83 @@ def test_two_worker_processes_serve_under_the_same_limits(tmp_path, upstreams):
         process.terminate()
         process.wait(timeout=30)
     assert "Traceback" not in log.read_text()
+
+
+def test_headers_past_the_limit_are_refused_and_the_proxy_goes_on(tmp_path, upstreams):
+    """httptools has no header bound of its own: the guarded protocol counts the request
+    line and headers, and answers 400 past ``limits.max_header_bytes``."""
+    import socket
+
+    cfg = config(tmp_path, [s.url("/v1") for s in upstreams],
+                 limits={"max_header_bytes": 4096})
+    with serve_in_thread(create_app(cfg)) as url:
+        host, port = url.removeprefix("http://").split(":")
+        answers = []
+        for padding in (3000, 5000):
+            with socket.create_connection((host, int(port)), timeout=30) as sock:
+                sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"a" * padding +
+                             b"\r\n\r\n")
+                answers.append(sock.recv(64).split(b" ")[1])
+        again = httpx.post(url + "/v1/chat/completions", json=ASK, headers=ADMIN, timeout=30)
+    assert answers == [b"200", b"400"]
+    assert again.status_code == 200
+
+
+def test_the_lean_upstream_client_keeps_its_connection_and_refuses_what_it_must():
+    """Twenty calls over one kept-alive connection; an answer declaring more than the cap
+    and a server that closes mid-answer are refused with the client's error types, as is one
+    that never answers (past the timeout); an error status comes back as it is."""
+    import asyncio
+
+    from canopy.llm.client import AnswerTooLarge, LLMConnectionError, LLMTimeoutError
+    from canopy.llm.http1 import Http1Pool
+
+    connections = []
+    answers = {b"/ok": b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}",
+               b"/big": b"HTTP/1.1 200 OK\r\nContent-Length: 999999\r\n\r\n{",
+               b"/bad": b"HTTP/1.1 503 Busy\r\nContent-Length: 4\r\n\r\nbusy",
+               b"/cut": b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n{\"a\""}
+
+    async def serve(reader, writer):
+        connections.append(writer)
+        while True:
+            try:
+                head = await reader.readuntil(b"\r\n\r\n")
+            except (asyncio.IncompleteReadError, ConnectionError):
+                return
+            length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+            await reader.readexactly(length)
+            path = head.split(b" ")[1]
+            if path == b"/hang":
+                continue  # never answers
+            writer.write(answers[path])
+            await writer.drain()
+            if path == b"/cut":
+                writer.close()
+                return
+
+    async def run():
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        pool = Http1Pool(f"http://127.0.0.1:{port}/v1")
+        oks = [await pool.post("/ok", b"{}", {}, timeout=10, cap=1000) for _ in range(20)]
+        kept = len(connections)
+        errors = []
+        for path, cap in (("/big", 1000), ("/cut", 1000)):
+            try:
+                await pool.post(path, b"{}", {}, timeout=10, cap=cap)
+            except (AnswerTooLarge, LLMConnectionError) as error:
+                errors.append(type(error))
+        status = await pool.post("/bad", b"{}", {}, timeout=10, cap=1000)
+        try:
+            await pool.post("/hang", b"{}", {}, timeout=0.3, cap=1000)
+        except LLMTimeoutError as error:
+            errors.append(type(error))
+        pool.close()
+        server.close()
+        return oks, kept, errors, status
+
+    oks, kept, errors, status = asyncio.run(run())
+    assert oks == [(200, b"{}")] * 20 and kept == 1
+    assert errors == [AnswerTooLarge, LLMConnectionError, LLMTimeoutError]
+    assert status == (503, b"busy")  # the status is the pass-through's to judge

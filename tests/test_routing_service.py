@@ -232,3 +232,38 @@ def test_the_documented_example_runs_as_written(capsys):
     scope = {"__name__": "__docs__"}
     exec(compile(block, "docs/routing.md", "exec"), scope)
     assert (scope["region"], scope["ranking"]) == ("code", ("small", "large"))
+
+
+def test_observations_wait_out_a_locked_store_bounded_and_count_once(tmp_path):
+    """Outcomes that await no rating (a gateway's TTFTs): learnt at once where observed,
+    kept through a locked store (the most recent ``max_queued``), then added once and read
+    by every service on the store."""
+    path = tmp_path / "s.sqlite"
+    service = _service(f"sqlite:///{path}", wait_s=0.2, sync_s=0, max_queued=5)
+    other = _service(f"sqlite:///{path}", sync_s=0)
+
+    def count(svc: RoutingService) -> int:
+        return sum(row["count"] for row in svc.estimates() if row["region"] == "code")
+
+    try:
+        blocker = sqlite3.connect(path, isolation_level=None)
+        blocker.execute("BEGIN IMMEDIATE")
+        try:
+            for _ in range(8):
+                service.observe("code", "cheap", 0.0, 0.01)
+            assert count(service) == 8  # learnt here at once
+            with pytest.raises(StoreBusy):
+                service.sync()
+        finally:
+            blocker.execute("ROLLBACK")
+            blocker.close()
+        service.sync()
+        service.sync()  # nothing left to add: counted once
+        other.sync()
+        assert count(service) == count(other) == 5  # the 3 oldest were dropped
+        assert service.scores("code").tolist() == other.scores("code").tolist()
+        with pytest.raises(ValueError):
+            service.observe("code", "cheap", 2.0, 0.01)  # a quality outside [0, 1]
+    finally:
+        service.close()
+        other.close()

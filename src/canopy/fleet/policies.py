@@ -33,6 +33,7 @@ them (summary in ``docs/fleet.md``):
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numba as nb
@@ -285,6 +286,9 @@ class ReplicaPolicy:
         self.state = np.zeros(2, dtype=np.int64)
         self.state[RNG] = (seed * 0x9E3779B97F4A7C15) % 2 ** 64 >> 1
         self.router = router
+        self.report: Callable[[str, str, float, float], None] | None = None
+        """Where observations go instead of ``router.update`` (a gateway's store: several
+        gateways learn one trade-off; :meth:`~canopy.regional.RoutingService.observe`)."""
         self.index_mode = PRODUCTION_INDEX.get(name, "precise")
         self._pending: OrderedDict[int, tuple[str, int]] = OrderedDict()
         self._scratch = np.zeros(1)
@@ -318,7 +322,8 @@ class ReplicaPolicy:
         pending = self._pending.pop(request.rid, None)
         if pending is not None:
             region, arm = pending
-            self.router.update(region, self.router.models[arm], 0.0, ttft_s)
+            update = self.router.update if self.report is None else self.report
+            update(region, self.router.models[arm], 0.0, ttft_s)
 
 
 def make_policy(name: str, *, seed: int = 0, cache_threshold: float = 0.3,

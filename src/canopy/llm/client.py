@@ -18,7 +18,7 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,6 +34,7 @@ from canopy.validation import (
 )
 
 __all__ = [
+    "AnswerTooLarge",
     "LLMClient",
     "LLMConnectionError",
     "LLMError",
@@ -70,6 +71,10 @@ class LLMServerError(LLMError):
 
 class LLMResponseError(LLMError):
     """The endpoint answered 200 with a body that is not an OpenAI-compatible response."""
+
+
+class AnswerTooLarge(LLMResponseError):
+    """An upstream's answer is larger than the reader's cap."""
 
 
 @dataclass(frozen=True)
@@ -274,7 +279,7 @@ class LLMClient:
                     f"{str(error) or type(error).__name__}")
             else:
                 if response.status_code < 400:
-                    return _json_body(url, response)
+                    return _json_body(url, response.content)
                 failure = LLMServerError(
                     f"POST {url} returned HTTP {response.status_code}: "
                     f"{response.text[:300]!r}", response.status_code)
@@ -290,13 +295,14 @@ class LLMClient:
         raise AssertionError("unreachable")  # pragma: no cover
 
 
-def _json_body(url: str, response: httpx.Response) -> dict[str, Any]:
+def _json_body(url: str, content: bytes,
+               loads: Callable[[bytes], Any] = json.loads) -> dict[str, Any]:
+    """The JSON object an answer's body holds (``loads``: the parser)."""
     try:
-        body = response.json()
+        body = loads(content)
     except ValueError:
         raise LLMResponseError(
-            f"POST {url} answered with a body that is not JSON: {response.text[:200]!r}"
-        ) from None
+            f"POST {url} answered with a body that is not JSON: {content[:200]!r}") from None
     if not isinstance(body, dict):
         raise LLMResponseError(
             f"POST {url} answered with JSON that is not an object: {body!r:.200}")

@@ -5,6 +5,10 @@ timeout per client; a routing proxy needs to forward a caller's body unchanged (
 name), within a per-request deadline, from an event loop. :class:`AsyncPassthrough` does that
 on ``httpx.AsyncClient``, reusing the client's error classes, response parsing and
 :class:`~canopy.llm.client.Usage` record. No retries: the caller decides what to try next.
+A whole (non-streamed) answer from a plain ``http://`` upstream that no proxy setting of the
+environment covers goes through the lean client of :mod:`canopy.llm.http1` when httptools
+is installed (the ``serve`` extra), its body written and read by orjson: a small fraction of
+``httpx``'s cost per call.
 """
 
 from __future__ import annotations
@@ -12,13 +16,17 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+import urllib.request
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 import httpx
+import orjson
 
 from canopy.llm.client import (
+    AnswerTooLarge,
     LLMConnectionError,
+    LLMError,
     LLMResponse,
     LLMResponseError,
     LLMServerError,
@@ -30,10 +38,6 @@ from canopy.llm.client import (
 from canopy.validation import check_count, check_http_url, check_number, check_text
 
 __all__ = ["AnswerTooLarge", "AsyncPassthrough"]
-
-
-class AnswerTooLarge(LLMResponseError):
-    """An upstream's answer is larger than the pass-through's ``max_answer_bytes``."""
 
 
 class AsyncPassthrough:
@@ -57,7 +61,15 @@ class AsyncPassthrough:
         self.max_answer_bytes = check_count(max_answer_bytes, "max_answer_bytes")
         self.usage = Usage()
         self._lock = threading.Lock()
-        self._http = httpx.AsyncClient(limits=httpx.Limits(max_connections=max_connections))
+        self._http = httpx.AsyncClient(limits=httpx.Limits(
+            max_connections=max_connections, max_keepalive_connections=max_connections))
+        self._lean: Any = None
+        if self.base_url.startswith("http://") and not _proxied(self.base_url):
+            with contextlib.suppress(ImportError):  # httptools: the serve extra
+                from canopy.llm.http1 import Http1Pool
+
+                self._lean = Http1Pool(self.base_url, max_connections=max_connections)
+                self._root = httpx.URL(self.base_url).raw_path.decode("ascii").rstrip("/")
 
     async def chat(self, body: Mapping[str, Any], *, timeout: float,
                    endpoint: str = "chat/completions") -> LLMResponse:
@@ -84,6 +96,17 @@ class AsyncPassthrough:
         read up to ``max_answer_bytes``."""
         timeout = check_number(timeout, "timeout", low=0.0, low_open=True)
         url = f"{self.base_url}/{endpoint}"
+        if self._lean is not None:
+            try:
+                status, content = await self._lean.post(
+                    f"{self._root}/{endpoint}", orjson.dumps({**body, "model": self.model}),
+                    self._headers(), timeout=timeout, cap=self.max_answer_bytes)
+                if status >= 400:
+                    raise _server_error(url, status, content)
+                return _json_body(url, content, orjson.loads)
+            except LLMError:
+                self._count_error()
+                raise
         request = self._http.build_request("POST", url, json={**body, "model": self.model},
                                            headers=self._headers(),
                                            timeout=httpx.Timeout(timeout))
@@ -95,7 +118,7 @@ class AsyncPassthrough:
                     content = await self._read(url, response)
                 finally:
                     await response.aclose()
-            return _json_body(url, httpx.Response(response.status_code, content=content))
+            return _json_body(url, content)
         except (LLMServerError, LLMResponseError):
             self._count_error()
             raise
@@ -134,8 +157,7 @@ class AsyncPassthrough:
             start += chunk
             if len(start) >= 300:
                 break
-        raise LLMServerError(f"POST {url} returned HTTP {response.status_code}: "
-                             f"{start[:300]!r}", response.status_code)
+        raise _server_error(url, response.status_code, start)
 
     async def _read(self, url: str, response: httpx.Response) -> bytes:
         """The answer's body, refused (:class:`AnswerTooLarge`) once over the cap."""
@@ -183,3 +205,19 @@ class AsyncPassthrough:
 
     async def aclose(self) -> None:
         await self._http.aclose()
+        if self._lean is not None:
+            self._lean.close()
+
+
+def _proxied(url: str) -> bool:
+    """Whether the environment sends ``url`` through an HTTP proxy (``HTTP_PROXY``, unless
+    ``NO_PROXY`` names its host): then ``httpx``, which reads them, carries its calls."""
+    proxies = urllib.request.getproxies()
+    host = httpx.URL(url).host
+    return bool(proxies.get("http") or proxies.get("all")) and not \
+        urllib.request.proxy_bypass(host)
+
+
+def _server_error(url: str, status: int, start: bytes) -> LLMServerError:
+    """An HTTP error status as the client's error (its body's first bytes, for the log)."""
+    return LLMServerError(f"POST {url} returned HTTP {status}: {start[:300]!r}", status)

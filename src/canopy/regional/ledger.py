@@ -7,11 +7,15 @@ the router's ``quality - lam * cost`` (paper Section 4, "Routing"), added at eve
 its chain. Each call is rated once;
 an episode's terminal reward is credited to every open call of the episode (paper Appendix
 E). Calls are written by one background thread, in batches, so a caller never waits on the
-store longer than it chooses; a busy store raises :class:`~canopy.regional.store.StoreBusy`
-on a rating (retry later) and never loses a call it holds in its queue. The calls this
-process stored and has not seen rated are also kept here (the most recent ``max_queued``),
-so a store restarted empty gets them back (:meth:`FeedbackLedger.restore`) and a rating for
-a call made before the outage still counts. Every refusal is a
+store longer than it chooses; a busy store raises
+:class:`~canopy.regional.store.StoreBusy` on a rating (retry later) and never loses a call
+it holds in its queue. The calls this process stored and has not seen rated are also kept
+here (the most recent ``max_queued``), so a store restarted empty gets them back
+(:meth:`FeedbackLedger.restore`) and a rating for a call made before the outage still
+counts. An outcome that needs no rating (a gateway's
+time to first token: :meth:`FeedbackLedger.observe`) is credited the same way, with no call
+kept: observations wait here, at most ``max_queued`` of them, until the next
+:meth:`FeedbackLedger.flush` adds them in one atomic step. Every refusal is a
 :class:`FeedbackError` whose type carries the HTTP ``status`` and ``code`` a service answers
 with.
 """
@@ -24,7 +28,7 @@ import logging
 import queue
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
@@ -91,21 +95,25 @@ class FeedbackLedger:
     ``RegionalRouter.chain_paths``); ``reward(quality, cost)``
     is the router's reward (``RegionalRouter.reward``);
     ``window_s`` is how long a call accepts its rating; at most ``max_queued`` calls wait
-    for the store (past that a call is dropped, with a warning: it is served, not rated)."""
+    for the store (past that a call is dropped, with a warning: it is served, not rated);
+    a rating of a call still waiting waits for it at most ``wait_s`` (then ``StoreBusy``),
+    so a caller need not wait for its call to be stored before it answers."""
 
     def __init__(self, store: Store, *, reward: Callable[[float, float], float],
                  chain: Callable[[str], list[str]], window_s: float = 7 * 24 * 3600.0,
-                 max_queued: int = 100_000) -> None:
+                 max_queued: int = 100_000, wait_s: float = 0.0) -> None:
         self.store = store
         self.window_s = float(window_s)
+        self.wait_s = float(wait_s)
         self._reward = reward
         self._chain = chain
         self._queue: queue.Queue[tuple[Call, concurrent.futures.Future[None]] | None] = \
             queue.Queue(maxsize=max_queued)
-        self._queued: dict[str, Call] = {}
+        self._queued: dict[str, tuple[Call, concurrent.futures.Future[None]]] = {}
         self._queued_lock = threading.Lock()
         self._pending: OrderedDict[str, Call] = OrderedDict()  # stored, not seen rated
         self._max_pending = max_queued
+        self._observed: deque[tuple[list[Increment], float]] = deque()
         self._closing = threading.Event()
         self.dropped = 0
         self._writer = threading.Thread(target=self._write_loop, daemon=True,
@@ -119,7 +127,7 @@ class FeedbackLedger:
         (the call stays queued: nobody waits on a store that is down)."""
         done: concurrent.futures.Future[None] = concurrent.futures.Future()
         with self._queued_lock:
-            self._queued[call.id] = call
+            self._queued[call.id] = (call, done)
         try:
             self._queue.put_nowait((call, done))
         except queue.Full:
@@ -174,22 +182,39 @@ class FeedbackLedger:
             for _, done in batch:
                 done.set_result(None)
 
+    def _wait_stored(self, waiting: list[tuple[Call, concurrent.futures.Future[None]]]
+                     ) -> None:
+        """Wait (at most ``wait_s``) for these queued calls to be stored; ``StoreBusy``
+        when one is still queued."""
+        if not waiting:
+            return
+        concurrent.futures.wait([done for _, done in waiting], timeout=self.wait_s)
+        with self._queued_lock:
+            late = next((c for c, _ in waiting if c.id in self._queued), None)
+        if late is not None:
+            raise StoreBusy(f"call {late.id} is not stored yet")
+
     def _stored(self, ids: Sequence[str]) -> list[Call | None]:
         with self._queued_lock:
-            waiting = [one for one in ids if one in self._queued]
-        if waiting:
-            raise StoreBusy(f"call {waiting[0]} is not stored yet")
+            waiting = [self._queued[one] for one in ids if one in self._queued]
+        self._wait_stored(waiting)
         return self.store.calls(ids)
 
     def call(self, call_id: str) -> Call | None:
         """The call of ``call_id`` as stored (``None``: unknown or forgotten); ``StoreBusy``
-        while it waits in the queue."""
+        while it waits in the queue (past ``wait_s``)."""
         return self._stored([call_id])[0]
 
     # -- ratings ---------------------------------------------------------------------------
+    def _increments(self, region: str, model: str, quality: float, cost: float
+                    ) -> list[Increment]:
+        """One outcome's reward at every region of its chain."""
+        reward = self._reward(quality, cost)
+        return [Increment(path, model, 1.0, reward) for path in self._chain(region)]
+
     def _credit(self, calls: Sequence[Call], quality: float) -> None:
-        increments = [Increment(path, c.model, 1.0, self._reward(quality, c.cost))
-                      for c in calls for path in self._chain(c.region)]
+        increments = [i for c in calls for i in self._increments(c.region, c.model, quality,
+                                                                 c.cost)]
         rated = self.store.rate([c.id for c in calls], quality, increments,
                                 max(c.cost for c in calls))
         with self._queued_lock:
@@ -228,8 +253,8 @@ class FeedbackLedger:
         yet rated and within the window (paper Appendix E); those calls, rated."""
         reward = check_rating(reward, "reward")
         with self._queued_lock:
-            if any(c.episode == episode for c in self._queued.values()):
-                raise StoreBusy(f"a call of episode {episode!r} is not stored yet")
+            waiting = [entry for entry in self._queued.values() if entry[0].episode == episode]
+        self._wait_stored(waiting)
         calls = self.store.episode(episode)
         if not calls:
             raise UnknownCall(f"unknown episode {episode!r}")
@@ -240,6 +265,40 @@ class FeedbackLedger:
                                "has expired")
         self._credit(open_calls, reward)
         return [replace(c, quality=reward) for c in open_calls]
+
+    def observe(self, region: str, model: str, quality: float, cost: float) -> None:
+        """An outcome with no call awaiting a rating (checked by the caller): its reward,
+        at every region of its chain, waits for :meth:`flush`. Never touches the store; past
+        ``max_queued`` waiting observations the oldest is dropped (counted in ``dropped``)."""
+        increments = self._increments(region, model, quality, cost)
+        with self._queued_lock:
+            if len(self._observed) >= self._max_pending:
+                self._observed.popleft()
+                self.dropped += 1
+            self._observed.append((increments, cost))
+
+    def flush(self) -> int:
+        """Add the waiting observations to the store (:meth:`Store.rate` with no call: one
+        atomic step per 512 of them); how many. Raises ``StoreBusy`` (``StoreReset`` after
+        a restart), keeping those not written for the next flush."""
+        with self._queued_lock:
+            batch = list(self._observed)
+            self._observed.clear()
+        written = 0
+        try:
+            while written < len(batch):
+                part = batch[written:written + 512]
+                self.store.rate([], 0.0, [i for increments, _ in part for i in increments],
+                                max(cost for _, cost in part))
+                written += len(part)
+        except StoreBusy:
+            with self._queued_lock:  # back in front of the newer ones, still bounded
+                self._observed.extendleft(reversed(batch[written:]))
+                while len(self._observed) > self._max_pending:
+                    self._observed.popleft()
+                    self.dropped += 1
+            raise
+        return written
 
     def expire(self) -> int:
         """Forget the calls older than two windows (at least a window and a second), so a

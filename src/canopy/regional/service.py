@@ -10,7 +10,10 @@ under a lock held for microseconds. A background thread pulls the cells that any
 changed (every ``sync_s``, 0.25 s by default) and writes their moments into the router, so
 every worker ranks with every worker's ratings within about a second; it also forgets the
 calls past the feedback window. A rating is stored first (one atomic step) and reaches this
-process's router at once, the others' at their next pull. Statistics the router held when
+process's router at once, the others' at their next pull. An outcome that awaits no rating
+(:meth:`RoutingService.observe`: a gateway's time to first token under a trade-off) is learnt
+here at once and added to the store at the next pull, ahead of the read, so it reaches the
+other processes within ``sync_s`` or so. Statistics the router held when
 the service was built (a warm start) are kept as a prior under the stored sums.
 
 The store sits behind a circuit (:class:`~canopy.regional.circuit.StoreCircuit`): a store
@@ -27,10 +30,11 @@ adapter's to ask of the upstream, after the choice (the proxy's
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
@@ -67,7 +71,8 @@ class RoutingService:
     a call accepts its rating; ``breaker_failures`` and ``breaker_cooldown_s``: the circuit
     breaker; ``sync_s``: how often the store is read (``0``: only on :meth:`sync`);
     ``expire_every_s``: how often calls past the window are forgotten (default: every
-    minute, or every half window when that is shorter)."""
+    minute, or every half window when that is shorter); ``wait_s``: how long one store
+    operation, or a rating of a call not yet stored, waits."""
 
     def __init__(self, router: RegionalRouter, store: Store | str = "memory", *,
                  regions: RegionSource | None = None, namespace: str = "",
@@ -91,7 +96,7 @@ class RoutingService:
         self._mean_cost: dict[str, tuple[int, float]] = {}  # model -> (calls, mean cost)
         self._ledger = FeedbackLedger(self.store, reward=router.reward,
                                       chain=self.chain_paths, window_s=window_s,
-                                      max_queued=max_queued)
+                                      max_queued=max_queued, wait_s=wait_s)
         self._breaker = Breaker(breaker_failures, breaker_cooldown_s)
         self._sync_quietly()
         self._stop = threading.Event()
@@ -234,6 +239,22 @@ class RoutingService:
                                 "its calls are being stored again") from None
             raise
 
+    def observe(self, region: str, model: str, quality: float, cost: float) -> None:
+        """An outcome that awaits no rating: learnt here at once
+        (:meth:`RegionalRouter.update`, which checks it), and added to the store at the next
+        pull, whose read then overwrites these cells with the sums every process wrote (this
+        outcome among them: never counted twice). Never waits on the store."""
+        with self._lock:
+            self.router.update(region, model, quality, cost)
+        self._ledger.observe(region, model, quality, cost)
+
+    @contextlib.contextmanager
+    def reading(self) -> Iterator[RegionalRouter]:
+        """The router, held: no pull writes into it until the block ends (for a host that
+        reads its tables itself, as a gateway's replica policy does)."""
+        with self._lock:
+            yield self.router
+
     def reward(self, quality: float, cost: float) -> float:
         """The router's reward of an outcome, ``quality - lam * cost``."""
         return self.router.reward(quality, cost)
@@ -250,11 +271,12 @@ class RoutingService:
         return out
 
     def sync(self) -> int:
-        """Read the cells changed in the store since the last read into the router; how
-        many. A store restarted empty or replaced is re-seeded first (``_reseed``).
-        Raises ``StoreBusy``."""
+        """Add the outcomes waiting to be stored (:meth:`observe`), then read the cells
+        changed in the store since the last read into the router; how many. A store
+        restarted empty or replaced is re-seeded first (``_reseed``). Raises ``StoreBusy``."""
         with self._sync_lock:
             try:
+                self._ledger.flush()
                 changes: Changes = self.store.changes(self._version)
                 reset, gone = False, set[tuple[str, str]]()
             except StoreReset:
@@ -332,11 +354,15 @@ class RoutingService:
         return self.store.counts()
 
     def close(self, *, store: bool = True) -> None:
-        """Stop the pulls, store what is queued, and close the store (unless ``store`` is
-        false: another service goes on with it)."""
+        """Stop the pulls, store what is queued and observed, and close the store (unless
+        ``store`` is false: another service goes on with it)."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
+        try:
+            self._ledger.flush()
+        except StoreBusy as error:
+            log.warning("outcomes not stored at shutdown: %s", error)
         self._ledger.close()
         if store:
             self.store.close()

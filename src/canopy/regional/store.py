@@ -148,7 +148,8 @@ class Store(Protocol):
     def rate(self, ids: Sequence[str], quality: float, increments: Sequence[Increment],
              cost_max: float) -> bool:
         """In one atomic step: mark every call of ``ids`` rated ``quality`` and add
-        ``increments``; ``False`` (nothing written) when one of them is rated or gone."""
+        ``increments``; ``False`` (nothing written) when one of them is rated or gone. With
+        no ``ids``: add ``increments`` (outcomes that await no rating)."""
 
     def changes(self, since: int) -> Changes:
         """The cells written after version ``since`` (0: all)."""

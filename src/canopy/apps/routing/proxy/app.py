@@ -68,8 +68,8 @@ from canopy.apps.routing.proxy.guard import (
 )
 from canopy.apps.routing.proxy.metrics import CONTENT_TYPE_LATEST, ProxyMetrics
 from canopy.apps.routing.proxy.upstreams import Pick, UpstreamPool
+from canopy.apps.routing.proxy.web import JSONAnswer, rating_route, read_json, refusal, refused
 from canopy.apps.routing.proxy.web import error_json as _error
-from canopy.apps.routing.proxy.web import rating_route, read_json, refusal, refused
 from canopy.llm.client import (
     LLMConnectionError,
     LLMError,
@@ -166,7 +166,9 @@ class _Proxy:
             raise ValueError(f"cannot open the store {config.store}: {error}") from None
         cap = limits.max_answer_bytes
         self.metrics = ProxyMetrics()
-        self.upstreams = {u.model: UpstreamPool(u, max_answer_bytes=cap, metrics=self.metrics)
+        self.upstreams = {u.model: UpstreamPool(u, max_answer_bytes=cap, metrics=self.metrics,
+                                                store=config.store,
+                                                wait_s=limits.store_wait_s)
                           for u in config.upstreams}
         self.embedders = {u.model: UpstreamPool(u, max_answer_bytes=cap)
                           for u in config.embeddings}
@@ -177,7 +179,8 @@ class _Proxy:
     async def _record(self, request_id: str, region: str, model: str, cost: float,
                       episode: str | None) -> None:
         """Keep an answered request for its feedback (waiting at most ``store_wait_s`` for
-        the store: past that the call is stored in the background)."""
+        the store: past that the call is stored in the background), so a rating through any
+        process sharing the store finds it."""
         stored = self.service.record(Call(request_id, region, model, cost, time.time(),
                                           episode))
         try:
@@ -264,10 +267,10 @@ class _Proxy:
                          "failed_attempts": [{"model": a["model"], "reason": a["reason"]}
                                              for a in attempts],
                          "upstream_ms": upstream_s * 1000.0, "overhead_ms": overhead_ms}
-        return JSONResponse(out, headers={"X-Canopy-Model": model,
-                                          "X-Canopy-Request-Id": call.request_id,
-                                          "X-Canopy-Usage": usage,
-                                          "X-Canopy-Overhead-Ms": f"{overhead_ms:.3f}"})
+        return JSONAnswer(out, headers={"X-Canopy-Model": model,
+                                        "X-Canopy-Request-Id": call.request_id,
+                                        "X-Canopy-Usage": usage,
+                                        "X-Canopy-Overhead-Ms": f"{overhead_ms:.3f}"})
 
     @staticmethod
     async def _ask(client: AsyncPassthrough, call: _Call, budget: float) -> Any:
@@ -443,7 +446,7 @@ class _Proxy:
                           (502, "upstream_error"))
             return _error(code, f"the embedding upstream failed ({_reason(error)})", kind,
                           request_id=request_id)
-        return JSONResponse({**raw, "model": asked}, headers={"X-Canopy-Request-Id": request_id})
+        return JSONAnswer({**raw, "model": asked}, headers={"X-Canopy-Request-Id": request_id})
 
     def model_list(self) -> dict[str, Any]:
         """``/v1/models``: ``auto`` (the router), every routable model, every embedding
@@ -514,6 +517,29 @@ class _Proxy:
         await asyncio.to_thread(self.service.close)
 
 
+class _ProxyApp(FastAPI):
+    """The proxy's FastAPI app with a lean path for its hot routes: a ``POST`` to a path of
+    ``lean`` is answered by its handler straight from the server's ASGI call, without
+    FastAPI's routing, dependency solving and middleware stack (the same handler, the same
+    answers; about half the proxy's own time per chat). Everything else is FastAPI's."""
+
+    lean: dict[str, Callable[[Request], Awaitable[Response]]]
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        handler = self.lean.get(scope.get("path", "")) if scope["type"] == "http" and \
+            scope["method"] == "POST" else None
+        if handler is None:
+            await super().__call__(scope, receive, send)
+            return
+        scope["app"] = self
+        try:
+            answer = await handler(Request(scope, receive))
+        except Exception:  # what Starlette's error middleware would do: log, answer 500
+            log.exception("the proxy failed on %s", scope["path"])
+            answer = _error(500, "internal error", "server_error")
+        await answer(scope, receive, send)
+
+
 def create_app(config: ProxyConfig, *, insecure_no_auth: bool = False,
                prior: Outcomes | None = None) -> FastAPI:
     """The FastAPI application of the proxy. Refuses (``ValueError``) to build without API
@@ -533,9 +559,6 @@ def create_app(config: ProxyConfig, *, insecure_no_auth: bool = False,
         yield
         await proxy.close()
 
-    app = FastAPI(title="Canopy routing proxy", lifespan=lifespan)
-    app.state.proxy = proxy
-
     async def routed(request: Request, endpoint: str) -> Any:
         started = time.perf_counter()
         body, problem = await read_json(request, keys, admin=False, limit=limit)
@@ -543,6 +566,11 @@ def create_app(config: ProxyConfig, *, insecure_no_auth: bool = False,
         proxy.metrics.chat(answer.status_code, answer.headers.get("X-Canopy-Model"),
                            time.perf_counter() - started)
         return answer
+
+    app = _ProxyApp(title="Canopy routing proxy", lifespan=lifespan)
+    app.state.proxy = proxy
+    app.lean = {"/v1/chat/completions": functools.partial(routed, endpoint="chat/completions"),
+                "/v1/completions": functools.partial(routed, endpoint="completions")}
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Any:

@@ -8,8 +8,10 @@
   upstream connection pools and the store). A connection past the cap closes the oldest one
   still sending its request (a legitimate request is served even while slow clients fill the
   table); when every open connection is being served, the new one is closed.
-* Headers are bounded by ``limits.max_header_bytes`` (h11's incomplete-event size: 400 past
-  it), idle keep-alive connections close after ``limits.keep_alive_s``.
+* Headers are bounded by ``limits.max_header_bytes`` (400 past it), idle keep-alive
+  connections close after ``limits.keep_alive_s``.
+* Requests are parsed by httptools (llhttp, in C) on uvloop's event loop (asyncio's own
+  where uvloop is not built); :class:`GuardedH11Protocol` is the same guard over h11.
 * The log is bounded: each message of the ``asyncio``, ``uvicorn.error`` and
   ``canopy.proxy`` loggers is written at most ``burst`` times per ``window_s``.
 """
@@ -26,11 +28,12 @@ from typing import Any
 from weakref import WeakKeyDictionary
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from canopy.apps.routing.proxy.config import Limits
 
-__all__ = ["ConnectionGuard", "GuardedH11Protocol", "RateLimitedLog", "bound_logs", "serve",
-           "uvicorn_config"]
+__all__ = ["ConnectionGuard", "GuardedH11Protocol", "GuardedHttpToolsProtocol",
+           "RateLimitedLog", "bound_logs", "serve", "uvicorn_config"]
 
 RESERVED_FILES = 32          # the store, the log, the listening socket, imports
 UPSTREAM_POOL = 64           # connections per upstream (AsyncPassthrough's pool)
@@ -57,32 +60,39 @@ class ConnectionGuard:
 
     max_connections: int
     client_timeout_s: float
+    max_header_bytes: int = 16384
 
     @classmethod
     def for_limits(cls, limits: Limits, *, upstreams: int) -> ConnectionGuard:
         """The configured cap, lowered to what the open-file limit leaves room for."""
         room = open_file_limit() - RESERVED_FILES - UPSTREAM_POOL * upstreams
-        return cls(max(8, min(limits.max_connections, room)), limits.client_timeout_s)
+        return cls(max(8, min(limits.max_connections, room)), limits.client_timeout_s,
+                   limits.max_header_bytes)
 
 
-_WAITING: WeakKeyDictionary[Any, OrderedDict[GuardedH11Protocol, None]] = WeakKeyDictionary()
+_WAITING: WeakKeyDictionary[Any, OrderedDict[Any, None]] = WeakKeyDictionary()
 
 
-class GuardedH11Protocol(H11Protocol):
-    """uvicorn's h11 protocol with a request timeout and a connection cap
-    (:class:`ConnectionGuard`, read from the uvicorn config's ``canopy_guard``)."""
+class _Guarded:
+    """A request timeout and a connection cap (:class:`ConnectionGuard`, read from the
+    uvicorn config's ``canopy_guard``) over either of uvicorn's HTTP/1.1 protocols."""
+
+    cycle: Any
+    connections: set[Any]
+    loop: asyncio.AbstractEventLoop
+    transport: asyncio.Transport
 
     def __init__(self, config: Any, server_state: Any, app_state: dict[str, Any],
                  _loop: asyncio.AbstractEventLoop | None = None) -> None:
-        super().__init__(config, server_state, app_state, _loop)
+        super().__init__(config, server_state, app_state, _loop)  # type: ignore[call-arg]
         self.guard: ConnectionGuard = config.canopy_guard
         # connections still sending a request, oldest first (one table per server)
         self.waiting = _WAITING.setdefault(server_state, OrderedDict())
         self._timer: asyncio.TimerHandle | None = None
         self._answered: Any = None  # the cycle before the request being received
 
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
+    def connection_made(self, transport: Any) -> None:
+        super().connection_made(transport)  # type: ignore[misc]
         if len(self.connections) > self.guard.max_connections:
             oldest = next(iter(self.waiting), None)
             if oldest is None:  # every connection is being served: refuse this one
@@ -109,14 +119,14 @@ class GuardedH11Protocol(H11Protocol):
             self.transport.close()
 
     def data_received(self, data: bytes) -> None:
-        super().data_received(data)
+        super().data_received(data)  # type: ignore[misc]
         if self._timer is not None and self.cycle is not None and \
                 self.cycle is not self._answered and not self.cycle.more_body:
             self._disarm()  # the whole request is in: the proxy's deadline takes over
 
     def on_response_complete(self) -> None:
         answered = self.cycle
-        super().on_response_complete()
+        super().on_response_complete()  # type: ignore[misc]
         if self.transport.is_closing():
             return
         if self.cycle is not answered and not self.cycle.more_body:
@@ -126,7 +136,40 @@ class GuardedH11Protocol(H11Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
-        super().connection_lost(exc)
+        super().connection_lost(exc)  # type: ignore[misc]
+
+
+class GuardedH11Protocol(_Guarded, H11Protocol):
+    """uvicorn's h11 protocol, guarded (its headers bounded by h11's incomplete-event
+    size)."""
+
+
+class HeadersTooLarge(ValueError):
+    """A request's line and headers passed ``limits.max_header_bytes`` (answered 400)."""
+
+
+class GuardedHttpToolsProtocol(_Guarded, HttpToolsProtocol):
+    """uvicorn's httptools protocol (llhttp, in C: the fast one), guarded, its request line
+    and headers bounded by ``limits.max_header_bytes`` as h11's are (400 past it)."""
+
+    _header_bytes = 0
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._header_bytes = 0
+
+    def _count(self, size: int) -> None:
+        self._header_bytes += size
+        if self._header_bytes > self.guard.max_header_bytes:
+            raise HeadersTooLarge("the request's headers are too large")
+
+    def on_url(self, url: bytes) -> None:
+        self._count(len(url))
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._count(len(name) + len(value) + 4)
+        super().on_header(name, value)
 
 
 class RateLimitedLog(logging.Filter):
@@ -173,12 +216,22 @@ def uvicorn_config(app: Any, limits: Limits, *, upstreams: int, host: str, port:
 
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on",
                             workers=workers, factory=isinstance(app, str),
-                            http=GuardedH11Protocol, backlog=2048,
+                            http=GuardedHttpToolsProtocol, loop=_loop(), backlog=2048,
+                            proxy_headers=False,  # the proxy reads no client address
                             h11_max_incomplete_event_size=limits.max_header_bytes,
                             timeout_keep_alive=limits.keep_alive_s)
     config.canopy_guard = ConnectionGuard.for_limits(limits, upstreams=upstreams)
     bound_logs()
     return config
+
+
+def _loop() -> str:
+    """uvloop when installed (the serve extra), else asyncio's own loop."""
+    try:
+        import uvloop  # noqa: F401
+    except ImportError:  # pragma: no cover
+        return "asyncio"
+    return "uvloop"
 
 
 def serve(config: Any) -> None:

@@ -10,12 +10,17 @@ leaves the rotation and the index at once and is re-admitted by a background pro
 What the policy learns from: a streamed request's time to its first byte (its TTFT); a
 non-streamed one teaches the trade-off nothing (its latency mixes prefill and decode), but
 its ``usage.prompt_tokens_details.cached_tokens`` calibrates an approximate index's TTL like
-a stream's does.
+a stream's does. A learning policy's statistics (the ``canopy`` policy's trade-off, per
+region of the prefix tree) live in the proxy's store, under the namespace ``fleet/<model>``,
+through a :class:`~canopy.regional.service.RoutingService` of their own: every gateway on one
+store (every worker of one, every gateway on one Redis) learns one trade-off, and it outlives
+a restart as the routing statistics do; each keeps its own replica index and load table.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import time
@@ -29,6 +34,8 @@ import numpy as np
 from canopy.apps.routing.proxy.config import Upstream
 from canopy.fleet.load import INFLIGHT, QUEUED, QUEUED_TOKENS
 from canopy.llm.passthrough import AsyncPassthrough
+from canopy.regional.service import RoutingService
+from canopy.regional.store import StoreBusy
 
 __all__ = ["PROBE_INTERVAL_S", "Pick", "UpstreamPool", "unanswered"]
 
@@ -59,10 +66,11 @@ class Pick:
 class UpstreamPool:
     """One model's upstream (:class:`~canopy.apps.routing.proxy.config.Upstream`): a client
     per replica (answers of at most ``max_answer_bytes``), and, with several replicas, the
-    replica policy, index, load table and health."""
+    replica policy, index, load table and health. A learning policy keeps its statistics in
+    ``store`` (a URL; ``None``: in memory, this pool's own), waiting at most ``wait_s``."""
 
     def __init__(self, config: Upstream, *, max_answer_bytes: int,
-                 metrics: Any = None) -> None:
+                 metrics: Any = None, store: str | None = None, wait_s: float = 0.5) -> None:
         self.config = config
         self.metrics = metrics
         self.urls = [r.url for r in config.replicas]
@@ -76,6 +84,7 @@ class UpstreamPool:
         self._rid = itertools.count()
         self._probe: asyncio.Task[None] | None = None
         self._http: httpx.AsyncClient | None = None
+        self.shared: RoutingService | None = None
         if not self.fleet:
             return
         from canopy.fleet import Load, ReplicaIndex, View, make_policy
@@ -86,6 +95,14 @@ class UpstreamPool:
         self.mode = settings.get("mode", "approximate")
         self.ttl_s = float(settings.get("ttl_s", 180.0))
         self.policy = make_policy(config.replica_policy)
+        if self.policy.router is not None and store is not None:
+            try:
+                self.shared = RoutingService(self.policy.router, store,
+                                             namespace=f"fleet/{config.model}", wait_s=wait_s)
+            except (ValueError, StoreBusy) as error:
+                raise ValueError(f"upstream {config.model!r}: cannot keep the replica "
+                                 f"policy's statistics in {store}: {error}") from None
+            self.policy.report = self.shared.observe
         self.index = ReplicaIndex(len(self._replicas), mode=self.mode, ttl_s=self.ttl_s)
         self.load = Load(len(self._replicas), capacity_blocks=CAPACITY_BLOCKS)
         self.view = View(self.index, self.load, block_tokens=self.block_size)
@@ -119,7 +136,8 @@ class UpstreamPool:
         now = time.monotonic()
         self.view.now = now
         request = Request(keys, tokens, next(self._rid))
-        chosen = self.policy.choose(request, self.view)
+        with contextlib.nullcontext() if self.shared is None else self.shared.reading():
+            chosen = self.policy.choose(request, self.view)
         matched = self.view.matched(keys).copy()
         alive = [r for r in range(len(self.up)) if self.up[r]] or list(range(len(self.up)))
         rest = sorted((r for r in alive if r != chosen),
@@ -276,6 +294,8 @@ class UpstreamPool:
             await self._http.aclose()
         for client in self._replicas:
             await client.aclose()
+        if self.shared is not None:
+            await asyncio.to_thread(self.shared.close)
 
 
 _NO_KEYS = np.zeros(0, dtype=np.int64)

@@ -8,11 +8,11 @@ with 503 and ``Retry-After``."""
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable
 from typing import Any
 
+import orjson
 from fastapi import FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, Response
@@ -22,16 +22,25 @@ from canopy.apps.routing.proxy.guard import Keys
 from canopy.regional.ledger import FeedbackError
 from canopy.regional.store import StoreBusy
 
-__all__ = ["error_json", "rating_route", "read_json", "read_rating", "refusal", "refused"]
+__all__ = ["JSONAnswer", "error_json", "rating_route", "read_json", "read_rating", "refusal",
+           "refused"]
 
 log = logging.getLogger("canopy.proxy")
+
+
+class JSONAnswer(JSONResponse):
+    """A JSON answer written by orjson (several times faster than the standard library's
+    encoder on an answer relayed whole)."""
+
+    def render(self, content: Any) -> bytes:
+        return orjson.dumps(content)
 
 
 def error_json(status: int, message: str, kind: str = "invalid_request_error", **extra: Any
                ) -> JSONResponse:
     """The error answer of every route: ``{"error": {"message", "type", ...extra}}``."""
-    return JSONResponse({"error": {"message": message, "type": kind, **extra}},
-                        status_code=status)
+    return JSONAnswer({"error": {"message": message, "type": kind, **extra}},
+                      status_code=status)
 
 
 def refusal(keys: Keys, request: Request, *, admin: bool) -> JSONResponse | None:
@@ -67,8 +76,8 @@ async def read_json(request: Request, keys: Keys, *, admin: bool, limit: int
     except ClientDisconnect:  # closed mid-body (limits.client_timeout_s): nobody to answer
         return None, error_json(400, "the client left before sending its whole body")
     try:
-        return json.loads(raw), None
-    except (ValueError, RecursionError):
+        return orjson.loads(raw), None
+    except (ValueError, RecursionError):  # orjson.JSONDecodeError is a ValueError
         return None, error_json(400, "the request body is not valid JSON (or nests too deep)")
 
 
