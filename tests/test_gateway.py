@@ -26,7 +26,7 @@ msgpack = pytest.importorskip("msgpack")
 from canopy.apps.routing.proxy.app import create_app, serve_in_thread  # noqa: E402
 from canopy.apps.routing.proxy.config import ProxyConfig  # noqa: E402
 from canopy.fleet import ReplicaIndex  # noqa: E402
-from canopy.fleet.policies import DEFAULT_GRID  # noqa: E402
+from canopy.fleet.policies import LEARNT_GRID  # noqa: E402
 from canopy.fleet.subscriber import EventSource, EventSubscriber  # noqa: E402
 from canopy.fleet.tokens import PromptTokenizer, chain_keys  # noqa: E402
 
@@ -452,7 +452,7 @@ def test_gateways_on_one_redis_use_the_tradeoff_either_learns(replicas, tmp_path
     finally:
         server.kill()
         server.wait(timeout=30)
-    assert sum(fresh_counts.values()) == 0 and fresh_theta == DEFAULT_GRID[0]
+    assert sum(fresh_counts.values()) == 0 and fresh_theta == LEARNT_GRID[0]
     assert sum(learnt[0].values()) == 12 and min(learnt[0].values()) >= 1  # every theta tried
     assert shared == learnt and used == learnt[1]
     assert kept == [learnt, learnt]
