@@ -1,0 +1,60 @@
+"""``canopy fleet bench`` on live engines: two llama.cpp replicas behind sglang-router and two
+behind the client's round-robin (about a minute on two cores), and, only when
+``CANOPY_BENCH_VLLM=1`` (its environment: ``.ci/vllm.sh``; two more vLLM starts, several
+minutes, kept out of the CI's hour), two vLLM replicas behind sglang-router::
+
+    CANOPY_BENCH_VLLM=1 pytest tests/test_fleet_bench_live.py -k vllm
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from canopy.apps.fleet import bench
+
+pytestmark = pytest.mark.live
+
+
+def _peer(name: str) -> None:
+    if not (shutil.which(name) or (Path(sys.executable).parent / name).is_file()):
+        pytest.skip(f"{name} is not installed ({bench.INSTALL}; extra 'peers')")
+
+
+def test_llama_replicas_behind_sglang_router_and_round_robin(tmp_path):
+    if importlib.util.find_spec("llama_cpp") is None:
+        pytest.skip("llama-cpp-python is not installed (extra 'engine')")
+    _peer("sglang-router")
+    out = bench.run_bench(engine="llama", replicas=2, routers=["sglang-router", "round-robin"],
+                          workload="zipf", requests=24, concurrency=1, repeats=1,
+                          trace_out=tmp_path / "stream.jsonl")
+    results, sim = out["results"], out["simulator"]["results"]
+    assert {r["lost"] for r in results.values()} == {0}
+    # a prefix-aware router keeps each few-shot prefix on one replica: more hits
+    assert results["sglang-router"]["hit_rate"] > results["round-robin"]["hit_rate"] + 0.05
+    # one request at a time: the simulator's round-robin over the same LRU caches hits as
+    # the engines did
+    assert abs(sim["round-robin"]["hit_rate"] - results["round-robin"]["hit_rate"]) < 0.05
+    assert len((tmp_path / "stream.jsonl").read_text().splitlines()) == 24
+
+
+@pytest.mark.skipif(os.environ.get("CANOPY_BENCH_VLLM") != "1",
+                    reason="two vLLM starts: set CANOPY_BENCH_VLLM=1")
+def test_vllm_replicas_behind_sglang_router_report_cached_tokens():
+    python = os.environ.get("CANOPY_VLLM_PYTHON") or str(
+        Path(__file__).resolve().parents[1] / ".venv-vllm" / "bin" / "python")
+    if not Path(python).is_file():
+        pytest.skip("vLLM's environment is missing (.ci/vllm.sh, or CANOPY_VLLM_PYTHON)")
+    _peer("sglang-router")
+    out = bench.run_bench(engine="vllm", replicas=2, routers=["sglang-router"],
+                          workload="zipf", requests=16, concurrency=1, repeats=1)
+    entry = out["results"]["sglang-router"]
+    assert entry["lost"] == 0
+    assert entry["hit_rate"] > 0.2
+    # the engines' counters and their per-answer reports agree
+    assert abs(entry["reported_hit_rate"] - entry["hit_rate"]) < 0.1
