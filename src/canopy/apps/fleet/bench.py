@@ -342,7 +342,8 @@ def start_replicas(engine: str, n: int, stack: ExitStack, *, block_tokens: int,
     """``n`` engine replicas on loopback, ended with ``stack``: vLLM's CPU build (prefix
     caching on, a pool of ``blocks`` blocks; counters ``vllm:prefix_cache_hits_total`` and
     ``_queries_total``, in tokens) or llama.cpp with an LRU state cache of ``capacity_mb``
-    (:mod:`.llama_replica`; counters: ``/canopy/cache``'s reused and full prompt blocks)."""
+    (:mod:`canopy.engines.llama_server`; counters: ``/canopy/cache``'s reused and full
+    prompt blocks)."""
     if engine not in ENGINES:
         raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
     check_count(n, "replicas")
@@ -362,7 +363,7 @@ def _vllm_replica(stack: ExitStack, *, block_tokens: int, **options: Any) -> Rep
     :class:`VLLMServer`'s)."""
     import shlex
 
-    from canopy.apps.cache.vllm_server import VLLMServer, model_folder, vllm_python
+    from canopy.engines.vllm_server import VLLMServer, model_folder, vllm_python
     from canopy.llm.local import find_smollm2_gguf
 
     python = vllm_python()
@@ -397,7 +398,7 @@ def _llama_replica(stack: ExitStack, *, block_tokens: int, capacity_mb: float, n
 
     # no key: the peer routers' health checks send none (loopback only)
     server = stack.enter_context(LocalLlamaServer(
-        n_ctx=n_ctx, n_threads=threads, module="canopy.apps.fleet.llama_replica",
+        n_ctx=n_ctx, n_threads=threads, module="canopy.engines.llama_server",
         extra_args=["--policy", "lru", "--capacity-mb", repr(capacity_mb), "--block-tokens",
                     str(block_tokens), "--no-auth"]))
     root = server.direct_url.removesuffix("/v1")
@@ -406,9 +407,9 @@ def _llama_replica(stack: ExitStack, *, block_tokens: int, capacity_mb: float, n
         stats = httpx.get(f"{root}/canopy/cache", timeout=30.0).json()
         return float(sum(stats["reused_blocks"])), float(sum(stats["prompt_blocks"]))
 
-    from canopy.apps.cache.vllm_server import _cache_root
+    from canopy.engines.vllm_server import CONVERTED, model_cache
 
-    tokenizer = _cache_root() / "smollm2-135m-hf"  # the same vocabulary, where converted
+    tokenizer = model_cache() / CONVERTED  # the same vocabulary, where converted
     return Replica(root, {}, server.model, counters, None,
                    str(tokenizer) if (tokenizer / "tokenizer.json").is_file() else None,
                    block_tokens)
@@ -546,7 +547,7 @@ def run_bench(*, engine: str, replicas: int, routers: Sequence[str], workload: s
               overhead_ms: float | None = None, trace_out: Path | None = None,
               progress: Callable[[int], None] | None = None) -> dict[str, Any]:
     """The whole bench (see the module docstring): returns the ``--json`` object."""
-    from canopy.apps.cache.live import mooncake_workload, word_vocabulary, zipf_workload
+    from canopy.engines.workloads import mooncake_workload, word_vocabulary, zipf_workload
     from canopy.llm.local import find_smollm2_gguf
 
     if engine not in ENGINES:

@@ -204,9 +204,9 @@ def bench_command(
                 peer_binary(name)
             except MissingPeer as error:
                 raise typer.BadParameter(str(error)) from None
-    from canopy.apps.cache.cli import _ended_by_signals  # SIGTERM: every engine stopped
+    from canopy.engines.processes import ended_by_signals  # SIGTERM: every engine stopped
 
-    with _ended_by_signals():
+    with ended_by_signals():
         out = run_bench(engine=engine, replicas=replicas, routers=routers, workload=workload,
                         requests=requests, concurrency=concurrency, repeats=repeats,
                         seed=seed, blocks=blocks, capacity_mb=capacity_mb,
