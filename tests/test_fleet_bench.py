@@ -203,6 +203,7 @@ def test_bench_json_has_the_schema_and_counts_lost_requests(workers):
             for name, outcomes in out.items():
                 runs[name].outcomes.append(outcomes)
                 runs[name].hit_rate.append(0.5)
+            runs["sglang-router"].predicted.append({"exact": 9.0, "over": 1.0 + repeat})
         results = bench.bench_json(runs, tokens)
     finally:
         failing.close()
@@ -213,6 +214,9 @@ def test_bench_json_has_the_schema_and_counts_lost_requests(workers):
     assert ok["lost"] == 0 and ok["hit_rate"] == 0.5
     assert 0.5 < ok["reported_hit_rate"] < 1.0  # 8 of 10 tokens cached after the first 3
     assert results["vllm-router"]["lost"] == 3 * len(PROMPTS)
+    assert ok["cached_prediction"] == {"exact": 27 / 33, "requests": 33, "over": 6,
+                                       "under": 0}
+    assert "cached_prediction" not in results["vllm-router"]  # it predicts nothing
     json.dumps(results)
 
 
@@ -308,9 +312,14 @@ def test_canopy_gateway_routes_to_loopback_workers(workers):
     pytest.importorskip("uvicorn")
     replicas = [workers[0].replica, workers[1].replica]
     with bench.canopy_gateway("llama", replicas) as url:
-        front = bench.Front("canopy", tuple(replicas), url=url)
+        front = bench.Front("canopy", tuple(replicas), url=url,
+                            predictions=lambda: bench.gateway_predictions(url))
+        before = front.predicted()
         prompts = [" ".join(f"s{k % 2}w{j}" for j in range(40)) + f" q{k}" for k in range(8)]
         out = bench.interleave([front], prompts, model="m", concurrency=1, max_tokens=1,
                                headers={})
+        after = front.predicted()
     assert [o.error for o in out["canopy"]] == [None] * 8
     assert len(workers[0].prompts) + len(workers[1].prompts) == 8
+    # every answer reported its cached tokens, so the gateway compared each with its index
+    assert sum(after.values()) - sum(before.values()) == 8

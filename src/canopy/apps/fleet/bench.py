@@ -48,8 +48,9 @@ from canopy.validation import check_count
 
 __all__ = ["ENGINES", "PEERS", "ROUTERS", "BenchError", "Front", "MissingPeer", "Outcome",
            "Replica", "RouterRuns", "bench_json", "canopy_gateway", "fit_ttft",
-           "gateway_config", "interleave", "peer_binary", "peer_router", "predict",
-           "ranking", "run_bench", "send", "start_replicas", "write_mooncake"]
+           "gateway_config", "gateway_predictions", "interleave", "peer_binary",
+           "peer_router", "predict", "ranking", "run_bench", "send", "start_replicas",
+           "write_mooncake"]
 
 ENGINES = ("vllm", "llama")
 PEERS = ("sglang-router", "vllm-router")
@@ -108,6 +109,7 @@ class Front:
     name: str
     replicas: tuple[Replica, ...]
     url: str | None = None
+    predictions: Callable[[], dict[str, float]] | None = None
     in_flight: list[int] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -136,6 +138,11 @@ class Front:
     def counters(self) -> tuple[float, float]:
         pairs = [r.counters() for r in self.replicas]
         return sum(p[0] for p in pairs), sum(p[1] for p in pairs)
+
+    def predicted(self) -> dict[str, float]:
+        """The router's counts of answers by how its prediction of their cached tokens
+        compared with the engine's report (``{}``: it predicts none)."""
+        return {} if self.predictions is None else self.predictions()
 
 
 @dataclass
@@ -289,17 +296,36 @@ def gateway_config(replicas: Sequence[Replica], *, precise: bool) -> dict[str, A
                                      "tokenizer": first.tokenizer}}]}
 
 
+def gateway_predictions(url: str) -> dict[str, float]:
+    """The gateway's ``canopy_cache_predictions`` counters from its ``/metrics``: answers
+    whose cached prompt tokens the engine reported, by how the index's prediction compared
+    (``exact``, ``over``, ``under``)."""
+    import httpx
+
+    text = httpx.get(f"{url}/metrics", timeout=30.0).text
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("canopy_cache_predictions_total{"):
+            labels, _, value = line.rpartition(" ")
+            outcome = labels.partition('outcome="')[2].partition('"')[0]
+            out[outcome] = out.get(outcome, 0.0) + float(value)
+    return out
+
+
 @contextmanager
 def canopy_gateway(engine: str, replicas: Sequence[Replica], *,
                    startup_timeout: float = 120.0) -> Iterator[str]:
-    """Canopy's gateway (``canopy serve router``, no client key, loopback) in front of
-    ``replicas`` (:func:`gateway_config`; precise where the engine is vLLM); yields its URL."""
+    """Canopy's gateway (``canopy serve router``, no client key, loopback, one worker) in
+    front of ``replicas`` (:func:`gateway_config`: precise where the engine is vLLM and the
+    model's tokenizer is at hand, else approximate); yields its URL."""
     import httpx
 
     port = _free_port()
     with tempfile.TemporaryDirectory(prefix="canopy-bench-gateway-") as folder:
         config = Path(folder) / "gateway.json"
-        config.write_text(json.dumps(gateway_config(replicas, precise=engine == "vllm")))
+        precise = engine == "vllm" and all(r.events_endpoint and r.tokenizer
+                                           for r in replicas)
+        config.write_text(json.dumps(gateway_config(replicas, precise=precise)))
         log = Path(folder) / "gateway.log"
         with log.open("wb") as sink:
             process = subprocess.Popen(
@@ -422,10 +448,12 @@ def _interval(values: Sequence[float]) -> dict[str, float]:
 
 @dataclass
 class RouterRuns:
-    """One router's repeats: per repeat its outcomes and its engines' hit rate."""
+    """One router's repeats: per repeat its outcomes, its engines' hit rate and the counts
+    of its predictions of cached tokens (:meth:`Front.predicted`, over the repeat)."""
 
     outcomes: list[list[Outcome]] = field(default_factory=list)
     hit_rate: list[float] = field(default_factory=list)
+    predicted: list[dict[str, float]] = field(default_factory=list)
 
 
 def bench_json(runs: dict[str, RouterRuns],
@@ -433,8 +461,10 @@ def bench_json(runs: dict[str, RouterRuns],
     """The ``results`` of ``--json``: per router, TTFT p50 and p90 (each ``{"mean", "lo",
     "hi"}`` over repeats, the 95% Student-t interval), the engines' hit rate (mean over
     repeats), the requests lost, and, where the engines report per-request cached tokens,
-    the share of prompt tokens they reported cached (``reported_hit_rate``);
-    ``prompt_tokens``: per repeat, each request's prompt tokens."""
+    the share of prompt tokens they reported cached (``reported_hit_rate``), and, for a router
+    that predicts them (Canopy's gateway), how often its prediction of a request's cached
+    tokens equalled the engine's report (``cached_prediction``: the share ``exact`` and the
+    counts, over repeats); ``prompt_tokens``: per repeat, each request's prompt tokens."""
     out: dict[str, Any] = {}
     for name, per in runs.items():
         served = [[o for o in rep if o.error is None] for rep in per.outcomes]
@@ -455,6 +485,13 @@ def bench_json(runs: dict[str, RouterRuns],
         if reported:
             entry["reported_hit_rate"] = sum(c for c, _ in reported) / max(
                 sum(t for _, t in reported), 1)
+        counts = Counter[str]()
+        for repeat in per.predicted:
+            counts.update({k: round(v) for k, v in repeat.items()})
+        if sum(counts.values()):
+            entry["cached_prediction"] = {
+                "exact": counts["exact"] / sum(counts.values()), "requests": sum(
+                    counts.values()), "over": counts["over"], "under": counts["under"]}
         out[name] = entry
     return out
 
@@ -590,18 +627,23 @@ def run_bench(*, engine: str, replicas: int, routers: Sequence[str], workload: s
                 url = stack.enter_context(canopy_gateway(engine, reps))
             else:
                 url = None
-            fronts.append(Front(name, tuple(reps), url))
+            fronts.append(Front(name, tuple(reps), url, None if name != "canopy" else
+                                lambda at=url: gateway_predictions(at)))
         headers, model = fronts[0].replicas[0].headers, fronts[0].replicas[0].model
         warm = [" hello"]
         interleave(fronts, warm, model=model, concurrency=1, max_tokens=1, headers=headers)
         for prompts in texts:
             before = {f.name: f.counters() for f in fronts}
+            predicted = {f.name: f.predicted() for f in fronts}
             outcomes = interleave(fronts, prompts, model=model, concurrency=concurrency,
                                   max_tokens=max_tokens, headers=headers, progress=progress)
             for front in fronts:
                 hits, queries = np.subtract(front.counters(), before[front.name])
                 runs[front.name].outcomes.append(outcomes[front.name])
                 runs[front.name].hit_rate.append(float(hits / queries) if queries else 0.0)
+                runs[front.name].predicted.append({
+                    k: v - predicted[front.name].get(k, 0.0)
+                    for k, v in front.predicted().items()})
     first = runs[routers[0]].outcomes[0]
     out: dict[str, Any] = {
         "engine": engine, "replicas": replicas, "workload": streams[0].name,

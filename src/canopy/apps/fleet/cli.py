@@ -231,6 +231,11 @@ def bench_command(
     order = out["ranking"]
     Console().print(f"by TTFT p90, live: {' < '.join(order['live'])}; simulator: "
                     f"{' < '.join(order['simulator'])} ({'same' if order['same'] else 'differ'})")
+    for name, live in out["results"].items():
+        if "cached_prediction" in live:
+            hits = live["cached_prediction"]
+            Console().print(f"{name}: its index predicted the engines' cached tokens exactly "
+                            f"on {hits['exact']:.1%} of {hits['requests']} requests")
     Console().print(f"stream written in Mooncake format to {out['trace']}")
 
 
