@@ -1,7 +1,8 @@
-"""``canopy fleet bench`` on live engines: two llama.cpp replicas behind sglang-router and two
-behind the client's round-robin (about a minute on two cores), and, only when
-``CANOPY_BENCH_VLLM=1`` (its environment: ``.ci/vllm.sh``; two more vLLM starts, several
-minutes, kept out of the CI's hour), two vLLM replicas behind sglang-router::
+"""``canopy fleet bench`` on live engines: two llama.cpp replicas behind Canopy's gateway
+(approximate), sglang-router and the client's round-robin (about two minutes on two cores),
+and, only when ``CANOPY_BENCH_VLLM=1`` (its environment: ``.ci/vllm.sh``; two vLLM starts,
+several minutes, kept out of the CI's hour), two vLLM replicas publishing their KV events to
+Canopy's gateway (precise)::
 
     CANOPY_BENCH_VLLM=1 pytest tests/test_fleet_bench_live.py -k vllm
 """
@@ -26,17 +27,20 @@ def _peer(name: str) -> None:
         pytest.skip(f"{name} is not installed ({bench.INSTALL}; extra 'peers')")
 
 
-def test_llama_replicas_behind_sglang_router_and_round_robin(tmp_path):
+def test_llama_replicas_behind_canopy_sglang_router_and_round_robin(tmp_path):
     if importlib.util.find_spec("llama_cpp") is None:
         pytest.skip("llama-cpp-python is not installed (extra 'engine')")
+    pytest.importorskip("uvicorn")
     _peer("sglang-router")
-    out = bench.run_bench(engine="llama", replicas=2, routers=["sglang-router", "round-robin"],
+    out = bench.run_bench(engine="llama", replicas=2,
+                          routers=["canopy", "sglang-router", "round-robin"],
                           workload="zipf", requests=24, concurrency=1, repeats=1,
                           trace_out=tmp_path / "stream.jsonl")
     results, sim = out["results"], out["simulator"]["results"]
     assert {r["lost"] for r in results.values()} == {0}
     # a prefix-aware router keeps each few-shot prefix on one replica: more hits
-    assert results["sglang-router"]["hit_rate"] > results["round-robin"]["hit_rate"] + 0.05
+    for router in ("canopy", "sglang-router"):
+        assert results[router]["hit_rate"] > results["round-robin"]["hit_rate"] + 0.05
     # one request at a time: the simulator's round-robin over the same LRU caches hits as
     # the engines did
     assert abs(sim["round-robin"]["hit_rate"] - results["round-robin"]["hit_rate"]) < 0.05
@@ -45,16 +49,19 @@ def test_llama_replicas_behind_sglang_router_and_round_robin(tmp_path):
 
 @pytest.mark.skipif(os.environ.get("CANOPY_BENCH_VLLM") != "1",
                     reason="two vLLM starts: set CANOPY_BENCH_VLLM=1")
-def test_vllm_replicas_behind_sglang_router_report_cached_tokens():
+def test_vllm_replicas_behind_a_precise_canopy_gateway_predict_cached_tokens():
     python = os.environ.get("CANOPY_VLLM_PYTHON") or str(
         Path(__file__).resolve().parents[1] / ".venv-vllm" / "bin" / "python")
     if not Path(python).is_file():
         pytest.skip("vLLM's environment is missing (.ci/vllm.sh, or CANOPY_VLLM_PYTHON)")
-    _peer("sglang-router")
-    out = bench.run_bench(engine="vllm", replicas=2, routers=["sglang-router"],
-                          workload="zipf", requests=16, concurrency=1, repeats=1)
-    entry = out["results"]["sglang-router"]
+    pytest.importorskip("zmq")
+    out = bench.run_bench(engine="vllm", replicas=2, routers=["canopy"],
+                          workload="zipf", requests=24, concurrency=1, repeats=1)
+    entry = out["results"]["canopy"]
     assert entry["lost"] == 0
     assert entry["hit_rate"] > 0.2
     # the engines' counters and their per-answer reports agree
     assert abs(entry["reported_hit_rate"] - entry["hit_rate"]) < 0.1
+    # the index, fed by the replicas' KV events, knows what each replica holds
+    assert entry["cached_prediction"]["requests"] == 24
+    assert entry["cached_prediction"]["exact"] >= 0.95
