@@ -311,7 +311,7 @@ def test_cli_missing_peer_binary_says_how_to_install(tmp_path, monkeypatch, caps
 def test_canopy_gateway_routes_to_loopback_workers(workers):
     pytest.importorskip("uvicorn")
     replicas = [workers[0].replica, workers[1].replica]
-    with bench.canopy_gateway("llama", replicas) as url:
+    with bench.canopy_gateway(replicas, precise=bench.publishes_events(replicas)) as url:
         front = bench.Front("canopy", tuple(replicas), url=url,
                             predictions=lambda: bench.gateway_predictions(url))
         before = front.predicted()

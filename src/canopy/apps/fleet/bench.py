@@ -49,8 +49,8 @@ from canopy.validation import check_count
 __all__ = ["ENGINES", "PEERS", "ROUTERS", "BenchError", "Front", "MissingPeer", "Outcome",
            "Replica", "RouterRuns", "bench_json", "canopy_gateway", "fit_ttft",
            "gateway_config", "gateway_predictions", "interleave", "peer_binary",
-           "peer_router", "predict", "ranking", "run_bench", "send", "start_replicas",
-           "write_mooncake"]
+           "peer_router", "predict", "publishes_events", "ranking", "run_bench", "send",
+           "start_replicas", "write_mooncake"]
 
 ENGINES = ("vllm", "llama")
 PEERS = ("sglang-router", "vllm-router")
@@ -312,19 +312,23 @@ def gateway_predictions(url: str) -> dict[str, float]:
     return out
 
 
+def publishes_events(replicas: Sequence[Replica]) -> bool:
+    """Whether Canopy's gateway can keep a precise index of ``replicas``: each publishes its
+    KV events and the served model's tokenizer is at hand (vLLM with the converted model),
+    else it keeps an approximate one."""
+    return all(r.events_endpoint and r.tokenizer for r in replicas)
+
+
 @contextmanager
-def canopy_gateway(engine: str, replicas: Sequence[Replica], *,
+def canopy_gateway(replicas: Sequence[Replica], *, precise: bool,
                    startup_timeout: float = 120.0) -> Iterator[str]:
     """Canopy's gateway (``canopy serve router``, no client key, loopback, one worker) in
-    front of ``replicas`` (:func:`gateway_config`: precise where the engine is vLLM and the
-    model's tokenizer is at hand, else approximate); yields its URL."""
+    front of ``replicas`` (:func:`gateway_config`); yields its URL."""
     import httpx
 
     port = _free_port()
     with tempfile.TemporaryDirectory(prefix="canopy-bench-gateway-") as folder:
         config = Path(folder) / "gateway.json"
-        precise = engine == "vllm" and all(r.events_endpoint and r.tokenizer
-                                           for r in replicas)
         config.write_text(json.dumps(gateway_config(replicas, precise=precise)))
         log = Path(folder) / "gateway.log"
         with log.open("wb") as sink:
@@ -615,6 +619,7 @@ def run_bench(*, engine: str, replicas: int, routers: Sequence[str], workload: s
                for t in per] for per in texts]
     longest = max(len(t) for per in tokens for t in per) + max_tokens + block
     runs = {name: RouterRuns() for name in routers}
+    precise = False
     with ExitStack() as stack:
         fronts = []
         for name in routers:
@@ -624,7 +629,8 @@ def run_bench(*, engine: str, replicas: int, routers: Sequence[str], workload: s
             if name in PEERS:
                 url = stack.enter_context(peer_router(name, reps))
             elif name == "canopy":
-                url = stack.enter_context(canopy_gateway(engine, reps))
+                precise = publishes_events(reps)
+                url = stack.enter_context(canopy_gateway(reps, precise=precise))
             else:
                 url = None
             fronts.append(Front(name, tuple(reps), url, None if name != "canopy" else
@@ -648,7 +654,10 @@ def run_bench(*, engine: str, replicas: int, routers: Sequence[str], workload: s
     out: dict[str, Any] = {
         "engine": engine, "replicas": replicas, "workload": streams[0].name,
         "requests": requests, "concurrency": concurrency, "repeats": repeats,
-        "block_tokens": block, "results": bench_json(runs, tokens)}
+        "block_tokens": block, "results": bench_json(runs, tokens),
+        "distinct_blocks": len({key for t in tokens[0] for key in _block_ids(t, block)})}
+    if "canopy" in out["results"]:
+        out["results"]["canopy"]["index"] = "precise" if precise else "approximate"
     fitted = fit_ttft(runs, tokens)
     per_token, overhead = fitted or (8.8, 44.0)  # docs/cache.md's llama.cpp calibration
     per_token = ms_per_token if ms_per_token is not None else per_token
@@ -664,7 +673,7 @@ def run_bench(*, engine: str, replicas: int, routers: Sequence[str], workload: s
     out["simulator"] = predict(file, routers, n_replicas=replicas, capacity_blocks=capacity,
                                load=load, ms_per_token=per_token, overhead_ms=overhead,
                                tpot_ms=per_token, block_tokens=block,
-                               precise=engine == "vllm")
+                               precise=precise)
     out["ranking"] = ranking(out["results"], out["simulator"]["results"])
     return out
 
