@@ -22,6 +22,7 @@ live ones.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -133,7 +134,7 @@ class Front:
 
     def target(self, k: int) -> str:
         """The URL of the replica :meth:`acquire` chose (-1: the router's)."""
-        return self.url if k < 0 else self.replicas[k].url
+        return self.url if k < 0 and self.url is not None else self.replicas[k].url
 
     def counters(self) -> tuple[float, float]:
         pairs = [r.counters() for r in self.replicas]
@@ -626,15 +627,16 @@ def run_bench(*, engine: str, replicas: int, routers: Sequence[str], workload: s
             reps = start_replicas(engine, replicas, stack, block_tokens=block, blocks=blocks,
                                   capacity_mb=capacity_mb, max_model_len=longest,
                                   threads=threads)
+            predictions: Callable[[], dict[str, float]] | None = None
             if name in PEERS:
                 url = stack.enter_context(peer_router(name, reps))
             elif name == "canopy":
                 precise = publishes_events(reps)
                 url = stack.enter_context(canopy_gateway(reps, precise=precise))
+                predictions = functools.partial(gateway_predictions, url)
             else:
                 url = None
-            fronts.append(Front(name, tuple(reps), url, None if name != "canopy" else
-                                lambda at=url: gateway_predictions(at)))
+            fronts.append(Front(name, tuple(reps), url, predictions))
         headers, model = fronts[0].replicas[0].headers, fronts[0].replicas[0].model
         warm = [" hello"]
         interleave(fronts, warm, model=model, concurrency=1, max_tokens=1, headers=headers)
