@@ -236,13 +236,50 @@ def _free_port() -> int:
 
 
 @contextmanager
+def _router_process(name: str, command: Sequence[str], port: int, log: Path, *,
+                    env: dict[str, str] | None = None, startup_timeout: float
+                    ) -> Iterator[str]:
+    """Router ``name`` run as ``command`` on 127.0.0.1:``port``, its output to ``log``,
+    until its ``GET /health`` answers 200; yields its URL and ends it (terminate, then kill)
+    on the way out. One that exits first, or does not answer within ``startup_timeout``
+    seconds: :class:`BenchError`, quoting the end of its log."""
+    import httpx
+
+    with log.open("wb") as sink:
+        process = subprocess.Popen(list(command), stdout=sink, stderr=subprocess.STDOUT,
+                                   stdin=subprocess.DEVNULL, env=env)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + startup_timeout
+        while True:
+            if process.poll() is not None:
+                raise BenchError(f"{name} exited with code {process.returncode}: "
+                                 f"{_tail(str(log))}")
+            try:
+                if httpx.get(f"{url}/health", timeout=2.0).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise BenchError(f"{name} did not answer within {startup_timeout:g} s: "
+                                 f"{_tail(str(log))}")
+            time.sleep(0.3)
+        yield url
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=10)
+
+
+@contextmanager
 def peer_router(name: str, replicas: Sequence[Replica], *,
                 startup_timeout: float = 120.0) -> Iterator[str]:
     """Peer router ``name`` on 127.0.0.1 in front of ``replicas`` with its cache-aware
     policy (its other settings at their defaults); yields its URL. Its output goes to a
     temporary log, quoted when it fails to start."""
-    import httpx
-
     binary = peer_binary(name)
     port, metrics_port = _free_port(), _free_port()
     command = [binary, *(("launch",) if name == "sglang-router" else ()),
@@ -250,33 +287,10 @@ def peer_router(name: str, replicas: Sequence[Replica], *,
                "--worker-urls", *(r.url for r in replicas), "--policy", "cache_aware",
                "--prometheus-port", str(metrics_port), "--prometheus-host", "127.0.0.1"]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "NO_COLOR": "1", "RUST_LOG": "warn"}
-    with tempfile.NamedTemporaryFile(prefix=f"canopy-{name}-", suffix=".log") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
-                                   stdin=subprocess.DEVNULL, env=env)
-        url = f"http://127.0.0.1:{port}"
-        try:
-            deadline = time.monotonic() + startup_timeout
-            while True:
-                if process.poll() is not None:
-                    raise BenchError(f"{name} exited with code {process.returncode}: "
-                                     f"{_tail(log.name)}")
-                try:
-                    if httpx.get(f"{url}/health", timeout=2.0).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise BenchError(f"{name} did not answer within {startup_timeout:g} s: "
-                                     f"{_tail(log.name)}")
-                time.sleep(0.3)
-            yield url
-        finally:
-            process.terminate()
-            try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(timeout=10)
+    with tempfile.TemporaryDirectory(prefix=f"canopy-bench-{name}-") as folder, \
+            _router_process(name, command, port, Path(folder) / "router.log", env=env,
+                            startup_timeout=startup_timeout) as url:
+        yield url
 
 
 def gateway_config(replicas: Sequence[Replica], *, precise: bool) -> dict[str, Any]:
@@ -325,42 +339,16 @@ def canopy_gateway(replicas: Sequence[Replica], *, precise: bool,
                    startup_timeout: float = 120.0) -> Iterator[str]:
     """Canopy's gateway (``canopy serve router``, no client key, loopback, one worker) in
     front of ``replicas`` (:func:`gateway_config`); yields its URL."""
-    import httpx
-
     port = _free_port()
     with tempfile.TemporaryDirectory(prefix="canopy-bench-gateway-") as folder:
         config = Path(folder) / "gateway.json"
         config.write_text(json.dumps(gateway_config(replicas, precise=precise)))
-        log = Path(folder) / "gateway.log"
-        with log.open("wb") as sink:
-            process = subprocess.Popen(
-                [sys.executable, "-m", "canopy", "serve", "router", "--config", str(config),
-                 "--host", "127.0.0.1", "--port", str(port), "--insecure-no-auth"],
-                stdout=sink, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        url = f"http://127.0.0.1:{port}"
-        try:
-            deadline = time.monotonic() + startup_timeout
-            while True:
-                if process.poll() is not None:
-                    raise BenchError(f"canopy serve router exited with code "
-                                     f"{process.returncode}: {_tail(str(log))}")
-                try:
-                    if httpx.get(f"{url}/health", timeout=2.0).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise BenchError(f"canopy serve router did not answer within "
-                                     f"{startup_timeout:g} s: {_tail(str(log))}")
-                time.sleep(0.3)
+        command = [sys.executable, "-m", "canopy", "serve", "router", "--config", str(config),
+                   "--host", "127.0.0.1", "--port", str(port), "--insecure-no-auth"]
+        with _router_process("canopy serve router", command, port,
+                             Path(folder) / "gateway.log",
+                             startup_timeout=startup_timeout) as url:
             yield url
-        finally:
-            process.terminate()
-            try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(timeout=10)
 
 
 def _tail(file: str, n_chars: int = 600) -> str:
