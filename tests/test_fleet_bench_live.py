@@ -1,7 +1,7 @@
 """``canopy fleet bench`` on live engines: two llama.cpp replicas behind Canopy's gateway
 (approximate), sglang-router and the client's round-robin (about two minutes on two cores),
 and two vLLM replicas (its environment: ``.ci/vllm.sh``, or ``CANOPY_VLLM_PYTHON``) publishing
-their KV events to Canopy's gateway (precise; two vLLM starts, about four minutes)."""
+their KV events to Canopy's gateway (precise; two vLLM starts, under two minutes)."""
 
 from __future__ import annotations
 
