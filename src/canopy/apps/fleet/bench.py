@@ -128,6 +128,7 @@ class Front:
         return k
 
     def release(self, k: int) -> None:
+        """Request over on replica ``k`` (what :meth:`acquire` returned)."""
         if k >= 0:
             with self.lock:
                 self.in_flight[k] -= 1
