@@ -2,7 +2,7 @@
 
 A request stream with no end in sight is fed, one request at a time, to the policy as each
 engine hosts it, with no model: ``llama`` (the llama.cpp prompt cache,
-``canopy.apps.cache.engine.PolicyStateCache``, asked for each prompt as llama-cpp-python asks
+``canopy.engines.llama_cache.PolicyStateCache``, asked for each prompt as llama-cpp-python asks
 it), ``sglang`` (SGLang's own radix cache with Canopy's backend, served as its scheduler
 serves a request: ``canopy.apps.cache.sglang_replay.serve_request``) and ``vllm`` (vLLM's own
 ``KVCacheManager`` with the plugin installed, as ``tests/vllm_pool_driver.py`` drives it).
@@ -58,7 +58,7 @@ def _rss_mb() -> float:
 
 
 def _llama(policy: str, capacity: int) -> Callable[[list[int]], int]:
-    from canopy.apps.cache.engine import PolicyStateCache
+    from canopy.engines.llama_cache import PolicyStateCache
 
     cache = PolicyStateCache(policy, capacity, block_tokens=1, kv_bytes=1)
 

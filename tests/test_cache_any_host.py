@@ -132,7 +132,7 @@ def test_the_user_policy_in_llama_cpps_state_cache_equals_the_replay():
     from llm_server import _require_llama
 
     _require_llama()
-    from canopy.apps.cache.engine import PolicyStateCache
+    from canopy.engines.llama_cache import PolicyStateCache
 
     for policy in (SPEC, NewestFirst, NewestFirst()):
         cache = PolicyStateCache(policy, 4 * 2 * 10, block_tokens=2, kv_bytes=10)  # 4 blocks
@@ -190,7 +190,8 @@ def test_live_llama_cpp_serves_what_the_replay_predicts_for_the_user_policy():
     from llm_server import _require_llama
 
     _require_llama()
-    from canopy.apps.cache.live import run_live, word_vocabulary, zipf_workload
+    from canopy.apps.cache.live import run_live
+    from canopy.engines.workloads import word_vocabulary, zipf_workload
     from canopy.llm.local import find_smollm2_gguf
 
     path = find_smollm2_gguf()

@@ -56,7 +56,7 @@ def test_the_llama_cpp_cache_serves_every_request_after_its_policy_raises(caplog
     """llama-cpp-python's cache lookups (no model needed: the engine asks ``cache[tokens]``):
     the first 200 requests reuse what the policy's replay reuses, then LRU serves, the
     failure logged once with the policy's name and counted in :meth:`stats`."""
-    PolicyStateCache = pytest.importorskip("canopy.apps.cache.engine").PolicyStateCache
+    PolicyStateCache = pytest.importorskip("canopy.engines.llama_cache").PolicyStateCache
     chains = _chains()
     cache = PolicyStateCache(RAISES, 12 * 16, block_tokens=1, kv_bytes=16)
     before = fallbacks().get("raises-after-200", 0)

@@ -18,7 +18,7 @@ from llm_server import _require_llama
 @pytest.fixture(scope="module")
 def engine():
     _require_llama()
-    from canopy.apps.cache.live import word_vocabulary
+    from canopy.engines.workloads import word_vocabulary
     from canopy.llm.local import find_smollm2_gguf
 
     path = find_smollm2_gguf()
@@ -38,7 +38,7 @@ def _state(tokens: list[int]):
 
 def test_state_cache_serves_exactly_the_policys_blocks():
     _require_llama()
-    from canopy.apps.cache.engine import PolicyStateCache
+    from canopy.engines.llama_cache import PolicyStateCache
 
     cache = PolicyStateCache("lru", 4 * 2 * 10, block_tokens=2, kv_bytes=10)  # 4 blocks
     assert cache.capacity_blocks == 4
@@ -61,7 +61,7 @@ def test_state_cache_serves_exactly_the_policys_blocks():
 
 def test_caching_off_counts_lookups_and_declines_saves():
     _require_llama()
-    from canopy.apps.cache.engine import PolicyStateCache
+    from canopy.engines.llama_cache import PolicyStateCache
 
     off = PolicyStateCache(None, 1000, block_tokens=2, kv_bytes=10)
     assert not off  # the engine skips the lookup ... until a completion opens one
@@ -75,7 +75,7 @@ def test_caching_off_counts_lookups_and_declines_saves():
 
 def test_bad_cache_configuration_is_named():
     _require_llama()
-    from canopy.apps.cache.engine import PolicyStateCache
+    from canopy.engines.llama_cache import PolicyStateCache
 
     with pytest.raises(ValueError, match="holds no block"):
         PolicyStateCache("lru", 100, block_tokens=16, kv_bytes=23040)
@@ -88,7 +88,7 @@ def test_engine_server_requires_its_key(engine):
 
     path, _, _ = engine
     key = secrets.token_urlsafe(16)
-    with LocalLlamaServer(path, n_ctx=256, module="canopy.apps.cache.engine", api_key=key,
+    with LocalLlamaServer(path, n_ctx=256, module="canopy.engines.llama_server", api_key=key,
                           extra_args=["--policy", "lru", "--capacity-mb", "2"]) as server:
         root = server.direct_url.removesuffix("/v1")
         assert httpx.get(f"{root}/v1/models").status_code == 401
@@ -107,7 +107,8 @@ def test_live_caching_cuts_time_to_first_token_as_the_replay_predicts(engine):
     per-request savings (off minus lru on the same prompt): a 24-request run on a shared
     machine sees scheduling spikes that move a mean by a third (docs/cache.md reports means
     over 3 x 80 requests)."""
-    from canopy.apps.cache.live import run_live, zipf_workload
+    from canopy.apps.cache.live import run_live
+    from canopy.engines.workloads import zipf_workload
 
     path, words, vocab = engine
     out = run_live(["off", "lru"], lambda s: zipf_workload(words, requests=24,
@@ -221,7 +222,7 @@ def test_gain_over_lru_is_paired_by_request():
 
 
 def _engine_pids(parent: int) -> list[int]:
-    from canopy.apps.cache.vllm_server import descendants
+    from canopy.engines.processes import descendants
 
     out = []
     for pid in descendants(parent):
@@ -229,7 +230,7 @@ def _engine_pids(parent: int) -> list[int]:
             command = open(f"/proc/{pid}/cmdline", "rb").read()
         except OSError:
             continue
-        if b"canopy.apps.cache.engine" in command:
+        if b"canopy.engines.llama_server" in command:
             out.append(pid)
     return out
 
@@ -246,7 +247,7 @@ def test_no_engine_outlives_a_stopped_command(engine, signum, group):
     import sys
     import time
 
-    from canopy.apps.cache.vllm_server import _alive
+    from canopy.engines.processes import alive as _alive
 
     command = subprocess.Popen(
         [sys.executable, "-m", "canopy", "cache", "live", "--requests", "400", "--policies",

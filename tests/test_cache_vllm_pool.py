@@ -23,7 +23,7 @@ POOL = 40
 
 
 def _vllm_python() -> str:
-    from canopy.apps.cache.vllm_server import VLLMServerError, vllm_python
+    from canopy.engines.vllm_server import VLLMServerError, vllm_python
 
     try:
         python = vllm_python()

@@ -51,11 +51,12 @@ def _port() -> int:
 class Replica:
     """A scripted engine replica: ``GET /v1/models``, chats (streamed or not) answered with
     its name; ``stop()`` then ``start()`` brings it back on the same port. ``die_after``:
-    a stream is cut after its first event."""
+    a stream is cut after its first event; ``cached_tokens``: what its usage reports."""
 
     def __init__(self, name: str, port: int | None = None) -> None:
         self.name, self.port = name, port or _port()
         self.served: Counter[str] = Counter()
+        self.cached_tokens = 0
         self.die_mid_stream = False
         self._server: ThreadingHTTPServer | None = None
 
@@ -83,7 +84,7 @@ class Replica:
                 asked = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 replica.served["chat"] += 1
                 usage = {"prompt_tokens": 10, "completion_tokens": 2,
-                         "prompt_tokens_details": {"cached_tokens": 0}}
+                         "prompt_tokens_details": {"cached_tokens": replica.cached_tokens}}
                 if not asked.get("stream"):
                     self._send(json.dumps({"choices": [{"message": {
                         "role": "assistant", "content": replica.name}}], "usage": usage})
@@ -369,11 +370,17 @@ def test_a_precise_gateway_routes_to_the_replica_its_events_say_holds_the_prefix
             if pool.index.n_blocks:
                 break
             time.sleep(0.01)
+        # the engine reports what the index predicted: the full blocks before the last token
+        replicas[1].cached_tokens = (ids.size - 1) // 4 * 4
         answers = [ask(url, text).json()["choices"][0]["message"]["content"] for _ in range(3)]
+        replicas[1].cached_tokens = 4  # then less than predicted
+        answers.append(ask(url, text).json()["choices"][0]["message"]["content"])
         metrics = httpx.get(f"{url}/metrics", headers=ADMIN).text
         pub.close()
-    assert answers == ["r1"] * 3
+    assert answers == ["r1"] * 4
     assert "canopy_index_blocks" in metrics
+    assert 'canopy_cache_predictions_total{model="fleet",outcome="exact"} 3.0' in metrics
+    assert 'canopy_cache_predictions_total{model="fleet",outcome="over"} 1.0' in metrics
 
 
 def test_the_chat_template_beside_the_tokenizer_is_rendered_before_tokenizing(

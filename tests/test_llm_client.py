@@ -183,7 +183,7 @@ def test_bad_messages_are_rejected():
 def test_a_local_server_dies_with_its_parent_even_while_it_ignores_sigterm(tmp_path):
     """The local server's child is killed when the process that started it dies, even a
     child that does not act on SIGTERM (llama.cpp's server while it loads its model)."""
-    from canopy.apps.cache.vllm_server import _alive
+    from canopy.engines.processes import alive as _alive
 
     pid_file = tmp_path / "child.pid"
     parent = (

@@ -170,7 +170,7 @@ class LocalLlamaServer:
         python: interpreter that has llama-cpp-python installed (default: this one).
         module: the server module run with ``python -m``; it takes llama_cpp.server's
             ``--model``, ``--model_alias``, ``--host``, ``--port``, ``--n_ctx`` and
-            ``--n_threads`` (:mod:`canopy.apps.cache.engine` does, with its own cache).
+            ``--n_threads`` (:mod:`canopy.engines.llama_server` does, with its own cache).
         api_key: a key the server requires, handed over in the environment variable
             ``CANOPY_SERVER_API_KEY`` (never on the command line, where ``ps`` shows it); the
             readiness poll sends it.

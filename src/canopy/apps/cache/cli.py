@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated
 
@@ -197,20 +196,6 @@ def _cores() -> int:
         return os.cpu_count() or 1
 
 
-@contextmanager
-def _ended_by_signals():
-    """SIGTERM ends the command as Ctrl-C does (an exception, so every engine it started is
-    stopped on the way out: ``timeout`` and ``kill`` leave no engine behind)."""
-    import signal
-
-    def stop(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    previous = signal.signal(signal.SIGTERM, stop)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 @cache_app.command("live")
@@ -250,11 +235,11 @@ def live_command(
 ) -> None:
     """Run the policies inside llama.cpp or vLLM (SmolLM2-135M, loopback) and measure time to
     first token, hit rate and throughput; the replay's prediction beside each."""
-    from canopy.apps.cache.live import (
+    from canopy.apps.cache.live import load_calibration, run_live
+    from canopy.engines.processes import ended_by_signals
+    from canopy.engines.workloads import (
         WORKLOADS,
-        load_calibration,
         mooncake_workload,
-        run_live,
         word_vocabulary,
         zipf_workload,
     )
@@ -323,7 +308,7 @@ def live_command(
                                      f"plus 2)")
     total = len(names) * repeats * requests
     with progress_bar("cache live", total, enabled=not as_json) as update, \
-            _ended_by_signals():
+            ended_by_signals():
         done = [0]
 
         def advance(n: int) -> None:
@@ -356,7 +341,7 @@ def live_command(
 
 def _run_vllm(names: list[str], workload_of, *, model_path: Path, **options) -> dict:
     from canopy.apps.cache.live import run_live_vllm
-    from canopy.apps.cache.vllm_server import VLLMServerError, model_folder, vllm_python
+    from canopy.engines.vllm_server import VLLMServerError, model_folder, vllm_python
 
     try:
         python = vllm_python()
@@ -371,13 +356,13 @@ def _replay_only(names: list[str], workload_of, seed: int, repeats: int, capacit
                  block_tokens: int, vocab, as_json: bool, pool_blocks: int | None) -> None:
     import numpy as np
 
-    from canopy.apps.cache.engine import kv_bytes_per_token
     from canopy.apps.cache.live import (
         block_chains,
         predicted_reuse,
         replay_capacity,
         token_prompts,
     )
+    from canopy.engines.llama_cache import kv_bytes_per_token
     from canopy.prefix.traces import full_blocks
 
     if pool_blocks is None:

@@ -1,21 +1,14 @@
 """Live prefix caching on a real engine: workloads, time to first token, calibration.
 
 ``canopy cache live`` sends a shared-prefix request stream to the llama.cpp server of
-:mod:`canopy.apps.cache.engine` once per policy (a fresh server each, so every policy starts
+:mod:`canopy.engines.llama_server` once per policy (a fresh server each, so every policy starts
 cold) and measures, per request, the time to the first streamed token (TTFT, from sending the
 request to the first completion chunk). Prompts are made of words the model's tokenizer maps
 to one token each (``" word"``), so text prefixes are token prefixes and a block of
 ``block_tokens`` words is a block of the engine.
 
-Workloads (:func:`zipf_workload`, :func:`mooncake_workload`):
-
-* ``zipf``: ``systems`` system prompts, each with ``contexts`` few-shot contexts (the shared
-  prefix: system then context), chosen with Zipf popularity, then a question of fresh words.
-  ``shift``: the second half of the stream draws from a disjoint set of prefixes (a
-  popularity shift); only requests after it are counted.
-* ``conversation`` / ``synthetic``: the prefix structure of the first requests of a Mooncake
-  trace, each 512-token block of the trace replaced by ``block_tokens`` words derived from its
-  hash (chains cut at ``max_blocks``), then a question.
+Workloads: :mod:`canopy.engines.workloads` (Zipf few-shot prefixes, or a Mooncake trace's
+prefix structure made into words).
 
 Calibration (:func:`calibrate`): the least-squares fit of the replay's TTFT model
 (:class:`~canopy.prefix.ttft.TTFTModel`: fixed cost plus cost per uncached token) to every
@@ -29,8 +22,6 @@ from __future__ import annotations
 import itertools
 import json
 import math
-import random
-import re
 import secrets
 import time
 from collections.abc import Callable, Sequence
@@ -40,111 +31,16 @@ from typing import Any
 
 import numpy as np
 
+from canopy._lazy import deprecated_aliases
+from canopy.engines.workloads import Workload
 from canopy.prefix import RadixCache
 from canopy.prefix.policies import make_policy
 from canopy.prefix.stream import replay_stream
 from canopy.prefix.traces import from_paths, full_blocks
 from canopy.prefix.ttft import TTFTModel, load_calibration
 
-__all__ = ["LiveRun", "Workload", "block_chains", "calibrate", "load_calibration",
-           "mooncake_workload", "predicted_reuse", "run_live", "run_live_vllm", "summarize",
-           "word_vocabulary", "zipf_workload"]
-
-SCENARIOS = ("stationary", "shift")
-WORKLOADS = ("zipf", "conversation", "synthetic")
-
-
-@dataclass(frozen=True)
-class Workload:
-    """Prompts (lists of one-token words) and the index of the first counted request."""
-
-    name: str
-    prompts: list[list[str]]
-    start: int = 0
-
-    def text(self, i: int) -> str:
-        return "".join(" " + w for w in self.prompts[i])
-
-
-def word_vocabulary(model_path: str | Path, *, limit: int = 4000) -> tuple[list[str], Any]:
-    """Lower-case words the model's tokenizer maps to exactly one token with a leading space,
-    and the vocabulary-only model (for tokenizing prompts as the engine does)."""
-    from llama_cpp import Llama
-    from llama_cpp._utils import suppress_stdout_stderr
-
-    with suppress_stdout_stderr(disable=False):  # llama.cpp's context notes on stderr
-        vocab = Llama(model_path=str(model_path), vocab_only=True, verbose=False)
-    words = []
-    for token in range(vocab.n_vocab()):
-        piece = vocab.detokenize([token])
-        if re.fullmatch(rb" [a-z]{3,9}", piece) and vocab.tokenize(
-                piece, add_bos=False) == [token]:
-            words.append(piece[1:].decode())
-            if len(words) == limit:
-                break
-    if len(words) < 100:
-        raise ValueError(f"{model_path}: only {len(words)} single-token words in the vocabulary")
-    return words, vocab
-
-
-def _zipf_choice(rng: random.Random, n: int, exponent: float) -> int:
-    weights = [1.0 / (rank + 1) ** exponent for rank in range(n)]
-    return rng.choices(range(n), weights=weights)[0]
-
-
-def zipf_workload(words: Sequence[str], *, requests: int = 80, scenario: str = "shift",
-                  systems: int = 4, contexts: int = 6, system_tokens: int = 32,
-                  context_tokens: int = 32, question_tokens: int = 12,
-                  exponent: float = 1.0, seed: int = 0) -> Workload:
-    """System prompt + few-shot context drawn with Zipf popularity, then a fresh question."""
-    if scenario not in SCENARIOS:
-        raise ValueError(f"scenario must be one of {', '.join(SCENARIOS)}, got {scenario!r}")
-    rng = random.Random(seed)
-
-    def pool() -> list[list[str]]:
-        out = []
-        for _ in range(systems):
-            system = rng.choices(words, k=system_tokens)
-            out += [system + rng.choices(words, k=context_tokens) for _ in range(contexts)]
-        rng.shuffle(out)  # popularity rank independent of the system
-        return out
-
-    start = requests // 2 if scenario == "shift" else 0
-    phases = [pool(), pool()] if scenario == "shift" else [pool()]
-    prompts = []
-    for i in range(requests):
-        prefixes = phases[-1 if i >= start else 0]
-        prefix = prefixes[_zipf_choice(rng, len(prefixes), exponent)]
-        prompts.append(prefix + rng.choices(words, k=question_tokens))
-    return Workload(f"zipf-{scenario}", prompts, start)
-
-
-def mooncake_workload(words: Sequence[str], trace: str = "conversation", *, requests: int = 80,
-                      scenario: str = "stationary", block_tokens: int = 16,
-                      max_blocks: int = 6, question_tokens: int = 12,
-                      seed: int = 0) -> Workload:
-    """A Mooncake trace's prefix structure with text: each hash becomes ``block_tokens``
-    words (the same words wherever the hash recurs). ``shift``: the first half of the
-    requests, then the same requests under fresh words (a disjoint block space)."""
-    from itertools import islice
-
-    from canopy import data
-    from canopy.prefix.traces import TRACE_FILES, iter_mooncake
-
-    if scenario not in SCENARIOS:
-        raise ValueError(f"scenario must be one of {', '.join(SCENARIOS)}, got {scenario!r}")
-    file = data.path("mooncake", TRACE_FILES[trace])
-    start = requests // 2 if scenario == "shift" else 0
-    counts = [start, requests - start] if scenario == "shift" else [requests]
-    chains = [hashes[:max_blocks] for _, _, hashes in islice(iter_mooncake(file), max(counts))]
-    rng = random.Random(seed)
-    prompts = []
-    for phase, count in enumerate(counts):
-        for chain in chains[:count]:
-            text = [w for h in chain for w in random.Random(f"{seed}:{phase}:{h}").choices(
-                words, k=block_tokens)]
-            prompts.append(text + rng.choices(words, k=question_tokens))
-    return Workload(f"{trace}-{scenario}", prompts, start)
+__all__ = ["LiveRun", "block_chains", "calibrate", "load_calibration", "predicted_reuse",
+           "run_live", "run_live_vllm", "summarize", "token_prompts"]
 
 
 @dataclass
@@ -194,7 +90,7 @@ def run_policy(policy: str, workload: Workload, *, capacity_mb: float, block_tok
             str(block_tokens), *(() if plan is None else ("--plan", str(plan)))]
     run = LiveRun(policy, workload.start)
     with LocalLlamaServer(model_path, n_ctx=n_ctx, n_threads=n_threads, extra_args=args,
-                          module="canopy.apps.cache.engine", api_key=key) as server, \
+                          module="canopy.engines.llama_server", api_key=key) as server, \
             httpx.Client(base_url=server.direct_url, timeout=600.0,
                          headers={"Authorization": f"Bearer {key}"}) as client:
         _stream_one(client, server.model, " hello", 1)  # warm-up: shorter than a block
@@ -245,7 +141,7 @@ def run_vllm_policies(policies: Sequence[str], workloads: Sequence[Workload], *,
                       folder: Path, dummy: bool, vocab: Any,
                       progress: Callable[[int], None] | None = None
                       ) -> dict[str, list[LiveRun]]:
-    """:func:`run_policy` on vLLM (:class:`~canopy.apps.cache.vllm_server.VLLMServer`): one
+    """:func:`run_policy` on vLLM (:class:`~canopy.engines.vllm_server.VLLMServer`): one
     server a policy, all up at once, every prompt sent to each server in turn (the order
     rotating by request), so that the policies meet the same machine load request for request
     and a time-to-first-token difference is the cache's, not the load's; the workloads one
@@ -257,7 +153,7 @@ def run_vllm_policies(policies: Sequence[str], workloads: Sequence[Workload], *,
 
     import httpx
 
-    from canopy.apps.cache.vllm_server import VLLMServer
+    from canopy.engines.vllm_server import VLLMServer
 
     prompts = [token_prompts(w, vocab) for w in workloads]
     longest = max(len(p) for per in prompts for p in per) + max_tokens + block_tokens
@@ -511,3 +407,6 @@ def summarize(runs: Sequence[LiveRun], predicted: Sequence[np.ndarray],
             "ci95_repeats": None if repeat_low is None else [repeat_low, repeat_high]}
     return entry
 
+
+deprecated_aliases(__name__, {name: "canopy.engines.workloads" for name in (
+    "mooncake_workload", "word_vocabulary", "zipf_workload")})

@@ -1,5 +1,6 @@
 """``canopy fleet sim``: rank the replica policies on a trace replayed through N simulated
-replicas, at several loads and seeds."""
+replicas, at several loads and seeds; ``canopy fleet bench``: the routers side by side in
+front of live engine replicas."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from canopy.reporting import output_path
 __all__ = ["register"]
 
 fleet_app = typer.Typer(no_args_is_help=True,
-                        help="Many replicas of one model: replica policies in simulation.")
+                        help="Many replicas of one model: replica policies in simulation "
+                             "and live.")
 
 ALL = "round_robin,least_load,power_of_two,prefix_hash,sglang,dynamo,llmd,canopy"
 
@@ -132,6 +134,109 @@ def sim_command(
         except ImportError:
             Console().print("matplotlib is not installed (pip install 'canopy-bandits[plots]')"
                             ": no plot written")
+
+
+def _live_cell(value: dict) -> str:
+    return f"{value['mean']:.3f} [{value['lo']:.3f}, {value['hi']:.3f}]"
+
+
+@fleet_app.command("bench")
+def bench_command(
+    engine: str = typer.Option("llama", help="vllm (vLLM's CPU build, .venv-vllm) or llama "
+                               "(llama.cpp)"),
+    replicas: int = typer.Option(2, help="engine replicas behind each router"),
+    peers: str = typer.Option("sglang-router,vllm-router", help="peer routers, "
+                              "comma-separated: sglang-router, vllm-router, round-robin, "
+                              "least-load (the last two chosen by the client)"),
+    canopy: bool = typer.Option(True, "--canopy/--no-canopy", help="Canopy's gateway too"),
+    workload: str = typer.Option("zipf", help="zipf, conversation or synthetic"),
+    requests: int = typer.Option(240, help="requests per repeat"),
+    concurrency: int = typer.Option(4, help="requests in flight per router"),
+    repeats: int = typer.Option(3, help="repeats (fresh prompts each)"),
+    seed: int = typer.Option(0, help="seed of the first repeat's prompts"),
+    max_tokens: int = typer.Option(4, help="tokens generated per request"),
+    blocks: int = typer.Option(48, help="vLLM: KV pool per replica in blocks"),
+    capacity_mb: float = typer.Option(4.0, help="llama.cpp: cache per replica in MiB"),
+    trace_out: Annotated[Path | None, typer.Option(
+        help="the stream in Mooncake format (default: a temporary file)",
+        callback=output_path)] = None,
+    as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
+) -> None:
+    """Start N engine replicas per router on loopback, Canopy's gateway and each peer router
+    in front of them, send the same interleaved request stream through each: TTFT p50/p90
+    (mean and 95% interval over repeats), the engines' hit rate, requests lost, and the
+    simulator's prediction for the same stream."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from canopy.apps.fleet.bench import (
+        ENGINES,
+        PEERS,
+        ROUTERS,
+        MissingPeer,
+        peer_binary,
+        run_bench,
+    )
+
+    names = [p.strip() for p in peers.split(",") if p.strip()]
+    routers = (["canopy"] if canopy else []) + names
+    unknown = [p for p in names if p not in ROUTERS or p == "canopy"]
+    if unknown or not routers or len(set(routers)) < len(routers):
+        raise typer.BadParameter(f"--peers: unknown or repeated router "
+                                 f"{', '.join(unknown) or peers!r}; known: "
+                                 f"{', '.join(r for r in ROUTERS if r != 'canopy')}")
+    if engine not in ENGINES:
+        raise typer.BadParameter(f"--engine must be one of {', '.join(ENGINES)}, got "
+                                 f"{engine!r}")
+    if workload not in ("zipf", "conversation", "synthetic"):
+        raise typer.BadParameter(f"--workload must be zipf, conversation or synthetic, got "
+                                 f"{workload!r}")
+    for value, what in ((replicas, "--replicas"), (requests, "--requests"),
+                        (concurrency, "--concurrency"), (repeats, "--repeats"),
+                        (max_tokens, "--max-tokens"), (blocks, "--blocks")):
+        if value < 1:
+            raise typer.BadParameter(f"{what} must be >= 1, got {value}")
+    if capacity_mb <= 0:
+        raise typer.BadParameter(f"--capacity-mb must be > 0, got {capacity_mb:g}")
+    for name in names:
+        if name in PEERS:
+            try:
+                peer_binary(name)
+            except MissingPeer as error:
+                raise typer.BadParameter(str(error)) from None
+    from canopy.engines.processes import ended_by_signals  # SIGTERM: every engine stopped
+
+    with ended_by_signals():
+        out = run_bench(engine=engine, replicas=replicas, routers=routers, workload=workload,
+                        requests=requests, concurrency=concurrency, repeats=repeats,
+                        seed=seed, blocks=blocks, capacity_mb=capacity_mb,
+                        max_tokens=max_tokens, trace_out=trace_out)
+    if as_json:
+        typer.echo(json.dumps(out))
+        return
+    table = Table(title=f"{out['workload']}, {engine}, {replicas} replicas per router, "
+                        f"{requests} requests x {repeats} repeats at concurrency "
+                        f"{concurrency}: TTFT (s), mean [95% CI]; simulator beside")
+    for column in ("router", "p50", "p90", "hit", "lost", "sim p50", "sim p90", "sim hit"):
+        table.add_column(column, justify="left" if column == "router" else "right")
+    sim = out["simulator"]["results"]
+    for name in sim:
+        live, predicted = out["results"].get(name), sim.get(name)
+        cells = ["", "", "", ""] if live is None else [
+            _live_cell(live["ttft_p50_s"]), _live_cell(live["ttft_p90_s"]),
+            f"{live['hit_rate']:.3f}", str(live["lost"])]
+        table.add_row(name, *cells, f"{predicted['ttft_p50_s']['mean']:.3f}",
+                      f"{predicted['ttft_p90_s']['mean']:.3f}", f"{predicted['hit_rate']:.3f}")
+    Console().print(table)
+    order = out["ranking"]
+    Console().print(f"by TTFT p90, live: {' < '.join(order['live'])}; simulator: "
+                    f"{' < '.join(order['simulator'])} ({'same' if order['same'] else 'differ'})")
+    for name, live in out["results"].items():
+        if "cached_prediction" in live:
+            hits = live["cached_prediction"]
+            Console().print(f"{name}: its index predicted the engines' cached tokens exactly "
+                            f"on {hits['exact']:.1%} of {hits['requests']} requests")
+    Console().print(f"stream written in Mooncake format to {out['trace']}")
 
 
 def register(app: typer.Typer) -> None:

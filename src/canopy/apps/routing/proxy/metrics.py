@@ -1,7 +1,8 @@
 """The proxy's Prometheus metrics (``GET /metrics``, admin key): requests by status,
 failed upstream attempts by model, whole-request latency, the model that answered, and
 feedback by kind and status; for models with replicas, picks and fallbacks per replica,
-the replica index's size, the KV events' lag and the event messages dropped.
+the replica index's size, the KV events' lag, the event messages dropped, and how the
+index's prediction of a request's cached tokens compared with what the engine reported.
 One registry per app, so several proxies in one process (tests,
 ``serve_in_thread``) never share counters; with ``--workers N`` each worker reports its own
 (scrape each, or sum them)."""
@@ -49,6 +50,10 @@ class ProxyMetrics:
                                "applied", ["model", "replica"], registry=self.registry)
         self.events_dropped = Counter("canopy_events_dropped", "KV-event messages dropped, by "
                                       "reason", ["model", "reason"], registry=self.registry)
+        self.cache_predictions = Counter(
+            "canopy_cache_predictions", "Answers whose engine reported its cached prompt "
+            "tokens, by how the index's prediction compared (exact, over, under)",
+            ["model", "outcome"], registry=self.registry)
 
     def chat(self, status: int, model: str | None, seconds: float) -> None:
         self.requests.labels(status=str(status)).inc()

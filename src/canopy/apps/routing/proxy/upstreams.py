@@ -185,6 +185,18 @@ class UpstreamPool:
         cached = details.get("cached_tokens") if isinstance(details, Mapping) else None
         if isinstance(cached, int) and not isinstance(cached, bool) and cached >= 0:
             self.index.reported(int(pick.matched[replica]), cached // self.block_size)
+            if self.metrics is not None:
+                predicted = self.predicted_cached(pick, replica)
+                self.metrics.cache_predictions.labels(
+                    model=self.config.model, outcome="exact" if predicted == cached else
+                    "over" if predicted > cached else "under").inc()
+
+    def predicted_cached(self, pick: Pick, replica: int) -> int:
+        """The prompt tokens the index predicted ``replica`` had cached for ``pick``: its
+        matched full blocks, at most those before the prompt's last token (an engine computes
+        at least that one, as vLLM's cache lookup does)."""
+        return min(int(pick.matched[replica]),
+                   max(pick.tokens - 1, 0) // self.block_size) * self.block_size
 
     def failed(self, pick: Pick, replica: int, *, down: bool) -> None:
         """``replica`` failed ``pick``'s request; ``down``: it is taken out of the rotation
