@@ -32,6 +32,8 @@ import os
 from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from canopy.prefix.evictable import EvictableBlocks
 
 if TYPE_CHECKING:
@@ -85,7 +87,8 @@ def _make_order(policy: EvictionPolicy, capacity_blocks: int) -> Any:
 
 def _queue_class() -> type:
     from vllm.v1.core.kv_cache_utils import FreeKVCacheBlockQueue
-    from vllm.v1.core.kv_cache_utils import get_block_hash as plain_key  # no group id
+
+    from canopy.prefix.hashindex import fold_all
 
     class _PolicyFreeQueue(FreeKVCacheBlockQueue):
         """vLLM's free-block queue whose cached blocks leave in the policy's order."""
@@ -96,13 +99,15 @@ def _queue_class() -> type:
             self.evictable = EvictableBlocks(policy)
             self.blocks = blocks
             self.evictions = 0
+            self._hit = self.evictable.acquire  # a hit: one list append, no frame
 
         # ----------------------------------------------------- releases and hits
         def _released(self, blocks: list[Any]) -> None:
             cached = [block for block in blocks if block.block_hash is not None]
             if cached:
-                self.evictable.release_all([block.block_id for block in cached],
-                                           [plain_key(block.block_hash) for block in cached])
+                self.evictable.release_all(
+                    np.array([block.block_id for block in cached], dtype=np.int64),
+                    _keys([block.block_hash for block in cached]))
 
         def append(self, block: Any) -> None:
             super().append(block)
@@ -117,8 +122,8 @@ def _queue_class() -> type:
             self._released(blocks)
 
         def remove(self, block: Any) -> None:
-            super().remove(block)
-            self.evictable.acquire(block.block_id)
+            FreeKVCacheBlockQueue.remove(self, block)
+            self._hit(block.block_id)
 
         # ----------------------------------------------------- allocation
         def popleft(self) -> Any:
@@ -138,18 +143,27 @@ def _queue_class() -> type:
             if out:
                 self.evictable.drop_all([block.block_id for block in out])  # keys dropped
             if len(out) < n:
-                for victim in self.evictable.pop_victims(n - len(out)):
-                    block = self.blocks[victim]
-                    super().remove(block)
-                    out.append(block)
-                    self.evictions += 1
+                victims = [self.blocks[v] for v in self.evictable.pop_victims(n - len(out))]
+                unlink = FreeKVCacheBlockQueue.remove
+                for block in victims:
+                    unlink(self, block)
+                out += victims
+                self.evictions += len(victims)
             while len(out) < n:
                 out.append(super().popleft())  # raises when empty, as vLLM's does
             return out
 
-        def observe(self, keys: list[Hashable]) -> None:
+        def observe(self, hashes: list[Hashable]) -> None:
             """A request's block-hash chain, root first, when it is first scheduled."""
-            self.evictable.observe(keys)
+            self.evictable.observe(fold_all(hashes))
+
+    def _keys(hashes: list[bytes]) -> Any:
+        """The policy's keys of blocks' hashes with their group id (four bytes after the
+        hash): a key is the fold of the hash's first eight bytes, so of the longer key too
+        (one numpy pass), unless the hash is shorter than eight bytes."""
+        if len(hashes[0]) >= 12:
+            return fold_all(hashes)
+        return fold_all([bytes(h[:-4]) for h in hashes])
 
     return _PolicyFreeQueue
 
@@ -203,7 +217,7 @@ def install(policy: str | EvictionPolicy | type[EvictionPolicy]) -> None:
             seen[request.request_id] = True
             queue = self.block_pool.free_block_queue
             if hasattr(queue, "observe"):
-                queue.observe(list(request.block_hashes))
+                queue.observe(request.block_hashes)
         return computed(self, request)
 
     BlockPool.__init__ = __init__

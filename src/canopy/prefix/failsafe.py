@@ -126,8 +126,11 @@ class FailSafePolicy(_Guard):
         self.hand = policy.hand
         self._epoch = 0
         # the free blocks the policy holds, in release order: handed out in that order (the
-        # engine's own, LRU) once the policy failed, so no free block is lost with it
-        self._held: dict[int, None] = {}
+        # engine's own, LRU) once the policy failed, so no free block is lost with it; while
+        # it serves, each block's release stamp (-1: not held), one numpy pass a call
+        self._stamp = np.full(0, -1, dtype=np.int64)
+        self._clock = 0
+        self._held: dict[int, None] | None = None  # once failed: the release order itself
 
     @property
     def epoch(self) -> int:
@@ -155,10 +158,17 @@ class FailSafePolicy(_Guard):
         known = self._call(None, self.policy.release, blocks, keys)
         if known is None:
             known = np.ones(len(blocks), dtype=bool)
-        for block, kept in zip(blocks, known, strict=True):
-            if kept:
+        held = np.asarray(blocks, dtype=np.int64)[known]
+        if self._held is not None:
+            for block in held.tolist():
                 self._held.pop(block, None)
                 self._held[block] = None
+        elif len(held):
+            if held.max() >= len(self._stamp):
+                more = max(int(held.max()) + 1, 2 * len(self._stamp)) - len(self._stamp)
+                self._stamp = np.concatenate([self._stamp, np.full(more, -1, dtype=np.int64)])
+            self._stamp[held] = self._clock + np.arange(len(held))
+            self._clock += len(held)
         return known
 
     def acquire(self, blocks: Sequence[int]) -> None:
@@ -176,13 +186,24 @@ class FailSafePolicy(_Guard):
         held in release order."""
         victims = self._call(None, self.policy.pop_victims, n)
         if victims is None:
-            victims = np.fromiter(itertools.islice(self._held, n), dtype=np.int64)
-        self._forget(victims.tolist())
+            victims = np.fromiter(itertools.islice(self._release_order(), n), dtype=np.int64)
+        self._forget(victims)
         return victims
 
-    def _forget(self, blocks: Sequence[int]) -> None:
-        for block in blocks:
-            self._held.pop(block, None)
+    def _release_order(self) -> dict[int, None]:
+        """The held blocks in release order (made from the stamps once the policy failed)."""
+        if self._held is None:
+            held = np.flatnonzero(self._stamp >= 0)
+            self._held = dict.fromkeys(held[np.argsort(self._stamp[held])].tolist())
+        return self._held
+
+    def _forget(self, blocks: Sequence[int] | np.ndarray) -> None:
+        if self._held is not None:
+            for block in np.asarray(blocks, dtype=np.int64).tolist():
+                self._held.pop(block, None)
+            return
+        blocks = np.asarray(blocks, dtype=np.int64)
+        self._stamp[blocks[blocks < len(self._stamp)]] = -1
 
     def evicted(self, key: Hashable) -> None:
         """:meth:`OnlinePolicy.evicted`, guarded."""

@@ -56,20 +56,20 @@ def fold_all(keys: Iterable[Hashable]) -> np.ndarray:
     """:func:`fold` of each key, as an int64 array: one numpy pass for an integer array, a
     list of ints, or a list of equal-length digests (vLLM's block hashes)."""
     if isinstance(keys, np.ndarray) and keys.dtype.kind in "iu":
-        return keys.astype(np.int64) & _MASK63
+        return (keys if keys.dtype == np.int64 else keys.astype(np.int64)) & _MASK63
     keys = keys if isinstance(keys, (list, tuple)) else list(keys)
     if not keys:
         return np.zeros(0, dtype=np.int64)
     first = keys[0]
     if type(first) is bytes and len(first) >= 8:
         try:
-            same = len(set(map(len, keys))) == 1
-            joined = b"".join(keys) if same else b""
+            longest = max(map(len, keys))
+            joined = b"".join(keys)
         except TypeError:  # not all bytes
-            joined = b""
-        if len(joined) == len(first) * len(keys):
-            rows = np.frombuffer(joined, dtype=np.uint8).reshape(len(keys), -1)[:, :8]
-            return np.ascontiguousarray(rows).view(">u8")[:, 0].astype(np.int64) & _MASK63
+            longest, joined = 0, b""
+        if len(joined) == longest * len(keys):  # all of one length: each row's first 8 bytes
+            heads = np.ndarray((len(keys),), dtype=">u8", buffer=joined, strides=(longest,))
+            return heads.astype(np.int64) & _MASK63
     elif type(first) is int:
         try:
             ints = np.array(keys)
