@@ -241,7 +241,7 @@ class BlockTree:
     def chain(self, keys: Iterable[Hashable]) -> np.ndarray:
         """The nodes of a request's block keys, root first; keys met for the first time
         become nodes (the tables grow). One compiled call for the whole chain."""
-        folded = hashindex.fold_all(keys)
+        folded = hashindex.as_keys(keys)
         if len(folded) > MAX_DEPTH:
             raise ValueError(f"a request of {len(folded)} blocks is deeper than the "
                              f"{MAX_DEPTH} a streaming cache orders exactly")

@@ -30,10 +30,11 @@ import numpy as np
 
 from canopy.validation import check_count
 
-__all__ = ["KeyTree", "find", "find_chain", "fold", "fold_all", "free_node", "free_nodes",
+__all__ = ["KeyTree", "as_keys", "find", "find_chain", "fold", "fold_all", "free_node", "free_nodes",
            "insert_chain"]
 
 _MASK63 = (1 << 63) - 1
+_FOLD = np.int64(_MASK63)
 _MIX = np.uint64(0x9E3779B97F4A7C15)
 _MIX_PARENT = np.uint64(0xC2B2AE3D27D4EB4F)
 N, SIZE, FREE = 0, 1, 2
@@ -50,6 +51,14 @@ def fold(key: Hashable) -> int:
     if isinstance(key, (int, np.integer)):
         return int(key) & _MASK63
     return hash(key) & _MASK63
+
+
+def as_keys(keys: Iterable[Hashable] | np.ndarray) -> np.ndarray:
+    """Keys as the kernels take them: an int64 array as it is (they fold it as they read
+    it), anything else :func:`fold_all`."""
+    if isinstance(keys, np.ndarray) and keys.dtype == np.int64:
+        return keys
+    return fold_all(keys)
 
 
 def fold_all(keys: Iterable[Hashable]) -> np.ndarray:
@@ -93,7 +102,9 @@ def _home(k, p, by_parent, mask):
 @nb.njit(cache=True)
 def find(slots: np.ndarray, key: np.ndarray, parent: np.ndarray, k: int, p: int,
          by_parent: bool) -> int:
-    """The node of folded key ``k`` (under node ``p`` when ``by_parent``), -1 when absent."""
+    """The node of key ``k`` (an int64, folded here; under node ``p`` when ``by_parent``),
+    -1 when absent."""
+    k &= _FOLD
     mask = len(slots) - 1
     i = _home(k, p, by_parent, mask)
     while True:
@@ -142,7 +153,7 @@ def _unplace(slots, key, parent, v, by_parent):
 @nb.njit(cache=True)
 def find_chain(slots: np.ndarray, key: np.ndarray, parent: np.ndarray, keys: np.ndarray,
                by_parent: bool, out: np.ndarray) -> int:
-    """The nodes of folded ``keys`` into ``out`` (-1: absent; with ``by_parent`` a chain,
+    """The nodes of ``keys`` (int64, folded as they are read) into ``out`` (-1: absent; with ``by_parent`` a chain,
     root first, whose keys after a miss are absent too); returns how many lead before the
     first miss."""
     lead = -1
@@ -163,12 +174,12 @@ def find_chain(slots: np.ndarray, key: np.ndarray, parent: np.ndarray, keys: np.
 @nb.njit(cache=True)
 def insert_chain(slots: np.ndarray, key: np.ndarray, parent: np.ndarray, state: np.ndarray,
                  keys: np.ndarray, root: int, by_parent: bool, out: np.ndarray) -> None:
-    """The nodes of the chain of folded ``keys`` (root first, the first under node ``root``)
-    into ``out``; a key met for the first time becomes a node (a free one, else the next
+    """The nodes of the chain of ``keys`` (int64, folded as they are read; root first, the
+    first under node ``root``) into ``out``; a key met for the first time becomes a node (a free one, else the next
     id) under the chain's previous node. The caller leaves room (:meth:`KeyTree.reserve`)."""
     p = root
     for j in range(len(keys)):
-        k = keys[j]
+        k = keys[j] & _FOLD
         v = find(slots, key, parent, k, p, by_parent)
         if v < 0:
             v = state[FREE]
@@ -289,7 +300,7 @@ class KeyTree:
     def find(self, keys: Iterable[Hashable] | np.ndarray) -> tuple[np.ndarray, int]:
         """``(nodes, lead)``: the nodes of ``keys`` (-1: absent, and with ``by_parent`` every
         key after a miss) and how many lead before the first miss, one compiled call."""
-        folded = fold_all(keys)
+        folded = as_keys(keys)
         out = np.empty(len(folded), dtype=np.int64)
         lead = find_chain(self.slots, self.key, self.parent, folded, self.by_parent, out)
         return out, int(lead)
@@ -297,7 +308,7 @@ class KeyTree:
     def chain(self, keys: Iterable[Hashable] | np.ndarray, root: int = -1) -> np.ndarray:
         """The nodes of a chain of ``keys``, root first under node ``root``; keys met for
         the first time become nodes (the columns grow when short), one compiled call."""
-        folded = fold_all(keys)
+        folded = as_keys(keys)
         self.reserve(len(folded))
         out = np.empty(len(folded), dtype=np.int64)
         insert_chain(self.slots, self.key, self.parent, self.state, folded, root,

@@ -24,7 +24,7 @@ from collections.abc import Hashable, Iterable, Sequence
 import numpy as np
 
 from canopy.prefix.blocks import BlockTree
-from canopy.prefix.hashindex import fold_all
+from canopy.prefix.hashindex import as_keys
 from canopy.prefix.policies import EvictionPolicy, make_policy
 from canopy.prefix.radix import RadixCache
 from canopy.prefix.traces import from_paths
@@ -178,7 +178,7 @@ class OnlinePolicy(_Host):
             raise ValueError(f"start must be in 0..{len(keys)}, got {start}")
         if not start:
             self._replay_pending()
-        keys = fold_all(keys)  # once: the pending request keeps its folded keys
+        keys = as_keys(keys)  # once: the pending request keeps them
         path = self.tree.chain(keys)
         self._seq = self.tree.observe(self.requests, path[start:], self._seq)
         self.tree.rekey(path)
