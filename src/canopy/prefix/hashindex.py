@@ -30,8 +30,8 @@ import numpy as np
 
 from canopy.validation import check_count
 
-__all__ = ["KeyTree", "as_keys", "find", "find_chain", "fold", "fold_all", "free_node", "free_nodes",
-           "insert_chain"]
+__all__ = ["KeyTree", "as_keys", "find", "find_chain", "fold", "fold_all", "free_node",
+           "free_nodes", "insert_chain"]
 
 _MASK63 = (1 << 63) - 1
 _FOLD = np.int64(_MASK63)
@@ -153,9 +153,9 @@ def _unplace(slots, key, parent, v, by_parent):
 @nb.njit(cache=True)
 def find_chain(slots: np.ndarray, key: np.ndarray, parent: np.ndarray, keys: np.ndarray,
                by_parent: bool, out: np.ndarray) -> int:
-    """The nodes of ``keys`` (int64, folded as they are read) into ``out`` (-1: absent; with ``by_parent`` a chain,
-    root first, whose keys after a miss are absent too); returns how many lead before the
-    first miss."""
+    """The nodes of ``keys`` (int64, folded as they are read) into ``out`` (-1: absent;
+    with ``by_parent`` a chain, root first, whose keys after a miss are absent too);
+    returns how many lead before the first miss."""
     lead = -1
     p = -1
     for j in range(len(keys)):
@@ -175,8 +175,9 @@ def find_chain(slots: np.ndarray, key: np.ndarray, parent: np.ndarray, keys: np.
 def insert_chain(slots: np.ndarray, key: np.ndarray, parent: np.ndarray, state: np.ndarray,
                  keys: np.ndarray, root: int, by_parent: bool, out: np.ndarray) -> None:
     """The nodes of the chain of ``keys`` (int64, folded as they are read; root first, the
-    first under node ``root``) into ``out``; a key met for the first time becomes a node (a free one, else the next
-    id) under the chain's previous node. The caller leaves room (:meth:`KeyTree.reserve`)."""
+    first under node ``root``) into ``out``; a key met for the first time becomes a node (a
+    free one, else the next id) under the chain's previous node. The caller leaves room
+    (:meth:`KeyTree.reserve`)."""
     p = root
     for j in range(len(keys)):
         k = keys[j] & _FOLD
