@@ -92,7 +92,7 @@ def _make_order(policy: EvictionPolicy, capacity_blocks: int) -> Any:
 def _queue_class() -> type:
     from vllm.v1.core.kv_cache_utils import FreeKVCacheBlockQueue
 
-    from canopy.prefix.hashindex import fold_all
+    from canopy.prefix.hashindex import fold_digests
 
     class _PolicyFreeQueue(FreeKVCacheBlockQueue):
         """vLLM's free-block queue whose cached blocks leave in the policy's order."""
@@ -162,15 +162,16 @@ def _queue_class() -> type:
 
         def observe(self, hashes: list[Hashable]) -> None:
             """A request's block-hash chain, root first, when it is first scheduled."""
-            self.evictable.observe(fold_all(hashes))
+            self.evictable.observe(fold_digests(hashes))
 
     def _keys(hashes: list[bytes]) -> Any:
         """The policy's keys of blocks' hashes with their group id (four bytes after the
-        hash): a key is the fold of the hash's first eight bytes, so of the longer key too
-        (one numpy pass), unless the hash is shorter than eight bytes."""
+        hash; one hash function an engine, so one width): a key is the fold of the hash's
+        first eight bytes, so of the longer key too (one numpy pass), unless the hash is
+        shorter than eight bytes."""
         if len(hashes[0]) >= 12:
-            return fold_all(hashes)
-        return fold_all([bytes(h[:-4]) for h in hashes])
+            return fold_digests(hashes)
+        return fold_digests([bytes(h[:-4]) for h in hashes])
 
     return _PolicyFreeQueue
 
@@ -216,6 +217,7 @@ def install(policy: str | EvictionPolicy | type[EvictionPolicy]) -> None:
         self.free_block_queue = queue
 
     def get_computed_blocks(self: Any, request: Any) -> Any:
+        found = computed(self, request)  # vLLM's lookup first: the hashes are warm after it
         seen = self.__dict__.setdefault("_canopy_seen", {})
         if request.request_id not in seen:
             if len(seen) > 65_536:  # bounded: forget the oldest ids
@@ -225,7 +227,7 @@ def install(policy: str | EvictionPolicy | type[EvictionPolicy]) -> None:
             queue = self.block_pool.free_block_queue
             if hasattr(queue, "observe"):
                 queue.observe(request.block_hashes)
-        return computed(self, request)
+        return found
 
     BlockPool.__init__ = __init__
     KVCacheManager.get_computed_blocks = get_computed_blocks

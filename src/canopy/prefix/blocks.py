@@ -309,10 +309,13 @@ class BlockTree:
         until a forgotten node comes back) rather than its index, which forgetting
         renumbers: a request's sample would otherwise change at every compaction. The
         kernel is told through the rate (1: sampled, 0: not)."""
-        shadows = self._shadows
-        sampled = len(path) > 0 and kernels.unit_hash(
+        return self._shadows.args()._replace(
+            ac=self._in_sample if self._sampled(path) else self._out_of_sample)
+
+    def _sampled(self, path: np.ndarray) -> bool:
+        """Whether request ``path`` is in the shadows' sample (:meth:`_shadow_args`)."""
+        return len(path) > 0 and kernels.unit_hash(
             int(self._born[path[min(1, len(path) - 1)]]), self.salt) < self._rate
-        return shadows.args()._replace(ac=self._in_sample if sampled else self._out_of_sample)
 
     def serve(self, t: int, path: np.ndarray) -> int:
         """Serve request ``t``, the nodes ``path`` of a growing tree: reuse its cached
@@ -353,9 +356,12 @@ class BlockTree:
 
     def replay_shadows(self, t: int, path: np.ndarray) -> None:
         """``canopy``: replay request ``t`` (nodes ``path``) in the shadows, switching arm
-        when the evidence says so."""
-        kernels.canopy_shadows(t, 0, len(path), path, self.parent, self.depth, self.params,
-                               self._cells, self._sc, self._shadow_args(path))
+        when the evidence says so (a request out of the sample leaves them as they are: no
+        call)."""
+        if self._sampled(path):
+            kernels.canopy_shadows(t, 0, len(path), path, self.parent, self.depth, self.params,
+                                   self._cells, self._sc,
+                                   self._shadows.args()._replace(ac=self._in_sample))
 
     def rank(self, nodes: np.ndarray) -> np.ndarray:
         """Eviction keys of ``nodes`` (lower evicts first), one compiled call."""

@@ -150,7 +150,7 @@ class EvictableBlocks:
         """Hand the hits since the last call to the policy (and the release order)."""
         if not self._acquired:
             return
-        blocks = self._acquired.copy()
+        blocks = np.array(self._acquired, dtype=np.int64)
         self._acquired.clear()  # the same list: :attr:`acquire` appends to it
         self._forget(blocks)
         if self.policy is not None:

@@ -30,8 +30,8 @@ import numpy as np
 
 from canopy.validation import check_count
 
-__all__ = ["KeyTree", "as_keys", "find", "find_chain", "fold", "fold_all", "free_node",
-           "free_nodes", "insert_chain"]
+__all__ = ["KeyTree", "as_keys", "find", "find_chain", "fold", "fold_all", "fold_digests",
+           "free_node", "free_nodes", "insert_chain"]
 
 _MASK63 = (1 << 63) - 1
 _FOLD = np.int64(_MASK63)
@@ -72,13 +72,11 @@ def fold_all(keys: Iterable[Hashable]) -> np.ndarray:
     first = keys[0]
     if type(first) is bytes and len(first) >= 8:
         try:
-            longest = max(map(len, keys))
-            joined = b"".join(keys)
+            same = max(map(len, keys)) == len(first) == min(map(len, keys))
         except TypeError:  # not all bytes
-            longest, joined = 0, b""
-        if len(joined) == longest * len(keys):  # all of one length: each row's first 8 bytes
-            heads = np.ndarray((len(keys),), dtype=">u8", buffer=joined, strides=(longest,))
-            return heads.astype(np.int64) & _MASK63
+            same = False
+        if same:
+            return fold_digests(keys)
     elif type(first) is int:
         try:
             ints = np.array(keys)
@@ -87,6 +85,18 @@ def fold_all(keys: Iterable[Hashable]) -> np.ndarray:
         if ints is not None and ints.ndim == 1 and ints.dtype.kind in "iu":
             return ints.astype(np.int64) & _MASK63
     return np.fromiter(map(fold, keys), dtype=np.int64, count=len(keys))
+
+
+def fold_digests(digests: list[bytes]) -> np.ndarray:
+    """:func:`fold` of digests of one hash function (all of one width: an engine's block
+    hashes), one numpy pass over their concatenation when they are at least eight bytes
+    wide (their total length is all that is checked), else one key at a time."""
+    joined = b"".join(digests)
+    width = len(digests[0]) if digests else 8
+    if width < 8 or len(joined) != width * len(digests):
+        return np.fromiter(map(fold, digests), dtype=np.int64, count=len(digests))
+    heads = np.ndarray((len(digests),), dtype=">u8", buffer=joined, strides=(width,))
+    return heads.astype(np.int64) & _MASK63
 
 
 # ---------------------------------------------------------------- kernels
