@@ -32,6 +32,7 @@ from collections import Counter
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import Any
 
+import numba as nb
 import numpy as np
 
 from canopy.prefix.stream import OnlinePolicy, StreamingCache
@@ -51,6 +52,28 @@ FALLBACK_LOG_ENV = "CANOPY_FALLBACK_LOG"
 logger = logging.getLogger(__name__)
 
 _FALLBACKS: Counter[str] = Counter()
+
+
+@nb.njit(cache=True)
+def _stamp(stamp, blocks, known, clock):
+    """Blocks ``blocks[known]`` released now, in order: stamped ``clock``, ``clock + 1``...;
+    returns the next clock, or -1 (nothing stamped) when ``stamp`` is too short."""
+    for i in range(len(blocks)):
+        if known[i] and blocks[i] >= len(stamp):
+            return -1
+    for i in range(len(blocks)):
+        if known[i]:
+            stamp[blocks[i]] = clock
+            clock += 1
+    return clock
+
+
+@nb.njit(cache=True)
+def _unstamp(stamp, blocks):
+    """Blocks ``blocks`` are no longer held."""
+    for b in blocks:
+        if b < len(stamp):
+            stamp[b] = -1
 
 
 def fallbacks() -> dict[str, int]:
@@ -158,17 +181,18 @@ class FailSafePolicy(_Guard):
         known = self._call(None, self.policy.release, blocks, keys)
         if known is None:
             known = np.ones(len(blocks), dtype=bool)
-        held = np.asarray(blocks, dtype=np.int64)[known]
+        ids = np.asarray(blocks, dtype=np.int64)
         if self._held is not None:
-            for block in held.tolist():
+            for block in ids[known].tolist():
                 self._held.pop(block, None)
                 self._held[block] = None
-        elif len(held):
-            if held.max() >= len(self._stamp):
-                more = max(int(held.max()) + 1, 2 * len(self._stamp)) - len(self._stamp)
-                self._stamp = np.concatenate([self._stamp, np.full(more, -1, dtype=np.int64)])
-            self._stamp[held] = self._clock + np.arange(len(held))
-            self._clock += len(held)
+            return known
+        clock = _stamp(self._stamp, ids, known, self._clock)
+        if clock < 0:  # a block beyond the stamps: grow them, then stamp
+            more = max(int(ids.max()) + 1, 2 * len(self._stamp)) - len(self._stamp)
+            self._stamp = np.concatenate([self._stamp, np.full(more, -1, dtype=np.int64)])
+            clock = _stamp(self._stamp, ids, known, self._clock)
+        self._clock = clock
         return known
 
     def acquire(self, blocks: Sequence[int]) -> None:
@@ -202,8 +226,7 @@ class FailSafePolicy(_Guard):
             for block in np.asarray(blocks, dtype=np.int64).tolist():
                 self._held.pop(block, None)
             return
-        blocks = np.asarray(blocks, dtype=np.int64)
-        self._stamp[blocks[blocks < len(self._stamp)]] = -1
+        _unstamp(self._stamp, np.asarray(blocks, dtype=np.int64))
 
     def evicted(self, key: Hashable) -> None:
         """:meth:`OnlinePolicy.evicted`, guarded."""
