@@ -358,10 +358,11 @@ class BlockTree:
         """``canopy``: replay request ``t`` (nodes ``path``) in the shadows, switching arm
         when the evidence says so (a request out of the sample leaves them as they are: no
         call)."""
-        if self._sampled(path):
+        shadows = self._shadows
+        if shadows is not None and self._sampled(path):
             kernels.canopy_shadows(t, 0, len(path), path, self.parent, self.depth, self.params,
                                    self._cells, self._sc,
-                                   self._shadows.args()._replace(ac=self._in_sample))
+                                   shadows.args()._replace(ac=self._in_sample))
 
     def rank(self, nodes: np.ndarray) -> np.ndarray:
         """Eviction keys of ``nodes`` (lower evicts first), one compiled call."""
@@ -503,7 +504,7 @@ class BlockTree:
 
     def _rekey_due(self) -> None:
         path, self._due = self._due, None
-        if path is None:
+        if path is None or self._ev is None:
             return
         rebuild = self.switches != self._ev_epoch
         self._ev_epoch = self.switches

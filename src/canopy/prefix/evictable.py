@@ -31,6 +31,9 @@ import numpy as np
 
 __all__ = ["EvictableBlocks", "EvictionOrder"]
 
+Blocks = Sequence[int] | np.ndarray
+"""Engine block ids: a sequence or an int64 array."""
+
 
 class EvictionOrder(Protocol):
     """What :class:`EvictableBlocks` asks of an online policy
@@ -43,7 +46,7 @@ class EvictionOrder(Protocol):
                 keys: Sequence[Hashable]) -> np.ndarray:  # pragma: no cover - protocol
         """Blocks freed, in order; returns which keys the policy knows."""
 
-    def acquire(self, blocks: Sequence[int]) -> None:  # pragma: no cover - protocol
+    def acquire(self, blocks: Blocks) -> None:  # pragma: no cover - protocol
         """Hits took ``blocks`` back."""
 
     def drop(self, blocks: Sequence[int]) -> None:  # pragma: no cover - protocol
@@ -94,7 +97,7 @@ class EvictableBlocks:
             if self.policy is not None:
                 self._waiting.setdefault(key, []).append(block)
 
-    def _forget(self, blocks: Sequence[int]) -> None:
+    def _forget(self, blocks: Blocks) -> None:
         """Blocks leave the release order (nothing when it is empty)."""
         if not self._free:
             return

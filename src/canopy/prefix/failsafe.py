@@ -195,7 +195,7 @@ class FailSafePolicy(_Guard):
         self._clock = clock
         return known
 
-    def acquire(self, blocks: Sequence[int]) -> None:
+    def acquire(self, blocks: Sequence[int] | np.ndarray) -> None:
         """:meth:`OnlinePolicy.acquire`, guarded."""
         self._forget(blocks)
         self._call(None, self.policy.acquire, blocks)

@@ -24,6 +24,7 @@ digests, the odds of any such pair are about 10^-5.
 from __future__ import annotations
 
 from collections.abc import Hashable, Iterable
+from typing import cast
 
 import numba as nb
 import numpy as np
@@ -76,7 +77,7 @@ def fold_all(keys: Iterable[Hashable]) -> np.ndarray:
         except TypeError:  # not all bytes
             same = False
         if same:
-            return fold_digests(keys)
+            return fold_digests(cast("list[bytes]", keys))
     elif type(first) is int:
         try:
             ints = np.array(keys)

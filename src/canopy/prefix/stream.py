@@ -178,8 +178,8 @@ class OnlinePolicy(_Host):
             raise ValueError(f"start must be in 0..{len(keys)}, got {start}")
         if not start:
             self._replay_pending()
-        keys = as_keys(keys)  # once: the pending request keeps them
-        path = self.tree.chain(keys)
+        chain = as_keys(keys)  # once: the pending request keeps them
+        path = self.tree.chain(chain)
         self._seq = self.tree.observe(self.requests, path[start:], self._seq)
         self.tree.rekey(path)
         if not self.tree.has_shadows:
@@ -187,10 +187,10 @@ class OnlinePolicy(_Host):
                 self._after_request()
             return
         if not start:
-            self._pending = (keys, self.requests, path, self.tree.forgotten)
+            self._pending = (chain, self.requests, path, self.tree.forgotten)
             self._after_request()
-        elif self._pending is not None and self._grows(self._pending[0], keys):
-            self._pending = (keys, self._pending[1], path, self.tree.forgotten)
+        elif self._pending is not None and self._grows(self._pending[0], chain):
+            self._pending = (chain, self._pending[1], path, self.tree.forgotten)
 
     @staticmethod
     def _grows(seen: np.ndarray, keys: np.ndarray) -> bool:
@@ -253,7 +253,7 @@ class OnlinePolicy(_Host):
         self.tree.release(blocks, nodes)
         return known
 
-    def acquire(self, blocks: Sequence[int]) -> None:
+    def acquire(self, blocks: Sequence[int] | np.ndarray) -> None:
         """The engine's hits took ``blocks`` back: pinned, not evictable until released."""
         self.tree.acquire(np.asarray(blocks, dtype=np.int64))
 
