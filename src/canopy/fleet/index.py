@@ -117,15 +117,6 @@ def match_keys(slots: np.ndarray, key: np.ndarray, parent: np.ndarray, mask: np.
 
 
 @nb.njit(cache=True)
-def _store(slots, key, parent, state, mask, keys, parent_node, bit, nodes):
-    """Nodes of the chain ``keys`` (new ones under the chain's previous node, the first
-    under ``parent_node``) gain ``bit``. The caller leaves room for every key."""
-    hashindex.insert_chain(slots, key, parent, state, keys, parent_node, False, nodes)
-    for v in nodes:
-        mask[v] |= bit
-
-
-@nb.njit(cache=True)
 def _remove(slots, key, parent, state, mask, keys, bit):
     """Nodes of ``keys`` lose ``bit``; an emptied node leaves the key index."""
     for k in keys:
@@ -207,10 +198,8 @@ class ReplicaIndex:
         """The nodes of ``keys`` (a chain under node ``parent``), ``replica``'s bit set."""
         bit = self._bit(replica)
         self._room(keys.size)
-        tree = self.tree
-        nodes = np.empty(keys.size, dtype=np.int64)
-        _store(tree.slots, tree.key, tree.parent, tree.state, self.mask, keys, parent, bit,
-               nodes)
+        nodes = self.tree.chain(keys, parent)
+        self.mask[nodes] |= bit
         return nodes
 
     # -- precise: the engines' KV events -----------------------------------------------
