@@ -8,28 +8,43 @@ import numpy as np
 import pytest
 
 from canopy.fleet import ReplicaIndex
-from canopy.prefix.hashindex import HashIndex, fold
+from canopy.prefix.hashindex import KeyTree, fold, fold_all
 
 
-def test_hash_index_agrees_with_a_dict_under_inserts_and_deletes():
+def test_key_tree_agrees_with_a_dict_under_inserts_and_frees():
     rng = np.random.default_rng(0)
-    index, truth = HashIndex(4), {}
+    tree, truth = KeyTree(4), {}
     keys = rng.integers(0, 300, size=6000).tolist()  # few keys: long probe chains, many reuses
-    for step, key in enumerate(keys):
+    for key in keys:
         if rng.random() < 0.45 and key in truth:
-            assert index.pop(key) == truth.pop(key)
+            tree.free([truth.pop(key)])
         else:
-            index.set(key, step % 1000)
-            truth[key] = step % 1000
-    assert len(index) == len(truth)
-    assert all(index.get(k) == v for k, v in truth.items())
-    assert all(index.get(k) == -1 for k in range(300) if k not in truth)
-    assert index.pop(10_000) == -1
+            node = int(tree.chain([key])[0])
+            assert truth.setdefault(key, node) == node  # a key keeps its node
+    assert len(tree) == len(truth) and len(set(truth.values())) == len(truth)
+    assert all(tree.get(k) == v for k, v in truth.items())
+    assert all(tree.get(k) == -1 for k in range(300) if k not in truth)
+    assert tree.n <= 300  # freed ids are handed out again
 
 
-def test_fold_takes_ints_and_digests():
+def test_key_tree_by_parent_finds_a_key_under_its_parent():
+    tree = KeyTree(by_parent=True)
+    a = tree.chain(["x", "y", "z"])
+    b = tree.chain(["x", "z", "y"])  # "z" under "x" is another block than "z" under "y"
+    assert a[0] == b[0] and len(set(a.tolist()) | set(b.tolist())) == 5
+    nodes, lead = tree.find(["x", "y", "q", "z"])
+    assert lead == 2 and nodes.tolist() == [a[0], a[1], -1, -1]
+    assert tree.parent[a].tolist() == [-1, a[0], a[1]]
+
+
+def test_fold_takes_ints_digests_and_other_keys():
     assert fold(5) == 5 and fold(-1) == 2 ** 63 - 1
     assert fold(bytes(range(32))) == int.from_bytes(bytes(range(8)), "big")
+    digests = [bytes(range(i, i + 36)) for i in range(5)]  # one numpy pass, the same fold
+    mixed = [3, -7, 2 ** 64 - 1, b"ab", "root", (1, 2), 2.0]
+    for keys in (digests, mixed, [1, 2, 3], np.array([4, -5])):
+        assert fold_all(keys).tolist() == [fold(k) for k in keys]
+    assert fold(2.0) == fold(2) and fold(b"ab") != fold(b"abc")
 
 
 def test_events_build_and_shrink_the_replica_sets():
@@ -92,12 +107,12 @@ def test_memory_grows_with_blocks_not_replicas():
                 index.stored(r, chain)
         assert index.n_blocks == 20_000
         sizes[replicas] = index.nbytes
-    # the same bytes at 2 and 64 replicas: a 12-byte key slot (two per node at most), a
-    # mask, a parent and a free-list entry per node of room (room doubles as blocks arrive)
+    # the same bytes at 2 and 64 replicas: a node's key, parent and mask per node of room
+    # (room doubles as blocks arrive) and a 4-byte slot of the key index (two to four a node)
     assert sizes[64] == sizes[2]
     room = ReplicaIndex(2)
     room.stored(0, np.arange(1, 20_001))
-    assert room.nbytes == sizes[2] and room.nbytes / room.mask.size <= 2 * 12 + 8 + 4 + 4
+    assert room.nbytes == sizes[2] and room.nbytes / room.mask.size <= 8 + 8 + 8 + 4 * 4
 
 
 def test_approximate_entries_expire_and_the_ttl_follows_reports():

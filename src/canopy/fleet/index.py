@@ -1,9 +1,11 @@
 """Replica index: which replicas hold each block of the prefix tree.
 
 One node per block, keyed by its block hash (an engine's hashes are chained, so a hash names
-the whole prefix up to its block) in the compact key index of :mod:`canopy.prefix.hashindex`,
-with its parent node and a ``uint64`` bitmask of the replicas holding it: memory grows with
-the blocks, not with blocks x replicas (at most 64 replicas). Two ways to feed it:
+the whole prefix up to its block): the nodes, their keys and parents are the prefix cache's
+own key index (:class:`~canopy.prefix.hashindex.KeyTree`, the one a
+:class:`~canopy.prefix.blocks.BlockTree` keys its blocks by), with the replica set as one
+more column, a ``uint64`` bitmask per node: memory grows with the blocks, not with blocks x
+replicas (at most 64 replicas). Two ways to feed it:
 
 * ``precise``: the engines' KV events, ``BlockStored`` / ``BlockRemoved`` / ``AllBlocksCleared``
   (vLLM's ``distributed/kv_events.py``), each batch with a per-replica sequence number; a
@@ -29,6 +31,7 @@ import numba as nb
 import numpy as np
 
 from canopy.prefix import hashindex
+from canopy.prefix.hashindex import KeyTree
 from canopy.validation import check_count, check_positive
 
 __all__ = ["MAX_REPLICAS", "MODES", "ReplicaIndex", "calibrate_ttl", "match_keys", "match_nodes",
@@ -103,62 +106,35 @@ def calibrate_ttl(ttl: float, predicted_blocks: int, reported_blocks: int) -> fl
 
 
 @nb.njit(cache=True)
-def _lookup(hkeys, hvals, keys, nodes):
-    for j in range(keys.size):
-        nodes[j] = hashindex.find(hkeys, hvals, keys[j])
-        if nodes[j] < 0:
-            return j
-    return keys.size
-
-
-@nb.njit(cache=True)
-def match_keys(hkeys: np.ndarray, hvals: np.ndarray, mask: np.ndarray, stamp: np.ndarray,
-               keys: np.ndarray, now: float, ttl: float, nodes: np.ndarray,
+def match_keys(slots: np.ndarray, key: np.ndarray, parent: np.ndarray, mask: np.ndarray,
+               stamp: np.ndarray, keys: np.ndarray, now: float, ttl: float, nodes: np.ndarray,
                out: np.ndarray) -> None:
-    """:func:`match_nodes` for a chain of block keys (``nodes`` is scratch of their size)."""
-    n = _lookup(hkeys, hvals, keys, nodes)
+    """:func:`match_nodes` for a chain of folded block keys, found in the key index's columns
+    (``slots``, ``key``, ``parent`` of a :class:`~canopy.prefix.hashindex.KeyTree`; ``nodes``
+    is scratch of their size)."""
+    n = hashindex.find_chain(slots, key, parent, keys, False, nodes)
     match_nodes(mask, stamp, nodes[:n], now, ttl, out)
 
 
 @nb.njit(cache=True)
-def _store(hkeys, hvals, mask, parent, keys, parent_node, bit, free, n_free):
-    """Nodes of ``keys`` (new ones taken from the top of the ``free`` stack) gain ``bit``;
-    returns the stack's new height. The caller leaves room for every key."""
-    p = parent_node
-    for j in range(keys.size):
-        v = hashindex.find(hkeys, hvals, keys[j])
-        if v < 0:
-            n_free -= 1
-            v = free[n_free]
-            hashindex.put(hkeys, hvals, keys[j], v)
-            mask[v] = np.uint64(0)
-            parent[v] = p
-        mask[v] |= bit
-        p = v
-    return n_free
-
-
-@nb.njit(cache=True)
-def _remove(hkeys, hvals, mask, keys, bit, freed):
-    """Nodes of ``keys`` lose ``bit``; emptied nodes leave the key index into ``freed``.
-    Returns how many were freed."""
-    n = 0
-    for j in range(keys.size):
-        v = hashindex.find(hkeys, hvals, keys[j])
-        if v < 0:
-            continue
-        mask[v] &= ~bit
-        if mask[v] == np.uint64(0):
-            hashindex.delete(hkeys, hvals, keys[j])
-            freed[n] = v
-            n += 1
-    return n
+def _remove(slots, key, parent, state, mask, keys, bit):
+    """Nodes of ``keys`` lose ``bit``; an emptied node leaves the key index."""
+    for k in keys:
+        v = hashindex.find(slots, key, parent, k, -1, False)
+        if v >= 0:
+            mask[v] &= ~bit
+            if mask[v] == np.uint64(0):
+                hashindex.free_node(slots, key, parent, state, v, False)
 
 
 class ReplicaIndex:
     """Which of ``n_replicas`` (<= 64) replicas hold each block, keyed by block hash.
 
-    Keys are int64 (:func:`canopy.prefix.hashindex.fold` turns an engine's hash into one).
+    The blocks are the nodes of a :class:`~canopy.prefix.hashindex.KeyTree` (the prefix
+    cache's own key index: each node's folded key and parent, the table that finds it), with
+    the replica set as one more column, a ``uint64`` mask per node (and, approximate, the
+    time it was last sent). Keys are folded by :func:`canopy.prefix.hashindex.fold` (an int
+    modulo 2^63; an engine's digest by its first eight bytes).
     """
 
     def __init__(self, n_replicas: int, *, mode: str = "precise", ttl_s: float = 180.0,
@@ -171,12 +147,9 @@ class ReplicaIndex:
         self.n_replicas, self.mode = n_replicas, mode
         self.ttl_s = math.inf if mode == "precise" else check_positive(ttl_s, "ttl_s")
         check_count(capacity, "capacity")
-        self._keys = hashindex.HashIndex(capacity)
+        self.tree = KeyTree(capacity)
         self.mask = np.zeros(capacity, dtype=np.uint64)
-        self.parent = np.full(capacity, -1, dtype=np.int32)
         self.stamp = np.zeros(capacity if mode == "approximate" else 0, dtype=np.float32)
-        self._free = np.arange(capacity - 1, -1, -1, dtype=np.int32)  # a stack of ids
-        self._n_free = capacity
         self.last_seq = np.full(n_replicas, -1, dtype=np.int64)
         self.gaps: list[tuple[int, int, int]] = []
         self._scratch = np.empty(64, dtype=np.int64)
@@ -185,46 +158,49 @@ class ReplicaIndex:
     @property
     def n_blocks(self) -> int:
         """Blocks some replica holds (or, approximate, was sent and not yet freed)."""
-        return len(self._keys)
+        return self.tree.size
+
+    @property
+    def parent(self) -> np.ndarray:
+        """Each node's parent node (-1: a root or a free node)."""
+        return self.tree.parent
 
     @property
     def nbytes(self) -> int:
         """Memory of the index's tables."""
-        return (self._keys.nbytes + self.mask.nbytes + self.parent.nbytes + self.stamp.nbytes
-                + self._free.nbytes)
+        return self.tree.nbytes + self.mask.nbytes + self.stamp.nbytes
 
-    def _grow(self) -> None:
-        room = self.mask.size
-        self.mask = np.concatenate([self.mask, np.zeros(room, dtype=np.uint64)])
-        self.parent = np.concatenate([self.parent, np.full(room, -1, dtype=np.int32)])
-        if self.stamp.size:
-            self.stamp = np.concatenate([self.stamp, np.zeros(room, dtype=np.float32)])
-        free = np.empty(2 * room, dtype=np.int32)
-        free[:self._n_free] = self._free[:self._n_free]
-        free[self._n_free:self._n_free + room] = np.arange(2 * room - 1, room - 1, -1)
-        self._free, self._n_free = free, self._n_free + room
+    def _room(self, blocks: int) -> None:
+        """Room for ``blocks`` new nodes: the columns doubled until they fit."""
+        room = len(self.mask)
+        while room - self.tree.size < blocks:
+            room *= 2
+        if room > len(self.mask):
+            more = room - len(self.mask)
+            self.tree.grow(room)
+            self.mask = np.concatenate([self.mask, np.zeros(more, dtype=np.uint64)])
+            if self.stamp.size:
+                self.stamp = np.concatenate([self.stamp, np.zeros(more, dtype=np.float32)])
+        self.tree.reserve(blocks)
 
     def _keys_of(self, keys: object) -> np.ndarray:
-        arr = np.asarray(keys, dtype=np.int64)
+        arr = np.asarray(keys)
         if arr.ndim != 1:
             raise ValueError(f"block keys must be a 1-d sequence, got shape {arr.shape}")
-        return arr
+        return hashindex.as_keys(arr)
 
     def _bit(self, replica: int) -> np.uint64:
         if not 0 <= replica < self.n_replicas:
             raise ValueError(f"replica must be in 0..{self.n_replicas - 1}, got {replica}")
         return np.uint64(1) << np.uint64(replica)
 
-    def _add(self, replica: int, keys: np.ndarray, parent: int) -> None:
+    def _add(self, replica: int, keys: np.ndarray, parent: int) -> np.ndarray:
+        """The nodes of ``keys`` (a chain under node ``parent``), ``replica``'s bit set."""
         bit = self._bit(replica)
-        while 2 * (self._keys.size + keys.size + 1) > self._keys.keys.size:
-            self._keys.grow()
-        while self._n_free < keys.size:
-            self._grow()
-        n_free = _store(self._keys.keys, self._keys.values, self.mask, self.parent, keys,
-                        parent, bit, self._free, self._n_free)
-        self._keys.size += self._n_free - n_free
-        self._n_free = n_free
+        self._room(keys.size)
+        nodes = self.tree.chain(keys, parent)
+        self.mask[nodes] |= bit
+        return nodes
 
     # -- precise: the engines' KV events -----------------------------------------------
     def sequence(self, replica: int, seq: int) -> bool:
@@ -243,44 +219,28 @@ class ReplicaIndex:
         """``BlockStored``: ``replica`` now holds ``keys`` (a chain, root first, under the
         block ``parent`` or at the root)."""
         arr = self._keys_of(keys)
-        parent_node = -1 if parent is None else self._keys.get(parent)
+        parent_node = -1 if parent is None else self.tree.get(parent)
         self._add(replica, arr, parent_node)
 
     def removed(self, replica: int, keys: object) -> None:
         """``BlockRemoved``: ``replica`` dropped ``keys``."""
-        arr = self._keys_of(keys)
-        freed = np.empty(arr.size, dtype=np.int32)
-        n = _remove(self._keys.keys, self._keys.values, self.mask, arr, self._bit(replica),
-                    freed)
-        self._keys.size -= n
-        self._release(freed[:n])
+        tree = self.tree
+        _remove(tree.slots, tree.key, tree.parent, tree.state, self.mask,
+                self._keys_of(keys), self._bit(replica))
 
     def cleared(self, replica: int) -> None:
         """``AllBlocksCleared`` (or a replica that left): ``replica`` holds nothing."""
         bit = self._bit(replica)
         live = np.flatnonzero(self.mask & bit)
         self.mask[live] &= ~bit
-        emptied = live[self.mask[live] == 0]
-        if emptied.size:  # the keys of the emptied nodes leave the key index
-            keys, values = self._keys.keys, self._keys.values
-            slots = np.flatnonzero(np.isin(values, emptied))
-            for key in keys[slots].tolist():
-                self._keys.pop(key)
-            self._release(emptied.astype(np.int32))
-
-    def _release(self, nodes: np.ndarray) -> None:
-        self.parent[nodes] = -1
-        self._free[self._n_free:self._n_free + nodes.size] = nodes
-        self._n_free += nodes.size
+        self.tree.free(live[self.mask[live] == 0])  # emptied: out of the key index
 
     # -- approximate: what was sent where ----------------------------------------------
     def sent(self, replica: int, keys: object, now: float) -> None:
         """A request whose blocks are ``keys`` was sent to ``replica`` at ``now`` (s)."""
         if self.mode != "approximate":
             raise ValueError("sent() feeds an approximate index; a precise one takes events")
-        arr = self._keys_of(keys)
-        self._add(replica, arr, -1)  # creates the nodes; the stamps follow
-        nodes = self._nodes(arr)
+        nodes = self._add(replica, self._keys_of(keys), -1)  # the nodes; the stamps follow
         send_nodes(self.mask, self.stamp, nodes, replica, now, self.ttl_s)
 
     def reported(self, predicted_blocks: int, cached_blocks: int) -> None:
@@ -295,20 +255,11 @@ class ReplicaIndex:
             return 0
         used = self.mask != 0
         stale = np.flatnonzero(used & (now - self.stamp > self.ttl_s))
-        if stale.size:
-            slots = np.flatnonzero(np.isin(self._keys.values, stale))
-            for key in self._keys.keys[slots].tolist():
-                self._keys.pop(key)
-            self.mask[stale] = 0
-            self._release(stale.astype(np.int32))
+        self.mask[stale] = 0
+        self.tree.free(stale)
         return int(stale.size)
 
     # -- queries -----------------------------------------------------------------------
-    def _nodes(self, keys: np.ndarray) -> np.ndarray:
-        nodes = np.empty(keys.size, dtype=np.int64)
-        n = _lookup(self._keys.keys, self._keys.values, keys, nodes)
-        return nodes[:n]
-
     def match(self, keys: object, now: float = 0.0, out: np.ndarray | None = None
               ) -> np.ndarray:
         """Blocks of the chain ``keys`` each replica holds before its first miss."""
@@ -317,12 +268,13 @@ class ReplicaIndex:
             out = np.zeros(self.n_replicas, dtype=np.int64)
         if self._scratch.size < arr.size:
             self._scratch = np.empty(2 * arr.size, dtype=np.int64)
-        match_keys(self._keys.keys, self._keys.values, self.mask, self.stamp, arr, now,
+        tree = self.tree
+        match_keys(tree.slots, tree.key, tree.parent, self.mask, self.stamp, arr, now,
                    self.ttl_s, self._scratch, out)
         return out
 
     def holders(self, key: int) -> list[int]:
         """Replicas holding the block ``key``."""
-        v = self._keys.get(key)
+        v = self.tree.get(key)
         bits = int(self.mask[v]) if v >= 0 else 0
         return [r for r in range(self.n_replicas) if bits >> r & 1]

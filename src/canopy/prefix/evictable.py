@@ -24,12 +24,15 @@ Memory is O(blocks): the policy's tables and, here, the unkeyed free blocks.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import Protocol
 
 import numpy as np
 
 __all__ = ["EvictableBlocks", "EvictionOrder"]
+
+Blocks = Sequence[int] | np.ndarray
+"""Engine block ids: a sequence or an int64 array."""
 
 
 class EvictionOrder(Protocol):
@@ -43,7 +46,7 @@ class EvictionOrder(Protocol):
                 keys: Sequence[Hashable]) -> np.ndarray:  # pragma: no cover - protocol
         """Blocks freed, in order; returns which keys the policy knows."""
 
-    def acquire(self, blocks: Sequence[int]) -> None:  # pragma: no cover - protocol
+    def acquire(self, blocks: Blocks) -> None:  # pragma: no cover - protocol
         """Hits took ``blocks`` back."""
 
     def drop(self, blocks: Sequence[int]) -> None:  # pragma: no cover - protocol
@@ -57,13 +60,17 @@ class EvictableBlocks:
     """Free cached blocks (engine block ids, non-negative) with their keys, popped in the
     order of ``policy`` (``None``: release order, the engine's LRU). The map from an engine
     block to the policy's key is all that is kept here; hits are handed to the policy with
-    the next call that reads the set."""
+    the next call that reads the set.
+
+    :attr:`acquire` ``(block)``: a request took ``block`` back (a hit): pinned, not evictable
+    until released (a list's ``append``: an engine calls it once a hit block)."""
 
     def __init__(self, policy: EvictionOrder | None = None) -> None:
         self.policy = policy
         self._free: dict[int, Hashable] = {}  # release order: unkeyed blocks (all, no policy)
         self._waiting: dict[Hashable, list[int]] = {}  # unkeyed blocks by key
         self._acquired: list[int] = []  # hits not yet handed to the policy
+        self.acquire: Callable[[int], None] = self._acquired.append
 
     def release(self, block: int, key: Hashable) -> None:
         """The engine freed ``block``, which caches ``key``: it may be evicted from now on."""
@@ -85,12 +92,12 @@ class EvictableBlocks:
     def _unkeyed(self, blocks: Sequence[int], keys: Sequence[Hashable]) -> None:
         """Blocks the order cannot key, to the tail of the release order."""
         self._forget(blocks)
-        for block, key in zip(blocks, keys, strict=True):
+        for block, key in zip(np.asarray(blocks, dtype=np.int64).tolist(), keys, strict=True):
             self._free[block] = key
             if self.policy is not None:
                 self._waiting.setdefault(key, []).append(block)
 
-    def _forget(self, blocks: Sequence[int]) -> None:
+    def _forget(self, blocks: Blocks) -> None:
         """Blocks leave the release order (nothing when it is empty)."""
         if not self._free:
             return
@@ -101,10 +108,6 @@ class EvictableBlocks:
                 same.remove(block)
                 if not same:
                     del self._waiting[key]
-
-    def acquire(self, block: int) -> None:
-        """A request took ``block`` back (a hit): pinned, not evictable until released."""
-        self._acquired.append(block)
 
     def drop(self, block: int) -> None:
         """The engine reused ``block`` or dropped its key: forget it."""
@@ -150,7 +153,8 @@ class EvictableBlocks:
         """Hand the hits since the last call to the policy (and the release order)."""
         if not self._acquired:
             return
-        blocks, self._acquired = self._acquired, []
+        blocks = np.array(self._acquired, dtype=np.int64)
+        self._acquired.clear()  # the same list: :attr:`acquire` appends to it
         self._forget(blocks)
         if self.policy is not None:
             self.policy.acquire(blocks)

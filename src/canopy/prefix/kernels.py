@@ -1136,13 +1136,11 @@ def evictable_compact(ni, ev):
 
 
 @nb.njit(cache=True, inline="always")
-def _ev_lowest(ev, ni):
+def _ev_lowest(ev, ni, hk, hs, hv):
     """The free leaf node of the lowest (key, stamp), its entry popped and pushed back should
     the node keep a free block (a node with cached blocks under it waits; when every free
-    node has some, the lowest goes); -1 if none."""
-    hk = np.empty(16)
-    hs = np.empty(16, dtype=np.int64)
-    hv = np.empty(16, dtype=np.int64)
+    node has some, the lowest goes); -1 if none. ``hk``, ``hs``, ``hv``: scratch for the
+    entries passed over, returned (grown when short) with the victim."""
     h, victim = 0, -1
     while ev.es[ELEN] > 0:
         v, ver = ev.hnode[0], ev.hver[0]
@@ -1164,7 +1162,7 @@ def _ev_lowest(ev, ni):
         v = hv[i]
         if v != victim or ev.ek[v, EFREE] > 1:
             _ev_push(ev, hk[i], hs[i], v, ni[v, VER])
-    return victim
+    return victim, hk, hs, hv
 
 
 @nb.njit(cache=True, inline="always")
@@ -1196,8 +1194,14 @@ def evictable_pop(hand, want, n, parent, ni, sc, ev, out):
     over insertion order (``hand``) or the lowest key among free leaves; each victim's block
     (its node's oldest free block) is forgotten and its node evicted."""
     got = 0
+    hk = np.empty(16)  # the entries a pop passes over, once a call
+    hs = np.empty(16, dtype=np.int64)
+    hv = np.empty(16, dtype=np.int64)
     while got < want:
-        v = _ev_sieve(ev, ni, n) if hand else _ev_lowest(ev, ni)
+        if hand:
+            v = _ev_sieve(ev, ni, n)
+        else:
+            v, hk, hs, hv = _ev_lowest(ev, ni, hk, hs, hv)
         if v < 0:
             break
         b = ev.ek[v, EHEAD]

@@ -24,6 +24,7 @@ from collections.abc import Hashable, Iterable, Sequence
 import numpy as np
 
 from canopy.prefix.blocks import BlockTree
+from canopy.prefix.hashindex import as_keys
 from canopy.prefix.policies import EvictionPolicy, make_policy
 from canopy.prefix.radix import RadixCache
 from canopy.prefix.traces import from_paths
@@ -150,7 +151,7 @@ class OnlinePolicy(_Host):
         super().__init__(policy, capacity, history_floor, prefix_keys=True, serves=False)
         self._seq = 0
         # the request the shadows replay next: its keys, index, nodes and when they were named
-        self._pending: tuple[tuple[Hashable, ...], int, np.ndarray, int] | None = None
+        self._pending: tuple[np.ndarray, int, np.ndarray, int] | None = None
 
     @property
     def hand(self) -> bool:
@@ -177,7 +178,8 @@ class OnlinePolicy(_Host):
             raise ValueError(f"start must be in 0..{len(keys)}, got {start}")
         if not start:
             self._replay_pending()
-        path = self.tree.chain(keys)
+        chain = as_keys(keys)  # once: the pending request keeps them
+        path = self.tree.chain(chain)
         self._seq = self.tree.observe(self.requests, path[start:], self._seq)
         self.tree.rekey(path)
         if not self.tree.has_shadows:
@@ -185,16 +187,16 @@ class OnlinePolicy(_Host):
                 self._after_request()
             return
         if not start:
-            self._pending = (tuple(keys), self.requests, path, self.tree.forgotten)
+            self._pending = (chain, self.requests, path, self.tree.forgotten)
             self._after_request()
-        elif self._pending is not None and self._grows(self._pending[0], keys):
-            self._pending = (tuple(keys), self._pending[1], path, self.tree.forgotten)
+        elif self._pending is not None and self._grows(self._pending[0], chain):
+            self._pending = (chain, self._pending[1], path, self.tree.forgotten)
 
     @staticmethod
-    def _grows(seen: Sequence[Hashable], keys: Sequence[Hashable]) -> bool:
+    def _grows(seen: np.ndarray, keys: np.ndarray) -> bool:
         """Whether ``keys`` extends ``seen`` (keys name their prefixes: equal last keys mean
         equal chains)."""
-        return 0 < len(seen) < len(keys) and keys[len(seen) - 1] == seen[-1]
+        return 0 < len(seen) < len(keys) and bool(keys[len(seen) - 1] == seen[-1])
 
     def _replay_pending(self) -> None:
         """Replay the last observed request in the shadows (``canopy``)."""
@@ -219,8 +221,7 @@ class OnlinePolicy(_Host):
 
     def priorities(self, keys: Sequence[Hashable]) -> np.ndarray:
         """:meth:`priority` of many keys at once (one compiled call)."""
-        nodes = np.fromiter((self.tree.node(k) for k in keys), dtype=np.int64,
-                            count=len(keys))
+        nodes = self.tree.nodes(keys)
         known = nodes >= 0
         out = np.full(len(nodes), -np.inf)
         out[known] = self.tree.rank(nodes[known])
@@ -252,7 +253,7 @@ class OnlinePolicy(_Host):
         self.tree.release(blocks, nodes)
         return known
 
-    def acquire(self, blocks: Sequence[int]) -> None:
+    def acquire(self, blocks: Sequence[int] | np.ndarray) -> None:
         """The engine's hits took ``blocks`` back: pinned, not evictable until released."""
         self.tree.acquire(np.asarray(blocks, dtype=np.int64))
 
