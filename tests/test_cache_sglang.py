@@ -72,13 +72,16 @@ def test_parity_on_the_mooncake_traces(name):
 
 def test_whole_node_eviction_frees_the_whole_run():
     """Two blocks inserted at once form one node; needing one block back evicts both, unless
-    the cache evicts page-exactly (Canopy's backend): then only the tail goes."""
+    the cache evicts page-exactly (Canopy's backend with Canopy's policy, here its online
+    ``lru``): then only the tail goes. With SGLang's own strategy the backend is SGLang's."""
     trace = from_paths([[1, 2], [3], [1, 2]])
     assert _sglang(trace, "lru", 2, per_block=False).tolist() == [0, 0, 0]
     assert RadixCache(trace, make_policy("lru"), 2).run().tolist() == [0, 0, 1]
     assert _sglang(trace, "lru", 2, per_block=True).tolist() == [0, 0, 1]
-    exact = standin.api.simulated("lru", exact=True)
+    exact = standin.api.simulated("canopy", {"policy": "lru", "capacity_blocks": 2}, exact=True)
     assert drive(standin.api, exact, trace, 2).tolist() == [0, 0, 1]
+    assert drive(standin.api, standin.api.simulated("lru", exact=True), trace, 2).tolist() == [
+        0, 0, 0]
 
 
 def test_page_exact_eviction_gives_the_online_strategy_the_replays_reuse():
@@ -181,7 +184,9 @@ def test_on_sglang_itself():
         assert np.array_equal(drive(api, online, trace, 4, per_block=True), ours)
     whole = from_paths([[1, 2], [3], [1, 2]])
     assert drive(api, api.simulated("lru"), whole, 2).tolist() == [0, 0, 0]
-    assert drive(api, api.simulated("lru", exact=True), whole, 2).tolist() == [0, 0, 1]
+    exact = api.simulated("canopy", {"policy": "lru", "capacity_blocks": 2}, exact=True)
+    assert drive(api, exact, whole, 2).tolist() == [0, 0, 1]
+    assert drive(api, api.simulated("lru", exact=True), whole, 2).tolist() == [0, 0, 0]
 
 
 @pytest.mark.sglang
