@@ -32,6 +32,7 @@ from canopy.integrations.sglang import (
     radix_cache_class,
 )
 from canopy.prefix import RadixCache, from_paths, make_policy
+from canopy.prefix.policies import resolve_policy
 from canopy.prefix.traces import resolve
 from conftest import require_data
 
@@ -133,6 +134,24 @@ def test_online_lru_and_lfu_through_the_strategy_equal_canopys_replay(paths, cap
     cache = standin.api.simulated("canopy", {"policy": policy, "capacity_blocks": capacity})
     assert np.array_equal(drive(standin.api, cache, trace, capacity, per_block=True),
                           RadixCache(trace, make_policy(policy), capacity).run())
+
+
+@settings(max_examples=60, deadline=None)
+@given(paths=paths_strategy, capacity=st.integers(1, 8),
+       policy=st.sampled_from(["lru", "lfu", "user_policy:NewestFirst"]),
+       per_block=st.booleans())
+def test_canopys_backend_evicts_the_policys_victims_page_by_page(paths, capacity, policy,
+                                                                 per_block):
+    """Canopy's backend takes its victims from the policy's evictable set, page by page, and
+    SGLang evicts exactly them, cutting a node when its tail alone goes: whatever the nodes
+    (one a request as SGLang inserts, or one a block), every request reuses what the replay
+    reuses, for a policy whose key rises from a block to its parent too (newest first)."""
+    trace = from_paths(paths)
+    cache = standin.api.simulated("canopy", {"policy": policy, "capacity_blocks": capacity},
+                                  exact=True)
+    assert np.array_equal(drive(standin.api, cache, trace, capacity, per_block=per_block),
+                          RadixCache(trace, resolve_policy(policy), capacity).run())
+    assert cache.eviction_strategy.policy.fallbacks == 0
 
 
 def test_online_canopy_beats_sglangs_lru_and_lfu_on_the_conversation_trace():

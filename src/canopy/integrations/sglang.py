@@ -6,24 +6,28 @@ SGLang evicts whole unlocked leaf nodes of its radix tree, lowest
 ``--radix-eviction-policy``. One call, :func:`register` (run by SGLang itself in every
 process through the ``sglang.srt.plugins`` entry point when Canopy is installed beside it),
 adds ``canopy`` to SGLang's strategy registry and to the choices of
-``--radix-eviction-policy``, and a radix-cache backend ``canopy`` (SGLang's ``RadixCache``,
-whose inserts the strategy watches, evicting page-exactly: :func:`evict_exactly`)::
+``--radix-eviction-policy``, and a radix-cache backend ``canopy``
+(:func:`radix_cache_class`)::
 
     sglang serve --model-path ... --radix-cache-backend canopy --radix-eviction-policy canopy
-
-or, in code, ``register()`` and then a ``RadixCache`` built with ``eviction_policy="canopy"``.
 
 The strategy learns from what SGLang's own radix cache does, with no trace: every
 ``insert`` (SGLang inserts a request's tokens when a prefill chunk ends and when the request
 finishes, and counts each request once past ``inserted_len``, as its ``hit_count`` does) is
 observed as the request's chain of page keys (a page's key hashes its tokens with its
-parent's key, so it names the whole prefix), every leaf SGLang deletes is reported evicted, and
-``get_priority(node)`` is the priority of the node's first page under
-:class:`~canopy.prefix.stream.OnlinePolicy` (the replay's kernels: decayed cell counts
-with the parental prior, shadow caches that pick how much to remember): SGLang evicts a node
-whole, so the node is worth its most valuable page, and priorities never rise down a chain
-(a page is used whenever a page below it is). Memory is bounded by
-the policy's forgetting; a node caches its own page keys.
+parent's key, so it names the whole prefix) by :class:`~canopy.prefix.stream.OnlinePolicy`
+(the replay's kernels: decayed cell counts with the parental prior, shadow caches that pick
+how much to remember). Memory is bounded by the policy's forgetting; a node caches its own
+page keys. The policy chooses the victims in one of two ways:
+
+* in Canopy's backend (:class:`PageExact`), the cache's pages are the policy's evictable
+  set, as vLLM's blocks are (:class:`~canopy.prefix.evictable.EvictableBlocks`), and SGLang
+  evicts exactly the policy's victims, page by page: the replay's victims;
+* in SGLang's plain ``RadixCache`` built with ``eviction_policy="canopy"`` (after
+  ``register()``), SGLang's own eviction ranks its leaf nodes by ``get_priority(node)``, the
+  priority of the node's first page (SGLang evicts a node whole, so the node is worth its
+  most valuable page, and priorities never rise down a chain), and every leaf SGLang deletes
+  is reported evicted (the hooks of :func:`install`).
 
 A policy of the user's own (a :class:`~canopy.prefix.policies.PriorityPolicy` subclass,
 or any online priority policy) runs the same way: ``register(MyPolicy)`` (or the spec
@@ -37,7 +41,7 @@ and ``lfu`` for parity checks, or ``package.module:ClassName``; default ``canopy
 without a pool must be given) and ``history_floor`` (the decayed count below which the policy
 forgets a block SGLang no longer holds, bounding its memory; default 0.5) and ``max_nodes``
 (the policy's node limit). Should the policy raise, or its tables outgrow ``max_nodes``, the
-strategy ranks by SGLang's own LRU order (``last_access_time``) for the rest of the run
+cache evicts in SGLang's own LRU order (``last_access_time``) for the rest of the run
 (:class:`~canopy.prefix.failsafe.FailSafePolicy`; ``strategy.policy.counts()``).
 """
 
@@ -133,17 +137,19 @@ class CanopyEviction:
                 self.policy.evicted(key)
 
     def get_priority(self, node: Any) -> float:
-        """The priority of the node's first page, its most valuable (lower evicts first):
-        evicting the node loses every page of it. Ranked by its last page instead, a node
-        holding a hot prefix and a cold tail went first (conversation trace at 1,024 blocks:
-        1.51 blocks reused a request against 1.85)."""
+        """The priority of the node's first page, its most valuable (lower evicts first), as
+        SGLang's plain ``RadixCache`` ranks nodes: evicting the node loses every page of it.
+        Ranked by its last page instead, a node holding a hot prefix and a cold tail went
+        first (conversation trace at 1,024 blocks: 1.51 blocks reused a request against
+        1.85). Once the policy failed, ``last_access_time`` (SGLang's LRU), in either cache."""
         if self.policy is None:
             raise RuntimeError(f"the {POLICY_NAME} eviction policy learns from the inserts of "
                                "SGLang's RadixCache; this cache evicted before showing it any "
                                f"(serve with --radix-cache-backend {POLICY_NAME})")
+        if self.policy.failed:
+            return node.last_access_time
         keys = _node_keys(node, self.page_size)
-        priority = self.policy.priority(keys[0]) if keys else -math.inf
-        return node.last_access_time if self.policy.failed else priority  # SGLang's LRU
+        return self.policy.priority(keys[0]) if keys else -math.inf
 
 
 def _tokens(key: Any) -> Any:
@@ -246,8 +252,9 @@ class PageExact:
     the free leaf pages: the replay's victims), each the last page of an unlocked leaf node
     or of its parent once every page under the parent went. SGLang evicts whole nodes; this
     cache has SGLang cut a node whose tail alone goes, then evict exactly the chosen nodes,
-    both through public calls (:meth:`_canopy_split`, :meth:`_canopy_delete`): its own ``evict`` frees the
-    pool's pages, updates its sizes and leaves, and reports its KV events and metrics.
+    both through public calls (:meth:`_canopy_split`, :meth:`_canopy_delete`): its own
+    ``evict`` frees the pool's pages, updates its sizes and leaves, and reports its KV events
+    and metrics. No private SGLang method is called.
 
     Without a Canopy strategy (``--radix-eviction-policy lru`` with this backend), once the
     policy failed (:class:`~canopy.prefix.failsafe.FailSafePolicy`), or should a victim not
@@ -281,15 +288,13 @@ class PageExact:
         keys = self.eviction_strategy.observe(self, params.key,
                                               int(getattr(params, "inserted_len", 0) or 0))
         result = super().insert(params)
-        node = result.last_device_node
-        if blocks.policy.failed or node is None or node is self.root_node:
-            return result
-        pages = _pages(node, self.page_size)
-        start = result.prefix_len // self.page_size
-        if start < len(keys) and len(keys) - start == len(pages):  # a new node: its keys
+        node, page = result.last_device_node, self.page_size
+        if blocks.policy.failed or result.prefix_len >= len(params.key) // page * page:
+            return result  # no node made
+        pages, start = _pages(node, page), result.prefix_len // page
+        if len(keys) - start == len(pages):  # the node's keys, known already
             setattr(node, _KEYS, (len(node.key), keys[start:]))
-            if node.lock_ref == 0:
-                blocks.release_all(pages[::-1], keys[start:][::-1])
+        blocks.release_all(pages[::-1], _node_keys(node, page)[::-1])
         return result
 
     def inc_lock_ref(self, node: Any) -> Any:
