@@ -53,7 +53,7 @@ import hashlib
 import math
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from canopy.prefix.evictable import EvictableBlocks
 from canopy.prefix.failsafe import DEFAULT_MAX_NODES, FailSafePolicy, PolicyFailure
@@ -237,7 +237,28 @@ def install(cache_class: type) -> None:
     _wrap(cache_class, "_delete_leaf", _on_delete)
 
 
-class PageExact:
+if TYPE_CHECKING:
+    class _RadixCacheInterface:
+        """What :class:`PageExact` needs of the class it is mixed into: SGLang's
+        ``RadixCache``."""
+
+        disable: bool
+        page_size: int
+        root_node: Any
+        evictable_leaves: Any
+        eviction_strategy: Any
+
+        def insert(self, params: Any) -> Any: ...
+        def inc_lock_ref(self, node: Any) -> Any: ...
+        def dec_lock_ref(self, node: Any, *args: Any, **kwargs: Any) -> Any: ...
+        def reset(self) -> None: ...
+        def evict(self, params: Any) -> Any: ...
+        def match_prefix(self, params: Any) -> Any: ...
+else:
+    _RadixCacheInterface = object
+
+
+class PageExact(_RadixCacheInterface):
     """Canopy's radix-cache backend, mixed in before a class with SGLang's ``RadixCache``
     interface: when a :class:`CanopyEviction` strategy evicts, the victims are its policy's,
     page by page, and SGLang deletes exactly them.
@@ -285,11 +306,11 @@ class PageExact:
         blocks = self._canopy_set()
         if blocks is None:
             return super().insert(params)
-        keys = self.eviction_strategy.observe(self, params.key,
-                                              int(getattr(params, "inserted_len", 0) or 0))
+        strategy = self.eviction_strategy
+        keys = strategy.observe(self, params.key, int(getattr(params, "inserted_len", 0) or 0))
         result = super().insert(params)
         node, page = result.last_device_node, self.page_size
-        if blocks.policy.failed or result.prefix_len >= len(params.key) // page * page:
+        if strategy.policy.failed or result.prefix_len >= len(params.key) // page * page:
             return result  # no node made
         pages, start = _pages(node, page), result.prefix_len // page
         if len(keys) - start == len(pages):  # the node's keys, known already
@@ -300,7 +321,9 @@ class PageExact:
     def inc_lock_ref(self, node: Any) -> Any:
         """SGLang's ``inc_lock_ref``; the pages of the nodes it locks first are pinned."""
         blocks = self._canopy_set()
-        locked = self._canopy_path(node, 0) if blocks is not None else ()
+        if blocks is None:
+            return super().inc_lock_ref(node)
+        locked = self._canopy_path(node, 0)
         result = super().inc_lock_ref(node)
         for n in locked:
             for page in _pages(n, self.page_size):
@@ -311,7 +334,9 @@ class PageExact:
         """SGLang's ``dec_lock_ref``; the pages of the nodes it unlocks are released, deepest
         first."""
         blocks = self._canopy_set()
-        unlocked = self._canopy_path(node, 1) if blocks is not None else ()
+        if blocks is None:
+            return super().dec_lock_ref(node, *args, **kwargs)
+        unlocked = self._canopy_path(node, 1)
         result = super().dec_lock_ref(node, *args, **kwargs)
         for n in unlocked:
             pages = _pages(n, self.page_size)
@@ -331,7 +356,7 @@ class PageExact:
     def reset(self) -> None:
         """SGLang's ``reset``: every page leaves the evictable set."""
         blocks = getattr(self, "_canopy_blocks", None)
-        if blocks is not None and not blocks.policy.failed:
+        if blocks is not None and not self.eviction_strategy.policy.failed:
             stack, pages = list(self.root_node.children.values()), []
             while stack:
                 node = stack.pop()
@@ -346,9 +371,10 @@ class PageExact:
         blocks = self._canopy_set()
         if blocks is None:
             return super().evict(params)
+        policy = self.eviction_strategy.policy
         result = self._canopy_delete(self._canopy_victims(blocks, params.num_tokens), params)
         rest = params.num_tokens - result.num_tokens_evicted
-        if rest > 0 and blocks.policy.failed:
+        if rest > 0 and policy.failed:
             more = super().evict(dataclasses.replace(params, num_tokens=rest))
             result = dataclasses.replace(result, num_tokens_evicted=(
                 result.num_tokens_evicted + more.num_tokens_evicted))
@@ -362,7 +388,7 @@ class PageExact:
         want = -(-num_tokens // page)
         tails = {_page(leaf, -1, page): leaf for leaf in self.evictable_leaves}
         cut: dict[Any, int] = {}  # node -> pages taken from its end
-        policy = blocks.policy
+        policy = self.eviction_strategy.policy
         while want > 0 and not policy.failed:
             victims = blocks.pop_victims(want)
             if not victims or policy.failed:
