@@ -12,9 +12,9 @@ cannot be installed (it needs its CUDA stack):
   ``get_priority``; pop, delete the *whole node* (all its tokens), push the parent when it
   is left childless and unlocked, until ``num_tokens`` are freed;
 * ``inc_lock_ref`` / ``dec_lock_ref`` lock the path to the root; sizes count tokens;
-* what :func:`canopy.integrations.sglang.evict_exactly` uses (``evictable_leaves``,
-  ``_split_node``, ``root_node``, a node's ``value``, a pool's ``free_segment``);
-  :class:`ExactRadixCache` evicts with it, as Canopy's radix-cache backend does.
+* what :class:`canopy.integrations.sglang.PageExact` reads (``evictable_leaves``,
+  ``root_node``, a node's ``value`` and ``lock_ref``, ``insert``'s result, a key's
+  namespace); :class:`ExactRadixCache` mixes it in, as Canopy's radix-cache backend does.
 
 Strategies: LRU ``last_access_time``, LFU ``(hit_count, last_access_time)``, as in SGLang's
 ``evict_policy.py``, looked up by name in :data:`STRATEGIES` (SGLang's registry) with the
@@ -31,16 +31,28 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
+from canopy.integrations.sglang import PageExact
+
 
 class RadixKey:
-    def __init__(self, token_ids: Any) -> None:
+    """Token ids in a namespace (``extra_key``, ``cache_salt``), as a node's key too."""
+
+    def __init__(self, token_ids: Any = (), extra_key: Any = None, *, is_bigram: bool = False,
+                 cache_salt: Any = None) -> None:
         self.token_ids = list(token_ids)
+        self.extra_key, self.is_bigram, self.cache_salt = extra_key, is_bigram, cache_salt
 
     def __len__(self) -> int:
         return len(self.token_ids)
 
-    def __getitem__(self, index: slice) -> RadixKey:
-        return RadixKey(self.token_ids[index])
+    def __iter__(self) -> Any:
+        return iter(self.token_ids)
+
+    def __getitem__(self, index: int | slice) -> Any:
+        if isinstance(index, int):
+            return self.token_ids[index]  # SGLang: a key of one token
+        return RadixKey(self.token_ids[index], self.extra_key, is_bigram=self.is_bigram,
+                        cache_salt=self.cache_salt)
 
 
 @dataclass
@@ -61,6 +73,17 @@ class EvictParams:
 
 
 @dataclass
+class InsertResult:
+    prefix_len: int
+    last_device_node: Node
+
+
+@dataclass
+class EvictResult:
+    num_tokens_evicted: int = 0
+
+
+@dataclass
 class MatchResult:
     device_prefix_len: int
     last_device_node: Node
@@ -68,7 +91,7 @@ class MatchResult:
 
 @dataclass(eq=False)
 class Node:
-    key: list = field(default_factory=list)
+    key: RadixKey = field(default_factory=RadixKey)
     parent: Node | None = None
     children: dict = field(default_factory=dict)
     lock_ref: int = 0
@@ -77,7 +100,7 @@ class Node:
 
     @property
     def value(self) -> list:
-        return self.key
+        return self.key.token_ids
 
 
 class LRU:
@@ -120,9 +143,6 @@ class RadixCache:
     def evictable_leaves(self) -> list[Node]:
         return [n for n in self._nodes() if self._evictable_leaf(n)]
 
-    def _split_node(self, key: list, child: Node, split_len: int) -> Node:
-        return self._split(child, split_len)
-
     def _split(self, node: Node, at: int) -> Node:
         upper = Node(key=node.key[:at], parent=node.parent, lock_ref=node.lock_ref,
                      hit_count=node.hit_count, last_access_time=node.last_access_time)
@@ -156,20 +176,22 @@ class RadixCache:
         done, node = self._walk(params.key.token_ids, next(self._clock), float("inf"))
         return MatchResult(done, node)
 
-    def insert(self, params: InsertParams) -> None:
+    def insert(self, params: InsertParams) -> InsertResult:
         tokens = params.key.token_ids
         now = next(self._clock)
         done, node = self._walk(tokens, now, params.inserted_len)
         if done < len(tokens):
-            leaf = Node(key=tokens[done:], parent=node, last_access_time=now,
+            leaf = Node(key=params.key[done:], parent=node, last_access_time=now,
                         hit_count=int(len(tokens) > params.inserted_len))
             node.children[tokens[done]] = leaf
             self._evictable += len(leaf.key)
+            node = leaf
+        return InsertResult(done, node)
 
     def _evictable_leaf(self, node: Node) -> bool:
         return node is not self.root and node.lock_ref == 0 and not node.children
 
-    def evict(self, params: EvictParams) -> None:
+    def evict(self, params: EvictParams) -> EvictResult:
         leaves = [n for n in self._nodes() if self._evictable_leaf(n)]
         tie = itertools.count()
         heap = [(self.eviction_strategy.get_priority(n), n.last_access_time, next(tie), n)
@@ -184,6 +206,7 @@ class RadixCache:
                 parent = node.parent
                 heapq.heappush(heap, (self.eviction_strategy.get_priority(parent),
                                       parent.last_access_time, next(tie), parent))
+        return EvictResult(freed)
 
     def _delete_leaf(self, node: Node) -> None:
         del node.parent.children[node.key[0]]
@@ -214,13 +237,10 @@ class RadixCache:
             node = node.parent
 
 
-class ExactRadixCache(RadixCache):
+class ExactRadixCache(PageExact, RadixCache):
     """The stand-in evicting page-exactly, as Canopy's backend does."""
 
-    def evict(self, params: EvictParams) -> None:
-        from canopy.integrations.sglang import evict_exactly
-
-        evict_exactly(self, params.num_tokens)
+    match_params = MatchPrefixParams
 
 
 def simulated(policy: str = "lru", config: dict | None = None, *,

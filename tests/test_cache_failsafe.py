@@ -129,6 +129,23 @@ def test_sglang_after_a_failure_evicts_by_its_own_lru():
     assert failing.eviction_strategy.policy.fallbacks == 1
 
 
+def test_sglang_evicts_in_its_own_order_when_a_victim_is_not_a_leaf_of_its_tree(caplog):
+    """Canopy's backend evicts the policy's victims only where SGLang can: the last page of an
+    unlocked leaf. Pages named twice (two nodes holding KV page 2) leave the policy's set and
+    SGLang's tree at odds, its victim (page 1) heads a node: the policy is dropped, logged
+    once and counted, and SGLang frees the tokens asked for in its own order."""
+    cache = standin.api.simulated("canopy", {"policy": "lru", "capacity_blocks": 4},
+                                  exact=True)
+    for tokens in ([1, 2], [3, 2]):
+        cache.insert(standin.InsertParams(key=standin.RadixKey(tokens)))
+    with caplog.at_level(logging.ERROR, logger=LOGGER):
+        freed = cache.evict(standin.EvictParams(num_tokens=1)).num_tokens_evicted
+    counts = cache.eviction_strategy.policy.counts()
+    assert counts["failed"] and counts["fallbacks"] == 1 and "page 1" in counts["reason"]
+    assert len(_failures(caplog)) == 1 and freed == 2  # SGLang's lru: node [1, 2], whole
+    assert cache.evictable_size() == 2
+
+
 @pytest.mark.sglang
 def test_on_sglang_itself_a_policy_that_raises_never_reaches_the_radix_cache(caplog):
     """SGLang's own radix cache (Canopy's backend and SGLang's plain ``RadixCache``):

@@ -32,6 +32,7 @@ from canopy.integrations.sglang import (
     radix_cache_class,
 )
 from canopy.prefix import RadixCache, from_paths, make_policy
+from canopy.prefix.policies import resolve_policy
 from canopy.prefix.traces import resolve
 from conftest import require_data
 
@@ -72,13 +73,16 @@ def test_parity_on_the_mooncake_traces(name):
 
 def test_whole_node_eviction_frees_the_whole_run():
     """Two blocks inserted at once form one node; needing one block back evicts both, unless
-    the cache evicts page-exactly (Canopy's backend): then only the tail goes."""
+    the cache evicts page-exactly (Canopy's backend with Canopy's policy, here its online
+    ``lru``): then only the tail goes. With SGLang's own strategy the backend is SGLang's."""
     trace = from_paths([[1, 2], [3], [1, 2]])
     assert _sglang(trace, "lru", 2, per_block=False).tolist() == [0, 0, 0]
     assert RadixCache(trace, make_policy("lru"), 2).run().tolist() == [0, 0, 1]
     assert _sglang(trace, "lru", 2, per_block=True).tolist() == [0, 0, 1]
-    exact = standin.api.simulated("lru", exact=True)
+    exact = standin.api.simulated("canopy", {"policy": "lru", "capacity_blocks": 2}, exact=True)
     assert drive(standin.api, exact, trace, 2).tolist() == [0, 0, 1]
+    assert drive(standin.api, standin.api.simulated("lru", exact=True), trace, 2).tolist() == [
+        0, 0, 0]
 
 
 def test_page_exact_eviction_gives_the_online_strategy_the_replays_reuse():
@@ -132,6 +136,24 @@ def test_online_lru_and_lfu_through_the_strategy_equal_canopys_replay(paths, cap
                           RadixCache(trace, make_policy(policy), capacity).run())
 
 
+@settings(max_examples=60, deadline=None)
+@given(paths=paths_strategy, capacity=st.integers(1, 8),
+       policy=st.sampled_from(["lru", "lfu", "user_policy:NewestFirst"]),
+       per_block=st.booleans())
+def test_canopys_backend_evicts_the_policys_victims_page_by_page(paths, capacity, policy,
+                                                                 per_block):
+    """Canopy's backend takes its victims from the policy's evictable set, page by page, and
+    SGLang evicts exactly them, cutting a node when its tail alone goes: whatever the nodes
+    (one a request as SGLang inserts, or one a block), every request reuses what the replay
+    reuses, for a policy whose key rises from a block to its parent too (newest first)."""
+    trace = from_paths(paths)
+    cache = standin.api.simulated("canopy", {"policy": policy, "capacity_blocks": capacity},
+                                  exact=True)
+    assert np.array_equal(drive(standin.api, cache, trace, capacity, per_block=per_block),
+                          RadixCache(trace, resolve_policy(policy), capacity).run())
+    assert cache.eviction_strategy.policy.fallbacks == 0
+
+
 def test_online_canopy_beats_sglangs_lru_and_lfu_on_the_conversation_trace():
     """The online strategy, with no trace, on SGLang's whole-node eviction: 4,000 requests of
     the conversation trace at 256 blocks."""
@@ -181,7 +203,9 @@ def test_on_sglang_itself():
         assert np.array_equal(drive(api, online, trace, 4, per_block=True), ours)
     whole = from_paths([[1, 2], [3], [1, 2]])
     assert drive(api, api.simulated("lru"), whole, 2).tolist() == [0, 0, 0]
-    assert drive(api, api.simulated("lru", exact=True), whole, 2).tolist() == [0, 0, 1]
+    exact = api.simulated("canopy", {"policy": "lru", "capacity_blocks": 2}, exact=True)
+    assert drive(api, exact, whole, 2).tolist() == [0, 0, 1]
+    assert drive(api, api.simulated("lru", exact=True), whole, 2).tolist() == [0, 0, 0]
 
 
 @pytest.mark.sglang

@@ -96,7 +96,10 @@ class _Guard:
         self.fallbacks = 0
         self.reason: str | None = None
 
-    def _fail(self, error: BaseException) -> None:
+    def fail(self, error: BaseException) -> None:
+        """Drop the policy for the rest of the run because of ``error`` (the first failure
+        only: logged and counted once); a host calls it when the policy's answers cannot be
+        served."""
         if self.failed:
             return
         self.failed = True
@@ -125,7 +128,7 @@ class _Guard:
         try:
             return method(*args)
         except Exception as error:  # any failure of the policy, whatever its type
-            self._fail(error)
+            self.fail(error)
             return default
 
     def counts(self) -> dict[str, Any]:

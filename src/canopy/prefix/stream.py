@@ -180,7 +180,8 @@ class OnlinePolicy(_Host):
             self._replay_pending()
         chain = as_keys(keys)  # once: the pending request keeps them
         path = self.tree.chain(chain)
-        self._seq = self.tree.observe(self.requests, path[start:], self._seq)
+        t = self.requests - 1 if start and self.requests else self.requests  # grew: its own
+        self._seq = self.tree.observe(t, path[start:], self._seq)
         self.tree.rekey(path)
         if not self.tree.has_shadows:
             if not start:
