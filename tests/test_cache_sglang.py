@@ -333,6 +333,8 @@ def test_a_users_policy_registered_by_name_reuses_in_sglang_what_it_reuses_in_th
     assert register("user_policy:NewestFirst") == ["canopy", "newest-first"]
     assert register(NewestFirst) == ["canopy", "newest-first"]  # idempotent
     assert register("canopy") == ["canopy"]  # Canopy's own, by its own name
+    # ... keeps the bare factory, so a config naming the policy still builds it
+    assert isinstance(get_eviction_strategy("canopy", {"policy": NewestFirst()}), CanopyEviction)
     parser = argparse.ArgumentParser()
     ServerArgs.add_cli_args(parser)
     args = parser.parse_args(["--model-path", "m", "--radix-eviction-policy", "newest-first"])

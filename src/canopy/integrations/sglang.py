@@ -509,6 +509,8 @@ def register(*policies: str | EvictionPolicy | type[EvictionPolicy]) -> list[str
     for policy in (*policies, *specs):
         chosen = strategy_policy(policy)
         name = chosen.name.lower()
+        if name == POLICY_NAME:  # Canopy's own keeps the bare factory, which takes `policy`
+            continue
         taken = factories.get(name)
         ours = taken is CanopyEviction or (isinstance(taken, functools.partial)
                                            and taken.func is CanopyEviction)
