@@ -6,6 +6,7 @@ it is of the right kind but not finite or out of range."""
 from __future__ import annotations
 
 import math
+from typing import Literal, overload
 
 import numpy as np
 
@@ -37,6 +38,10 @@ def check_number(value: object, name: str, *, low: float = -math.inf, high: floa
     return number
 
 
+@overload
+def check_positive(value: object, name: str, *, allow_none: Literal[False] = ...) -> float: ...
+@overload
+def check_positive(value: object, name: str, *, allow_none: bool) -> float | None: ...
 def check_positive(value: object, name: str, *, allow_none: bool = False) -> float | None:
     """A finite number > 0 (or ``None`` when ``allow_none``)."""
     if value is None and allow_none:
@@ -49,6 +54,10 @@ def check_nonnegative(value: object, name: str) -> float:
     return check_number(value, name, low=0.0)
 
 
+@overload
+def check_open_unit(value: object, name: str, *, allow_none: Literal[False] = ...) -> float: ...
+@overload
+def check_open_unit(value: object, name: str, *, allow_none: bool) -> float | None: ...
 def check_open_unit(value: object, name: str, *, allow_none: bool = False) -> float | None:
     """A number in the open interval (0, 1) (or ``None`` when ``allow_none``)."""
     if value is None and allow_none:

@@ -3,7 +3,19 @@ replica, and the replica policies (the production routers' rules by name, and Ca
 learns the cache-versus-load trade-off per region of the prefix tree). Hosts: the fleet
 simulator (:mod:`canopy.apps.fleet`) and a live gateway."""
 
+from typing import TYPE_CHECKING
+
 from canopy._lazy import lazy_exports
+
+if TYPE_CHECKING:  # the lazy exports as the type checker sees them (re-exported)
+    from canopy.fleet.index import ReplicaIndex as ReplicaIndex
+    from canopy.fleet.load import Load as Load
+    from canopy.fleet.policies import NAMES as NAMES
+    from canopy.fleet.policies import PEERS as PEERS
+    from canopy.fleet.policies import ReplicaPolicy as ReplicaPolicy
+    from canopy.fleet.policies import Request as Request
+    from canopy.fleet.policies import View as View
+    from canopy.fleet.policies import make_policy as make_policy
 
 _EXPORTS = {
     "ReplicaIndex": "canopy.fleet.index",

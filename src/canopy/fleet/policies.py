@@ -262,7 +262,7 @@ class View:
     load: Load
     now: float = 0.0
     block_tokens: int = 16
-    _matched: np.ndarray = field(default=None, repr=False)  # type: ignore[assignment]
+    _matched: np.ndarray | None = field(default=None, repr=False)
 
     def matched(self, keys: np.ndarray) -> np.ndarray:
         if self._matched is None or self._matched.size != self.index.n_replicas:

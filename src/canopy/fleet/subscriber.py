@@ -87,9 +87,9 @@ class TokenKeys:
                 self.keys.update(zip(hashes, ours.tolist(), strict=True))
                 index.stored(replica, ours, None if parent is None else parent_key)
             elif kind == "BlockRemoved":
-                ours = [self.keys.pop(h) for h in map(wire.fold, event["block_hashes"])
+                gone = [self.keys.pop(h) for h in map(wire.fold, event["block_hashes"])
                         if h in self.keys]
-                index.removed(replica, np.asarray(ours, dtype=np.int64))
+                index.removed(replica, np.asarray(gone, dtype=np.int64))
             elif kind == "AllBlocksCleared":
                 self.keys.clear()
                 index.cleared(replica)

@@ -42,7 +42,7 @@ import time
 import uuid
 import weakref
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypeGuard, TypeVar
 
 from litellm.integrations.custom_logger import CustomLogger
 from litellm.types.router import CustomRoutingStrategyBase
@@ -63,6 +63,7 @@ _NAMESPACE = "litellm"  # each model group's statistics live under litellm/<grou
 _RESOLVED_KEY = "canopy_region_resolved"
 _STRATEGY_KEY = "canopy_strategy"
 log = logging.getLogger("canopy.litellm")
+_Deployment = TypeVar("_Deployment", bound=Mapping[str, Any])  # one of the model list's
 
 
 def _deployments(router: Any, group: str) -> list[Mapping[str, Any]]:
@@ -92,7 +93,7 @@ def _writable_metadata(request_kwargs: dict[str, Any] | None) -> dict[str, Any]:
     return metadata
 
 
-def _priced(kwargs: Mapping[str, Any], cost: Any) -> bool:
+def _priced(cost: Any, kwargs: Mapping[str, Any]) -> TypeGuard[float]:
     """Whether ``cost`` is a real price: LiteLLM reports 0 for a model it cannot price, so
     zero counts only when the deployment declares its prices."""
     try:
@@ -126,8 +127,8 @@ class CanopyRouting(CustomRoutingStrategyBase, CustomLogger):
                  breaker_cooldown_s: float = 30.0) -> None:
         CustomLogger.__init__(self)
         self.router = router
-        self._settings = {"lam": lam, "learner": learner, "sharing": sharing, "delta": delta,
-                          "kappa": kappa, "explore": explore}
+        self._settings: dict[str, Any] = {"lam": lam, "learner": learner, "sharing": sharing,
+                                          "delta": delta, "kappa": kappa, "explore": explore}
         RegionalRouter(["check"], **self._settings)  # bad settings are refused now
         config = region if isinstance(region, RegionConfig) else \
             RegionConfig.from_mapping(dict(region or {}))
@@ -137,7 +138,7 @@ class CanopyRouting(CustomRoutingStrategyBase, CustomLogger):
         self.failure_quality = check_number(failure_quality, "failure_quality", low=0.0,
                                             high=1.0)
         self.latency_price = check_nonnegative(latency_price, "latency_price")
-        self._service_options = {
+        self._service_options: dict[str, Any] = {
             "window_s": check_nonnegative(feedback_window_s, "feedback_window_s"),
             "max_queued": check_count(max_pending, "max_pending"),
             "breaker_failures": check_count(breaker_failures, "breaker_failures"),
@@ -184,8 +185,8 @@ class CanopyRouting(CustomRoutingStrategyBase, CustomLogger):
             return service
 
     def _choose(self, group: str, every: list[Mapping[str, Any]],
-                healthy: list[Mapping[str, Any]], messages: list[dict[str, Any]] | None,
-                request_kwargs: dict[str, Any] | None) -> Mapping[str, Any]:
+                healthy: list[_Deployment], messages: list[dict[str, Any]] | None,
+                request_kwargs: dict[str, Any] | None) -> _Deployment:
         """The best-ranked of ``healthy`` (the breaker's ejected ones last), learning over
         every deployment of the group."""
         by_id = {_deployment_id(d): d for d in healthy}
@@ -289,19 +290,19 @@ class CanopyRouting(CustomRoutingStrategyBase, CustomLogger):
         with self._lock:
             self.counts["succeeded"] += 1
         cost = kwargs.get("response_cost")
-        if not _priced(kwargs, cost):
+        price = float(cost) + extra if _priced(cost, kwargs) else None
+        if price is None:
             with self._lock:
                 self.counts["unpriced"] += 1  # never learn from an unknown cost as if free
             log.warning("deployment %r returned no cost: set input_cost_per_token and "
                         "output_cost_per_token in its litellm_params", deployment)
             return
         if self.success_quality is not None:
-            self._rate_now(service, region, deployment, float(cost) + extra,
-                           self.success_quality)
+            self._rate_now(service, region, deployment, price, self.success_quality)
             return
         reply_id = getattr(reply, "id", None)
         if isinstance(reply_id, str):
-            service.record(Call(reply_id, region, deployment, float(cost) + extra, time.time()))
+            service.record(Call(reply_id, region, deployment, price, time.time()))
 
     def _rate_now(self, service: RoutingService, region: str, deployment: str, cost: float,
                   quality: float) -> None:

@@ -31,6 +31,8 @@ the next round. All of it is O(depth * branching).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import Any
 
 import numba
 import numpy as np
@@ -73,7 +75,8 @@ EQ6, VARIANCE = 0, 1
 ANY, BALANCED = 0, 1
 
 
-def entry_point(kernel: numba.core.registry.CPUDispatcher, *example: object) -> object:
+def entry_point(kernel: numba.core.registry.CPUDispatcher,
+                *example: object) -> Callable[..., Any]:
     """The compiled entry point of ``kernel`` for the argument types of ``example``: calling it
     skips numba's per-call type resolution, about 40% of a call's dispatch cost. Only for
     arguments of exactly those types (the policies' own arrays, an ``int`` row and a ``float``

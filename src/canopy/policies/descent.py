@@ -71,6 +71,14 @@ def _check_level(value: int | None, name: str) -> int | None:
     return None if value is None else check_count(value, name, low=0)
 
 
+def _lazy_tree(spec: ProblemSpec) -> LazyTree:
+    """``spec.tree``, which the lazy-tree paths (``_lazy``, :class:`MemoryBoundedDescent`) hold
+    to be a :class:`LazyTree`."""
+    if not isinstance(spec.tree, LazyTree):
+        raise TypeError(f"a LazyTree is needed here, got {type(spec.tree).__name__}")
+    return spec.tree
+
+
 def max_branching(tree: Tree | LazyTree) -> int:
     """The largest number of children of any node (the arity of a :class:`LazyTree`)."""
     if isinstance(tree, LazyTree):
@@ -98,7 +106,7 @@ class ExploredTreePolicy(Policy):
         branching = max_branching(tree)
         default_rho = 1.0 / max(branching, 2)
         depth_cap = float(max_depth) if max_depth is not None else math.inf
-        if lazy:
+        if isinstance(tree, LazyTree):
             depth_cap = min(depth_cap, math.floor(62 / math.log2(tree.arity)))
             if tree.max_depth is not None:
                 depth_cap = min(depth_cap, float(tree.max_depth))
@@ -115,10 +123,10 @@ class ExploredTreePolicy(Policy):
         ctl[ex.P_FORGET] = _FORGETS[forget]
         ctl[ex.P_MAXDEPTH] = depth_cap
         ctl[ex.P_PATH] = 1.0 if path_stats else 0.0
-        ctl[ex.P_ARITY] = tree.arity if lazy else 0
+        ctl[ex.P_ARITY] = tree.arity if isinstance(tree, LazyTree) else 0
         ctl[ex.P_MAXNODES] = max_nodes
         ctl[ex.P_DEPTHM] = (min(depth_cap, math.ceil(math.log(rounds, tree.arity)))
-                            if lazy else 0.0)
+                            if isinstance(tree, LazyTree) else 0.0)
         low, high = spec_value_range(spec)
         ctl[ex.P_LOW], ctl[ex.P_WIDTH] = low, high - low
         for i, (lip, rho) in enumerate(schedules):
@@ -135,7 +143,8 @@ class ExploredTreePolicy(Policy):
         ctl[ex.P_TREECERT] = 1.0 if tree_cert else 0.0
         if tree_cert:
             # Corollary 1: delta split evenly over every node the explored tree may hold
-            nodes = tree.n_nodes_to_level(int(ctl[ex.P_DEPTHM])) if lazy else tree.n_nodes
+            nodes = (tree.n_nodes_to_level(int(ctl[ex.P_DEPTHM])) if isinstance(tree, LazyTree)
+                     else tree.n_nodes)
             self._lambdas = sharp_setup(spec.sigma / (high - low), delta / nodes, z, certificate)
             state = sharp_width(self._lambdas)
         else:
@@ -145,12 +154,13 @@ class ExploredTreePolicy(Policy):
         capacity = max(_INITIAL_CAPACITY, 2 * n_inst + branching)
         self._fs = np.zeros((capacity, width))
         self._ist = np.zeros((capacity, ex.N_INT), dtype=np.int64)
-        if lazy:
+        if isinstance(tree, LazyTree):
             self._tree_arrays = (_EMPTY, _EMPTY, _EMPTY, _EMPTY)
         else:
             self._tree_arrays = (tree.child_ptr, tree.child_ids, tree.leaf_lo, tree.leaf_hi)
-        root_kids = 0 if depth_cap <= 0 else (tree.arity if lazy else int(tree.child_ptr[1]))
-        root_log_m = (ctl[ex.P_DEPTHM] * math.log(tree.arity) if lazy
+        root_kids = 0 if depth_cap <= 0 else (tree.arity if isinstance(tree, LazyTree)
+                                              else int(tree.child_ptr[1]))
+        root_log_m = (ctl[ex.P_DEPTHM] * math.log(tree.arity) if isinstance(tree, LazyTree)
                       else math.log(tree.n_leaves))
         for i, (lip, _) in enumerate(schedules):
             self._ist[i] = (0, 0, -1, -1, root_kids, i, 0 if lazy or root_kids else 1, 0)
@@ -271,7 +281,7 @@ class ExploredTreePolicy(Policy):
         if self._lazy:
             below = self._probe_level - level
             if below > 0:  # centre probes
-                span = self.spec_.tree.arity ** below
+                span = _lazy_tree(self.spec_).arity ** below
                 node, level = node * span + span // 2, self._probe_level
             node = (level, node)
         query = Query("leaf" if is_leaf else "probe", node)
@@ -334,7 +344,7 @@ class ExploredTreePolicy(Policy):
         """Rows of the explored subtree of ``row`` in breadth-first (level) order."""
         out, frontier = [row], [row]
         while frontier:
-            nxt = []
+            nxt: list[int] = []
             for v in frontier:
                 first = int(self._ist[v, ex.FIRST])
                 if first >= 0:
@@ -684,4 +694,4 @@ class MemoryBoundedDescent(ExploredTreePolicy):
     @property
     def tree_nodes_(self) -> int:
         """``LazyTree.n_nodes_to_level(depth_reached_)``: the tree that depth spans."""
-        return self.spec_.tree.n_nodes_to_level(self.depth_reached_)
+        return _lazy_tree(self.spec_).n_nodes_to_level(self.depth_reached_)

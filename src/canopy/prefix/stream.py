@@ -240,7 +240,8 @@ class OnlinePolicy(_Host):
             self.tree.clear_visited(v)
 
     # ------------------------------------------------------------ the evictable set
-    def release(self, blocks: Sequence[int], keys: Sequence[Hashable]) -> np.ndarray:
+    def release(self, blocks: Sequence[int] | np.ndarray, keys: Sequence[Hashable]
+                ) -> np.ndarray:
         """The engine freed ``blocks[i]`` (ids >= 0) caching ``keys[i]``, in that order: they
         may be evicted from now on (:meth:`pop_victims`). Returns which keys the policy knows
         (observed, not forgotten); a block of an unknown key is forgotten here, for its host

@@ -140,8 +140,9 @@ def full_blocks(tokens: Sequence[int], block_size: int) -> list[tuple[int, ...]]
             for i in range(0, len(tokens) // block_size * block_size, block_size)]
 
 
-def _build(name: str, trie: _Trie, paths: Sequence[Sequence[int]], timestamps: Sequence[float],
-           input_tokens: Sequence[int], block_size: int) -> Trace:
+def _build(name: str, trie: _Trie, paths: Sequence[Sequence[int]],
+           timestamps: Sequence[float] | np.ndarray, input_tokens: Sequence[int] | np.ndarray,
+           block_size: int) -> Trace:
     offsets = np.zeros(len(paths) + 1, dtype=np.int64)
     np.cumsum([len(p) for p in paths], out=offsets[1:])
     nodes = np.concatenate([np.asarray(p, dtype=np.int64) for p in paths]) if paths else (
@@ -152,10 +153,10 @@ def _build(name: str, trie: _Trie, paths: Sequence[Sequence[int]], timestamps: S
                  input_tokens=np.asarray(input_tokens, dtype=np.int64), block_size=block_size)
 
 
-def from_paths(paths: Iterable[Sequence[object]], *, name: str = "trace",
+def from_paths(paths: Iterable[Sequence[object] | np.ndarray], *, name: str = "trace",
                block_size: int = MOONCAKE_BLOCK_TOKENS,
-               timestamps: Sequence[float] | None = None,
-               input_tokens: Sequence[int] | None = None) -> Trace:
+               timestamps: Sequence[float] | np.ndarray | None = None,
+               input_tokens: Sequence[int] | np.ndarray | None = None) -> Trace:
     """A trace from chains of block keys (any hashable; a key means its whole prefix)."""
     trie = _Trie()
     chained = [trie.chain(p) for p in paths]
@@ -185,11 +186,10 @@ def _int_list(file: Path, lineno: int, value: object, field: str, most: int) -> 
 def _number(file: Path, lineno: int, row: dict, field: str) -> float:
     value = row.get(field)
     try:
-        check_nonnegative(value, field)
+        return check_nonnegative(value, field)
     except (TypeError, ValueError):
         raise bad_line(file, lineno, f"{field} must be a finite number >= 0, "
                                      f"got {value!r}") from None
-    return value
 
 
 def _in_order(file: Path, lineno: int, stamps: list[float], stamp: float) -> float:

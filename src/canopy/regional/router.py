@@ -13,7 +13,7 @@ shallow) tree bandit, used by routing and trimming alike.
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -243,7 +243,7 @@ class _Learner:
         self._stats[:] = merge_moments(self._stats, logged)
         self._observe_cost(float(outcomes.cost[:, columns].max()))
 
-    def estimates(self) -> list[dict[str, object]]:
+    def estimates(self) -> list[dict[str, Any]]:
         """Per (region, model): own count and mean reward, and the shared estimate with the
         effective count it rests on."""
         rows = []
@@ -258,13 +258,13 @@ class _Learner:
         return rows
 
     # -- persistence ---------------------------------------------------------------------
-    def state(self) -> dict[str, object]:
+    def state(self) -> dict[str, Any]:
         """Everything learned, as plain data (region paths, moments, largest cost seen)."""
         return {"models": list(self.models), "lam": self.lam,
                 "regions": list(self.regions.paths), "stats": self._stats.tolist(),
                 "cost_max": self._cost_max}
 
-    def load_state(self, state: dict[str, object]) -> None:
+    def load_state(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state` output; refuses a state for other models or another lam."""
         if list(state["models"]) != list(self.models):
             raise ValueError(f"saved state is for models {state['models']}, not {self.models}")

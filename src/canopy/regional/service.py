@@ -118,7 +118,7 @@ class RoutingService:
         return self.router.lam
 
     # -- routing ---------------------------------------------------------------------------
-    def route(self, given: str | None = None, body: Mapping[str, Any] | None = None, *,
+    def route(self, given: str | None = None, body: dict[str, Any] | None = None, *,
               allowed: Collection[str] | None = None, lam: float | None = None,
               costs: Mapping[str, float] | None = None, max_cost: float | None = None
               ) -> Route:
@@ -131,7 +131,7 @@ class RoutingService:
             scores = self.router.scores(region)
         return Route(region, self._order(scores, allowed, lam, costs, max_cost))
 
-    def region(self, given: str | None = None, body: Mapping[str, Any] | None = None) -> str:
+    def region(self, given: str | None = None, body: dict[str, Any] | None = None) -> str:
         """A request's region: ``given`` (a header, request metadata), else what the
         :class:`~canopy.regional.sources.RegionSource` reads in ``body``, held to its
         bounds (``ValueError`` for a malformed path). Creates nothing."""
@@ -340,7 +340,7 @@ class RoutingService:
             except Exception:  # the thread must outlive any one failure
                 log.exception("syncing with the store failed")
 
-    def estimates(self) -> list[dict[str, object]]:
+    def estimates(self) -> list[dict[str, Any]]:
         """The router's estimates for every region holding data, by region path then model:
         an order that depends on what was learned, not on the order regions were met."""
         with self._lock:

@@ -55,6 +55,7 @@ class _Refused(Exception):
 
 
 _CALL = "id, region, model, cost, created, episode, quality"
+_BUSY_CODES = (5, 6)  # SQLITE_BUSY, SQLITE_LOCKED (named in sqlite3 from Python 3.11 on)
 
 
 class SqliteStore:
@@ -143,7 +144,7 @@ class SqliteStore:
             yield
         except sqlite3.OperationalError as error:
             code = getattr(error, "sqlite_errorcode", None)  # Python 3.11 on
-            locked = code is None or code & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+            locked = code is None or code & 0xFF in _BUSY_CODES
             kind = StoreBusy if locked else StoreUnreachable
             raise kind(f"SQLite store {self.path}: {error}") from error
 

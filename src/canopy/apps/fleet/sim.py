@@ -150,8 +150,8 @@ def _policy(spec: Spec, *, seed: int, overhead_tokens: float) -> pol.ReplicaPoli
     return pol.make_policy(spec.policy, seed=seed, **options)
 
 
-def _regions(policy: pol.ReplicaPolicy, trace: Trace) -> np.ndarray:
-    """Each request's region node in the policy's router (regions created up front)."""
+def _regions(router: pol.TradeoffRouter, trace: Trace) -> np.ndarray:
+    """Each request's region node in a learning policy's router (regions created up front)."""
     offsets, nodes = trace.offsets, trace.nodes
     lengths = np.diff(offsets)
     first = nodes[offsets[:-1]]
@@ -162,7 +162,7 @@ def _regions(policy: pol.ReplicaPolicy, trace: Trace) -> np.ndarray:
         pair = pol.region_buckets(a, b)
         node = known.get(pair)
         if node is None:
-            node = known[pair] = policy.router.node(f"{pair[0]}/{pair[1]}")
+            node = known[pair] = router.node(f"{pair[0]}/{pair[1]}")
         out[i] = node
     return out
 
@@ -235,11 +235,12 @@ def simulate(trace: FleetTrace, spec: Spec, *, n_replicas: int, capacity: int, l
     chains = np.full((1, 1), -1, dtype=np.int64)
     region_of = np.zeros(n, dtype=np.int64)
     rule, cost_max = np.zeros(4), np.zeros(1)
-    learning = policy is not None and policy.learns
-    if learning:
-        region_of = _regions(policy, t)
-        stats, chains, rule, cost_max = policy.router.tables()
-        grid = policy.router.grid
+    router = None if policy is None else policy.router  # None unless the policy learns
+    learning = router is not None
+    if router is not None:
+        region_of = _regions(router, t)
+        stats, chains, rule, cost_max = router.tables()
+        grid = router.grid
     code = ORACLE if policy is None else policy.code
     params = np.zeros(4) if policy is None else policy.params
     state = np.zeros(2, dtype=np.int64) if policy is None else policy.state
@@ -249,11 +250,11 @@ def simulate(trace: FleetTrace, spec: Spec, *, n_replicas: int, capacity: int, l
            trace.output_tokens, arrival,
            t.block_size, n_replicas, capacity, ms_per_token, overhead_ms, tpot_ms, code,
            params, state, spec.index == "approximate", 180.0, True, learning, stats, chains,
-           region_of, rule, cost_max, grid, 1.0 if policy is None or not learning
-           else policy.router.explore, ttft, hits, replica, theta, busy)
+           region_of, rule, cost_max, grid, 1.0 if router is None else router.explore,
+           ttft, hits, replica, theta, busy)
     seconds = time.perf_counter() - start
-    if learning:
-        policy.router.settle()
+    if router is not None:
+        router.settle()
     blocks = np.diff(t.offsets)
     decision = math.nan
     if time_decisions and policy is not None:

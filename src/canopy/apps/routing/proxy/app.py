@@ -397,7 +397,8 @@ class _Proxy:
                     log.warning("request %s: stream from %s broke: %s", call.request_id,
                                 model, redact(str(error), self.secrets))
                     cut = "the upstream's stream broke"
-                    served.pool.failed(served.pick, served.replica, down=True)
+                    if served.pool is not None:
+                        served.pool.failed(served.pick, served.replica, down=True)
                     served = served.gone()
                     break
             if cut is not None:

@@ -120,7 +120,7 @@ def rating_route(app: FastAPI, path: str, rate: Callable[[str, Any], dict[str, A
 
     async def rating(request: Request) -> Any:
         body, problem = await read_json(request, keys, admin=True, limit=limit)
-        answer = problem or await run_in_threadpool(handle, body)
+        answer = problem if problem is not None else await run_in_threadpool(handle, body)
         if answered is not None:
             answered(answer.status_code if isinstance(answer, Response) else 200)
         return answer
