@@ -6,11 +6,12 @@ engine hosts it, with no model: ``llama`` (the llama.cpp prompt cache,
 it), ``sglang`` (SGLang's own radix cache with Canopy's backend, served as its scheduler
 serves a request: ``canopy.apps.cache.sglang_replay.serve_request``) and ``vllm`` (vLLM's own
 ``KVCacheManager`` with the plugin installed, as ``tests/vllm_pool_driver.py`` drives it).
-The stream: 4,096 shared prefixes of 2-8 blocks drawn by a Zipf(1.1) law whose ranking
-rotates every 50,000 requests, each request ending with a block of its own, so new blocks
-never stop arriving and the policy must forget. The resident set size (``/proc/self/statm``)
-is sampled ``--samples`` times through the run; the target is the second half's largest
-sample within 5% of the sample at the first half's end.
+The stream: shared prefixes (``--prefixes``, default four a block of capacity: 4,096 at
+1,024 blocks) of 2-8 blocks drawn by a Zipf(1.1) law whose ranking rotates every 50,000
+requests, each request ending with a block of its own, so new blocks never stop arriving,
+every request evicts and the policy must forget. The resident set size
+(``/proc/self/statm``) is sampled ``--samples`` times through the run; the target is the
+second half's largest sample within 5% of the sample at the first half's end.
 
 Each host runs in its engine's interpreter, Canopy's sources on the path::
 
@@ -19,8 +20,9 @@ Each host runs in its engine's interpreter, Canopy's sources on the path::
         --requests 1000000
     PYTHONPATH=src .venv-vllm/bin/python benchmarks/cache_soak.py --host vllm --requests 1000000
 
-Each prints one JSON object (``--out FILE`` writes it too); ``--plot FILE.png A.json B.json
-...`` draws the curves of earlier runs.
+Each prints one JSON object; ``--out FILE`` writes it too, and rewrites it at every sample
+while the run goes (``"done"``: the requests served so far), so a run stopped early leaves
+its curve so far. ``--plot FILE.png A.json B.json ...`` draws the curves of earlier runs.
 """
 
 from __future__ import annotations
@@ -34,22 +36,23 @@ from pathlib import Path
 
 import numpy as np
 
-PREFIXES = 4096
+PREFIXES_PER_BLOCK = 4
 SHIFT_EVERY = 50_000
 BLOCK = 16  # vLLM's tokens a block (the other hosts: one token a block)
 
 
-def workload(requests: int, seed: int = 0) -> Iterator[list[int]]:
+def workload(requests: int, seed: int = 0, prefixes: int = 4096) -> Iterator[list[int]]:
     """Each request's block keys, root first (see the module docstring)."""
     rng = np.random.default_rng(seed)
-    lengths = rng.integers(2, 9, size=PREFIXES)
-    weights = 1.0 / np.arange(1, PREFIXES + 1) ** 1.1
+    lengths = rng.integers(2, 9, size=prefixes)
+    weights = 1.0 / np.arange(1, prefixes + 1) ** 1.1
     weights /= weights.sum()
+    own = 16 * prefixes  # the requests' own blocks: above every prefix's keys
     for start in range(0, requests, SHIFT_EVERY):
-        ranks = rng.choice(PREFIXES, size=min(SHIFT_EVERY, requests - start), p=weights)
-        rotated = (ranks + (start // SHIFT_EVERY) * (PREFIXES // 8)) % PREFIXES
+        ranks = rng.choice(prefixes, size=min(SHIFT_EVERY, requests - start), p=weights)
+        rotated = (ranks + (start // SHIFT_EVERY) * (prefixes // 8)) % prefixes
         for i, p in enumerate(rotated.tolist(), start):
-            yield [1 + 16 * p + j for j in range(int(lengths[p]))] + [100_000 + i]
+            yield [1 + 16 * p + j for j in range(int(lengths[p]))] + [own + i]
 
 
 def _rss_mb() -> float:
@@ -121,23 +124,38 @@ HOSTS = {"llama": _llama, "sglang": _sglang, "vllm": _vllm}
 
 
 def soak(host: str, requests: int, *, policy: str = "canopy", capacity: int = 1024,
-         samples: int = 100, seed: int = 0) -> dict:
-    """Feed ``requests`` requests through ``host``; RSS sampled ``samples`` times."""
+         prefixes: int | None = None, samples: int = 100, seed: int = 0,
+         progress: Callable[[dict], None] | None = None) -> dict:
+    """Feed ``requests`` requests through ``host``; RSS sampled ``samples`` times (each
+    sample: ``progress`` of the report so far)."""
+    prefixes = PREFIXES_PER_BLOCK * capacity if prefixes is None else prefixes
     serve = HOSTS[host](policy, capacity)
     every = max(1, requests // samples)
-    curve, reused, began = [], 0, time.perf_counter()
-    for i, keys in enumerate(workload(requests, seed), 1):
+    curve: list[tuple[int, float]] = []
+    reused, began = 0, time.perf_counter()
+    report = {"host": host, "policy": policy, "capacity_blocks": capacity,
+              "prefixes": prefixes, "requests": requests}
+    for i, keys in enumerate(workload(requests, seed, prefixes), 1):
         reused += serve(keys)
         if i % every == 0 or i == requests:
             curve.append((i, round(_rss_mb(), 1)))
-    half = max((s for s in curve if s[0] <= requests // 2), key=lambda s: s[0])
-    second = max(rss for i, rss in curve if i > requests // 2)
-    return {"host": host, "policy": policy, "capacity_blocks": capacity,
-            "requests": requests, "seconds": round(time.perf_counter() - began, 1),
-            "blocks_reused_per_request": reused / requests,
-            "rss_mb_first_half_end": half[1], "rss_mb_second_half_max": second,
-            "growth": round(second / half[1] - 1, 4), "within_5pct": second <= 1.05 * half[1],
-            "curve": curve}
+            report.update(_growth(curve, requests), done=i,
+                          seconds=round(time.perf_counter() - began, 1),
+                          blocks_reused_per_request=reused / i, curve=curve)
+            if progress is not None:
+                progress(report)
+    return report
+
+
+def _growth(curve: list[tuple[int, float]], requests: int) -> dict:
+    """The target's figures from the samples so far (second half: ``None`` until reached)."""
+    half = max((s for s in curve if s[0] <= requests // 2), key=lambda s: s[0], default=None)
+    second = max((rss for i, rss in curve if i > requests // 2), default=None)
+    if half is None or second is None:
+        return {"rss_mb_first_half_end": half and half[1], "rss_mb_second_half_max": None,
+                "growth": None, "within_5pct": None}
+    return {"rss_mb_first_half_end": half[1], "rss_mb_second_half_max": second,
+            "growth": round(second / half[1] - 1, 4), "within_5pct": second <= 1.05 * half[1]}
 
 
 def plot(files: list[str], out: str) -> None:
@@ -151,11 +169,12 @@ def plot(files: list[str], out: str) -> None:
     for file in files:
         run = json.loads(Path(file).read_text())
         x, y = zip(*run["curve"], strict=True)
-        ax.plot(x, y, label=f"{run['host']} ({run['requests']:,} requests)")
+        ax.plot(x, y, label=f"{run['host']}, {run['capacity_blocks']:,} blocks "
+                            f"({run.get('done', run['requests']):,} requests)")
     ax.set_xscale("log")
     ax.set_xlabel("requests served (log scale)")
     ax.set_ylabel("resident memory (MiB)")
-    ax.set_title(f"{run['policy']} at {run['capacity_blocks']:,} blocks: resident memory")
+    ax.set_title(f"{run['policy']}: resident memory")
     ax.legend()
     fig.tight_layout()
     fig.savefig(out, dpi=100)
@@ -167,6 +186,8 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=1_000_000)
     parser.add_argument("--policy", default="canopy")
     parser.add_argument("--capacity", type=int, default=1024)
+    parser.add_argument("--prefixes", type=int,
+                        help=f"shared prefixes (default {PREFIXES_PER_BLOCK} a block of capacity)")
     parser.add_argument("--samples", type=int, default=100)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", help="write the JSON here too")
@@ -178,12 +199,13 @@ def main() -> None:
         return
     if args.host is None:
         parser.error("--host is required")
+    def write(report: dict) -> None:
+        Path(args.out).write_text(json.dumps(report) + "\n")
+
     result = soak(args.host, args.requests, policy=args.policy, capacity=args.capacity,
-                  samples=args.samples, seed=args.seed)
-    text = json.dumps(result)
-    if args.out:
-        Path(args.out).write_text(text + "\n")
-    print(text)
+                  prefixes=args.prefixes, samples=args.samples, seed=args.seed,
+                  progress=write if args.out else None)
+    print(json.dumps(result))
 
 
 if __name__ == "__main__":

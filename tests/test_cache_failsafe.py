@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 import sglang_standin as standin
+from canopy.apps.cache.live import predicted_reuse
 from canopy.apps.cache.sglang_replay import drive
 from canopy.integrations.sglang import CanopyEviction, install
 from canopy.prefix import (
@@ -76,6 +77,20 @@ def test_the_llama_cpp_cache_serves_every_request_after_its_policy_raises(caplog
     assert first > 150 and np.array_equal(reused[:first], replay[:first])
     assert reused[first:].sum() > 0  # LRU reuses after the fallback
     assert stats["policy"] == "raises-after-200" and cache.policy_cache.policy.name == "lru"
+
+
+def test_the_live_replay_of_a_policy_that_raises_predicts_every_request(caplog):
+    """``canopy cache live`` predicts each request's reuse by replaying the policy: there too
+    the policy that raises is dropped once and LRU predicts the rest, so the run reports
+    (the server's fallbacks with it) instead of dying after serving every request."""
+    chains = _chains()
+    with caplog.at_level(logging.ERROR, logger=LOGGER):
+        reused = predicted_reuse(chains, RAISES, 12)
+    assert len(reused) == 300 and reused[200:].sum() > 0
+    assert len(_failures(caplog)) == 1
+    replay = replay_stream(chains, "user_policy:NewestFirst", 12)
+    first = int(np.argmax(reused != replay))
+    assert first > 150 and np.array_equal(reused[:first], replay[:first])
 
 
 def test_a_cache_outgrowing_its_node_limit_falls_back_to_lru():

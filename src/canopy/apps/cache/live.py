@@ -13,8 +13,8 @@ prefix structure made into words).
 Calibration (:func:`calibrate`): the least-squares fit of the replay's TTFT model
 (:class:`~canopy.prefix.ttft.TTFTModel`: fixed cost plus cost per uncached token) to every
 measured request, the uncached tokens being the prompt minus the blocks the server's policy
-reused. The replay (:func:`~canopy.prefix.stream.replay_stream` on the same block chains)
-then predicts each policy's TTFT saved over caching off.
+reused. The replay (:func:`predicted_reuse` on the same block chains) then predicts each
+policy's TTFT saved over caching off.
 """
 
 from __future__ import annotations
@@ -34,8 +34,9 @@ import numpy as np
 from canopy._lazy import deprecated_aliases
 from canopy.engines.workloads import Workload
 from canopy.prefix import RadixCache
+from canopy.prefix.failsafe import FailSafeCache
 from canopy.prefix.policies import make_policy
-from canopy.prefix.stream import replay_stream
+from canopy.prefix.stream import StreamingCache
 from canopy.prefix.traces import from_paths, full_blocks
 from canopy.prefix.ttft import TTFTModel, load_calibration
 
@@ -290,12 +291,16 @@ def block_chains(workload: Workload, vocab: Any, block_tokens: int
 
 def predicted_reuse(chains: Sequence[Sequence[tuple[int, ...]]], policy: str,
                     capacity_blocks: int) -> np.ndarray:
-    """Blocks each request reuses in the replay of the block chains (0 for ``off``)."""
+    """Blocks each request reuses in the replay of the block chains (0 for ``off``). An online
+    policy replays fail-safe, as its hosts run it (:class:`~canopy.prefix.failsafe.
+    FailSafeCache`): should it raise, LRU predicts the rest and the run still reports."""
     if policy == "off":
         return np.zeros(len(chains), dtype=np.int64)
     if make_policy(policy).offline:
         return RadixCache(from_paths(chains), make_policy(policy), capacity_blocks).run()
-    return replay_stream(chains, policy, capacity_blocks)
+    cache = FailSafeCache(StreamingCache(policy, capacity_blocks))
+    return np.fromiter((cache.request(keys) for keys in chains), dtype=np.int64,
+                       count=len(chains))
 
 
 def _write_plan(workload: Workload, vocab: Any, folder: Path) -> Path:
