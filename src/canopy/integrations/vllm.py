@@ -30,7 +30,6 @@ from __future__ import annotations
 import functools
 import operator
 import os
-from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -160,7 +159,7 @@ def _queue_class() -> type:
                 out.append(super().popleft())  # raises when empty, as vLLM's does
             return out
 
-        def observe(self, hashes: list[Hashable]) -> None:
+        def observe(self, hashes: list[bytes]) -> None:
             """A request's block-hash chain, root first, when it is first scheduled."""
             self.evictable.observe(fold_digests(hashes))
 

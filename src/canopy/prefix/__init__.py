@@ -16,7 +16,7 @@ if TYPE_CHECKING:  # the lazy exports as the type checker sees them (re-exported
     from canopy.prefix.blocks import BlockTree as BlockTree
     from canopy.prefix.evictable import EvictableBlocks as EvictableBlocks
     from canopy.prefix.evictable import EvictionOrder as EvictionOrder
-    from canopy.prefix.hashindex import HashIndex as HashIndex
+    from canopy.prefix.hashindex import KeyTree as KeyTree
     from canopy.prefix.policies import LFU as LFU
     from canopy.prefix.policies import LRU as LRU
     from canopy.prefix.policies import POLICIES as POLICIES

@@ -34,16 +34,19 @@ __all__ = ["EvictableBlocks", "EvictionOrder"]
 Blocks = Sequence[int] | np.ndarray
 """Engine block ids: a sequence or an int64 array."""
 
+Keys = Sequence[Hashable] | np.ndarray
+"""Blocks' keys: hashable values, or an int64 array of folded keys."""
+
 
 class EvictionOrder(Protocol):
     """What :class:`EvictableBlocks` asks of an online policy
     (:class:`~canopy.prefix.stream.OnlinePolicy`), which keeps the evictable set."""
 
-    def observe(self, keys: Sequence[Hashable]) -> None:  # pragma: no cover - protocol
+    def observe(self, keys: Keys) -> None:  # pragma: no cover - protocol
         """Learn from one admitted request's block keys, root first."""
 
-    def release(self, blocks: Sequence[int],
-                keys: Sequence[Hashable]) -> np.ndarray:  # pragma: no cover - protocol
+    def release(self, blocks: Blocks,
+                keys: Keys) -> np.ndarray:  # pragma: no cover - protocol
         """Blocks freed, in order; returns which keys the policy knows."""
 
     def acquire(self, blocks: Blocks) -> None:  # pragma: no cover - protocol
@@ -76,7 +79,7 @@ class EvictableBlocks:
         """The engine freed ``block``, which caches ``key``: it may be evicted from now on."""
         self.release_all([block], [key])
 
-    def release_all(self, blocks: Sequence[int], keys: Sequence[Hashable]) -> None:
+    def release_all(self, blocks: Blocks, keys: Keys) -> None:
         """:meth:`release` of ``blocks[i]`` caching ``keys[i]``, in that order (one call to
         the policy)."""
         self._flush()
@@ -89,7 +92,7 @@ class EvictableBlocks:
             miss = np.flatnonzero(~known).tolist()
             self._unkeyed([blocks[i] for i in miss], [keys[i] for i in miss])
 
-    def _unkeyed(self, blocks: Sequence[int], keys: Sequence[Hashable]) -> None:
+    def _unkeyed(self, blocks: Blocks, keys: Keys) -> None:
         """Blocks the order cannot key, to the tail of the release order."""
         self._forget(blocks)
         for block, key in zip(np.asarray(blocks, dtype=np.int64).tolist(), keys, strict=True):
@@ -120,7 +123,7 @@ class EvictableBlocks:
         if self.policy is not None:
             self.policy.drop(blocks)
 
-    def observe(self, keys: Sequence[Hashable]) -> None:
+    def observe(self, keys: Keys) -> None:
         """A request was admitted with block keys ``keys``, root first: the policy observes
         it (and re-keys its free blocks); free blocks of keys it did not know join its set."""
         if self.policy is None:

@@ -169,7 +169,7 @@ class FailSafePolicy(_Guard):
         """Nodes of the policy's tables (0 once dropped)."""
         return 0 if self.failed else self.policy.n_nodes
 
-    def observe(self, keys: Sequence[Hashable], *, start: int = 0) -> None:
+    def observe(self, keys: Sequence[Hashable] | np.ndarray, *, start: int = 0) -> None:
         """:meth:`OnlinePolicy.observe`, guarded; fails the policy past ``max_nodes``."""
 
         def observe() -> None:
@@ -178,7 +178,8 @@ class FailSafePolicy(_Guard):
 
         self._call(None, observe)
 
-    def release(self, blocks: Sequence[int], keys: Sequence[Hashable]) -> np.ndarray:
+    def release(self, blocks: Sequence[int] | np.ndarray,
+                keys: Sequence[Hashable] | np.ndarray) -> np.ndarray:
         """:meth:`OnlinePolicy.release`, guarded; once the policy failed every block is known
         (kept here, in release order)."""
         known = self._call(None, self.policy.release, blocks, keys)

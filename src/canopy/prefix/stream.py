@@ -164,7 +164,7 @@ class OnlinePolicy(_Host):
         """Bumps when existing priorities are re-ordered (``canopy`` switched arm)."""
         return self.tree.switches
 
-    def observe(self, keys: Sequence[Hashable], *, start: int = 0) -> None:
+    def observe(self, keys: Sequence[Hashable] | np.ndarray, *, start: int = 0) -> None:
         """Learn from one admitted request: its block keys, root first (key ``i``'s parent is
         key ``i - 1``), the blocks it hits and the ones it misses. A key the engine does not
         hold counts as (re)inserted now. ``start > 0``: the request grew (a later prefill
@@ -240,8 +240,8 @@ class OnlinePolicy(_Host):
             self.tree.clear_visited(v)
 
     # ------------------------------------------------------------ the evictable set
-    def release(self, blocks: Sequence[int] | np.ndarray, keys: Sequence[Hashable]
-                ) -> np.ndarray:
+    def release(self, blocks: Sequence[int] | np.ndarray,
+                keys: Sequence[Hashable] | np.ndarray) -> np.ndarray:
         """The engine freed ``blocks[i]`` (ids >= 0) caching ``keys[i]``, in that order: they
         may be evicted from now on (:meth:`pop_victims`). Returns which keys the policy knows
         (observed, not forgotten); a block of an unknown key is forgotten here, for its host
