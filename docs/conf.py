@@ -46,7 +46,8 @@ nitpick_ignore_regex = [
      r"sglang|llama_cpp|llmlingua|pandas|matplotlib|sqlite3|pathlib|os|io|collections|"
      r"typing|asyncio|threading|subprocess|concurrent|json|enum|types|datetime|logging|"
      r"contextlib|dataclasses|http|socket|numpy\.typing|npt|_io|Path|NDArray|abc|_thread|"
-     r"re|fractions|statistics|uvicorn|click|pydantic|openai|queue|random|hashlib)(\..*)?"),
+     r"re|fractions|statistics|uvicorn|click|pydantic|openai|queue|random|hashlib|"
+     r"BackgroundTask)(\..*)?"),
 ]
 html_theme = "alabaster"
 

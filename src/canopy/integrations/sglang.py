@@ -273,7 +273,7 @@ class PageExact(_RadixCacheInterface):
     the free leaf pages: the replay's victims), each the last page of an unlocked leaf node
     or of its parent once every page under the parent went. SGLang evicts whole nodes; this
     cache has SGLang cut a node whose tail alone goes, then evict exactly the chosen nodes,
-    both through public calls (:meth:`_canopy_split`, :meth:`_canopy_delete`): its own
+    both through public calls (``_canopy_split``, ``_canopy_delete``): its own
     ``evict`` frees the pool's pages, updates its sizes and leaves, and reports its KV events
     and metrics. No private SGLang method is called.
 

@@ -7,7 +7,7 @@ new tokens, evicting what it held. Which free cached block goes first is the evi
 (paper Section 4). :class:`EvictableBlocks` is the engine's side of that choice:
 
 * :meth:`~EvictableBlocks.release_all` (the engine freed cached blocks),
-  :meth:`~EvictableBlocks.acquire` (a hit took one back), :meth:`~EvictableBlocks.drop` (its
+  ``acquire`` (a hit took one back), :meth:`~EvictableBlocks.drop` (its
   key is gone), :meth:`~EvictableBlocks.pop_victims` (the engine needs blocks);
 * the victims are the policy's (:class:`~canopy.prefix.stream.OnlinePolicy`): its evictable
   set, compiled arrays beside its node table, hands them out among the free *leaves*, lowest
@@ -65,7 +65,7 @@ class EvictableBlocks:
     block to the policy's key is all that is kept here; hits are handed to the policy with
     the next call that reads the set.
 
-    :attr:`acquire` ``(block)``: a request took ``block`` back (a hit): pinned, not evictable
+    ``acquire(block)``: a request took ``block`` back (a hit): pinned, not evictable
     until released (a list's ``append``: an engine calls it once a hit block)."""
 
     def __init__(self, policy: EvictionOrder | None = None) -> None:

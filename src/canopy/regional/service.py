@@ -241,7 +241,7 @@ class RoutingService:
 
     def observe(self, region: str, model: str, quality: float, cost: float) -> None:
         """An outcome that awaits no rating: learnt here at once
-        (:meth:`RegionalRouter.update`, which checks it), and added to the store at the next
+        (``RegionalRouter.update``, which checks it), and added to the store at the next
         pull, whose read then overwrites these cells with the sums every process wrote (this
         outcome among them: never counted twice). Never waits on the store."""
         with self._lock:

@@ -292,8 +292,9 @@ def block_chains(workload: Workload, vocab: Any, block_tokens: int
 def predicted_reuse(chains: Sequence[Sequence[tuple[int, ...]]], policy: str,
                     capacity_blocks: int) -> np.ndarray:
     """Blocks each request reuses in the replay of the block chains (0 for ``off``). An online
-    policy replays fail-safe, as its hosts run it (:class:`~canopy.prefix.failsafe.
-    FailSafeCache`): should it raise, LRU predicts the rest and the run still reports."""
+    policy replays fail-safe, as its hosts run it
+    (:class:`~canopy.prefix.failsafe.FailSafeCache`): should it raise, LRU predicts the rest
+    and the run still reports."""
     if policy == "off":
         return np.zeros(len(chains), dtype=np.int64)
     if make_policy(policy).offline:
