@@ -5,11 +5,13 @@ Ctrl-C, so that every engine it started is stopped on the way out."""
 from __future__ import annotations
 
 import signal
-from collections.abc import Iterator
+import subprocess
+import time
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["alive", "descendants", "ended_by_signals"]
+__all__ = ["alive", "descendants", "ended_by_signals", "wait_until_answering"]
 
 
 def _children() -> dict[int, list[int]]:
@@ -59,3 +61,27 @@ def ended_by_signals() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def wait_until_answering(process: subprocess.Popen, url: str, *, name: str, timeout: float,
+                         error: type[Exception], output_tail: Callable[[], str],
+                         headers: Mapping[str, str] | None = None,
+                         interval: float = 0.3) -> None:
+    """Poll ``GET url`` until it answers 200. ``process`` exiting first, or no answer within
+    ``timeout`` seconds: ``error``, naming ``name`` and quoting ``output_tail()``."""
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while True:
+        if process.poll() is not None:
+            raise error(f"{name} exited with code {process.returncode} before answering; "
+                        f"its output ends:\n{output_tail()}")
+        try:
+            if httpx.get(url, timeout=2.0, headers=dict(headers or {})).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            raise error(f"{name} did not answer within {timeout:g} s; its output ends:\n"
+                        f"{output_tail()}")
+        time.sleep(interval)

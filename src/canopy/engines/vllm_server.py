@@ -32,7 +32,7 @@ from typing import Any
 
 import httpx
 
-from canopy.engines.processes import alive, descendants
+from canopy.engines.processes import alive, descendants, wait_until_answering
 from canopy.errors import EngineError
 
 __all__ = ["CONVERTED", "ENGINE_POLICIES", "SMOLLM2_CONFIG", "VLLMServer", "VLLMServerError",
@@ -207,22 +207,10 @@ class VLLMServer:
         return self
 
     def _wait_ready(self) -> None:
-        deadline = time.monotonic() + self.startup_timeout
         assert self._process is not None
-        while True:
-            if self._process.poll() is not None:
-                raise VLLMServerError(f"vLLM exited with code {self._process.returncode} "
-                                      f"before answering; its output ends:\n{self.log_tail()}")
-            try:
-                if httpx.get(f"{self.url}/v1/models", timeout=2.0, headers=self.headers
-                             ).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise VLLMServerError(f"vLLM did not answer within {self.startup_timeout:g} "
-                                      f"s; its output ends:\n{self.log_tail()}")
-            time.sleep(0.5)
+        wait_until_answering(self._process, f"{self.url}/v1/models", name="vLLM",
+                             timeout=self.startup_timeout, error=VLLMServerError,
+                             output_tail=self.log_tail, headers=self.headers, interval=0.5)
 
     @property
     def headers(self) -> dict[str, str]:

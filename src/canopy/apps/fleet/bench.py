@@ -244,27 +244,15 @@ def _router_process(name: str, command: Sequence[str], port: int, log: Path, *,
     until its ``GET /health`` answers 200; yields its URL and ends it (terminate, then kill)
     on the way out. One that exits first, or does not answer within ``startup_timeout``
     seconds: :class:`BenchError`, quoting the end of its log."""
-    import httpx
+    from canopy.engines.processes import wait_until_answering
 
     with log.open("wb") as sink:
         process = subprocess.Popen(list(command), stdout=sink, stderr=subprocess.STDOUT,
                                    stdin=subprocess.DEVNULL, env=env)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + startup_timeout
-        while True:
-            if process.poll() is not None:
-                raise BenchError(f"{name} exited with code {process.returncode}: "
-                                 f"{_tail(str(log))}")
-            try:
-                if httpx.get(f"{url}/health", timeout=2.0).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise BenchError(f"{name} did not answer within {startup_timeout:g} s: "
-                                 f"{_tail(str(log))}")
-            time.sleep(0.3)
+        wait_until_answering(process, f"{url}/health", name=name, timeout=startup_timeout,
+                             error=BenchError, output_tail=lambda: _tail(str(log)))
         yield url
     finally:
         process.terminate()
