@@ -731,3 +731,55 @@ def test_the_lean_upstream_client_keeps_its_connection_and_refuses_what_it_must(
     assert oks == [(200, b"{}")] * 20 and kept == 1
     assert errors == [AnswerTooLarge, LLMConnectionError, LLMTimeoutError]
     assert status == (503, b"busy")  # the status is the pass-through's to judge
+
+
+def test_the_lean_client_never_writes_to_a_connection_closed_under_it():
+    """A kept-alive connection whose transport closed before its ``connection_lost`` ran (an
+    upstream stopped; uvloop then refuses a write with ``RuntimeError``) is not reused: the
+    call goes out on a new connection, and a fresh one cut the same way is the client's
+    connection error, never an internal error."""
+    import asyncio
+
+    import uvloop
+
+    from canopy.llm.client import LLMConnectionError
+    from canopy.llm.http1 import Http1Pool
+
+    async def serve(reader, writer):
+        while True:
+            try:
+                head = await reader.readuntil(b"\r\n\r\n")
+            except (asyncio.IncompleteReadError, ConnectionError):
+                return
+            length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+            await reader.readexactly(length)
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
+            await writer.drain()
+
+    async def run():
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        pool = Http1Pool(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/v1")
+        first = await pool.post("/ok", b"{}", {}, timeout=10, cap=100)
+        pool._idle[0].transport.abort()  # closed; its connection_lost not run yet
+        second = await pool.post("/ok", b"{}", {}, timeout=10, cap=100)
+        pool.close()  # no kept-alive connection left: the next call connects
+        connect = pool._connect
+
+        async def closed_at_once():
+            conn = await connect()
+            conn.transport.abort()  # reset by the peer as it connected
+            return conn
+
+        pool._connect = closed_at_once
+        try:
+            await pool.post("/ok", b"{}", {}, timeout=10, cap=100)
+            third = None
+        except LLMConnectionError as error:
+            third = type(error)
+        pool.close()
+        server.close()
+        return first, second, third
+
+    first, second, third = uvloop.run(run())
+    assert first == second == (200, b"{}")
+    assert third is LLMConnectionError

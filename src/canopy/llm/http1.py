@@ -166,7 +166,7 @@ class Http1Pool:
         conn = None
         while reused and self._idle:
             conn = self._idle.pop()
-            if conn.open:
+            if conn.open and conn.transport is not None and not conn.transport.is_closing():
                 break
             conn = None
         if conn is None:
@@ -177,7 +177,10 @@ class Http1Pool:
         timer = loop.call_at(deadline, conn._fail, asyncio.TimeoutError())
         try:
             assert conn.transport is not None
-            conn.transport.write(request)
+            try:
+                conn.transport.write(request)
+            except RuntimeError:  # closed under us before its connection_lost ran (uvloop)
+                raise _Cut from None
             answer = await conn.answer
         except BaseException:
             conn.close()  # failed, timed out or cancelled: never reused
