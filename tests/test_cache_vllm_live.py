@@ -1,13 +1,17 @@
 """``canopy cache live --engine vllm`` against a real ``vllm serve`` (vLLM's interpreter,
-``.venv-vllm``): two server starts (caching off; caching on with vLLM's own eviction), a
-few minutes on two cores. Ratios and medians only: the machine may be loaded."""
+``.venv-vllm``): three server starts (caching off; caching on with vLLM's own eviction; a
+user's policy that raises mid-run), a few minutes on two cores. Ratios and medians only:
+the machine may be loaded."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
+
+TESTS = Path(__file__).resolve().parent
 
 
 def _vllm_pids() -> set[int]:
@@ -58,6 +62,24 @@ def test_vllm_caching_cuts_ttft_and_the_server_reuses_what_the_replay_predicts()
     # with the load; the mean and the paired per-request saving do not
     assert on["ttft_mean_s"] < off["ttft_mean_s"]
     assert on["ttft_saved_s"]["median"] > 0
+
+
+def test_a_policy_that_raises_mid_run_is_counted_and_every_request_served():
+    """A user's policy whose key raises once the clock passes request 8 (the plugin in vLLM's
+    engine process, the spec through ``CANOPY_VLLM_EVICTION``): vLLM's own order takes over,
+    every request is answered, and the JSON counts the one fallback."""
+    from test_cache_vllm_pool import _vllm_python
+
+    _vllm_python()  # skips (fails in CI) without vLLM
+    path = os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")]))
+    returncode, stdout, stderr = run_live(
+        ["--engine", "vllm", "--policies", "user_policy:RaisesAfter8", "--requests", "16",
+         "--scenario", "stationary", "--blocks", "48", "--threads", "1", "--json"],
+        env={**os.environ, "PYTHONPATH": path})
+    assert returncode == 0, stderr[-3000:]
+    entry = json.loads(stdout)["results"]["user_policy:RaisesAfter8"]
+    assert entry["fallbacks"] == 1
+    assert entry["requests"] > 0 and entry["hit_rate"] > 0  # served, caching on throughout
 
 
 def test_bad_input_is_one_line_and_exit_2():

@@ -54,6 +54,20 @@ class RaisesAfter200(NewestFirst):
 
 
 @numba.njit
+def newest_first_until_8(v, ni, depth, params):
+    if ni[v, radix.LAST] > 8:
+        raise ValueError("the clock passed 8")
+    return -float(ni[v, radix.LAST])
+
+
+class RaisesAfter8(NewestFirst):
+    """:class:`RaisesAfter200` for a run of a few requests (a live server's)."""
+
+    name = "raises-after-8"
+    key = staticmethod(newest_first_until_8)
+
+
+@numba.njit
 def always_raises(v, ni, depth, params):
     raise ValueError("a bug from the first call")
 
