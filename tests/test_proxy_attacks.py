@@ -673,6 +673,19 @@ def test_headers_past_the_limit_are_refused_and_the_proxy_goes_on(tmp_path, upst
     assert again.status_code == 200
 
 
+async def _read_request(reader) -> bytes | None:
+    """One HTTP/1.1 request read whole from ``reader``: its path (``None``: the client left)."""
+    import asyncio
+
+    try:
+        head = await reader.readuntil(b"\r\n\r\n")
+    except (asyncio.IncompleteReadError, ConnectionError):
+        return None
+    length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+    await reader.readexactly(length)
+    return head.split(b" ")[1]
+
+
 def test_the_lean_upstream_client_keeps_its_connection_and_refuses_what_it_must():
     """Twenty calls over one kept-alive connection; an answer declaring more than the cap
     and a server that closes mid-answer are refused with the client's error types, as is one
@@ -690,14 +703,7 @@ def test_the_lean_upstream_client_keeps_its_connection_and_refuses_what_it_must(
 
     async def serve(reader, writer):
         connections.append(writer)
-        while True:
-            try:
-                head = await reader.readuntil(b"\r\n\r\n")
-            except (asyncio.IncompleteReadError, ConnectionError):
-                return
-            length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
-            await reader.readexactly(length)
-            path = head.split(b" ")[1]
+        while (path := await _read_request(reader)) is not None:
             if path == b"/hang":
                 continue  # never answers
             writer.write(answers[path])
@@ -746,13 +752,7 @@ def test_the_lean_client_never_writes_to_a_connection_closed_under_it():
     from canopy.llm.http1 import Http1Pool
 
     async def serve(reader, writer):
-        while True:
-            try:
-                head = await reader.readuntil(b"\r\n\r\n")
-            except (asyncio.IncompleteReadError, ConnectionError):
-                return
-            length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
-            await reader.readexactly(length)
+        while await _read_request(reader) is not None:
             writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
             await writer.drain()
 
