@@ -121,6 +121,43 @@ def test_the_hosts_own_release_order_is_lru():
                           replay_stream(chains, "lru", 20))
 
 
+def test_a_free_block_with_a_held_block_under_it_goes_when_no_free_leaf_is_left():
+    """The heap holds only free leaves; a pool whose every free block has a held block under
+    its key (blocks sharing a key) still evicts: the lowest of them."""
+    free = EvictableBlocks(OnlinePolicy("lfu", 8))
+    free.observe([("a",), ("a", "b")])
+    free.release_all([0, 1], [("a", "b"), ("a",)])
+    free.acquire(0)  # "a, b" held: "a" is no leaf
+    assert free.pop_victims(2) == [1]
+    free.release(0, ("a", "b"))
+    assert free.pop_victims(2) == [0]
+
+
+@pytest.mark.parametrize(("policy", "victims", "digest"), [
+    ("canopy", 12412, "32c0651462ce876b"), ("lfu", 16461, "4748d0a0e094cfd6"),
+    ("sieve", 12846, "62beb219e11860de"), ("lru", 14765, "0508de83642e6b38")])
+def test_the_victims_of_a_fixed_workload_are_pinned(policy, victims, digest):
+    """Every block the evictable set hands out on a fixed workload (3,000 requests, pools of
+    12, 24 and 60 blocks), in order: a change of the set's structure (which free nodes its
+    heap holds, how it is searched) must not change one victim."""
+    import hashlib
+
+    out: list[int] = []
+    for capacity in (12, 24, 60):
+        host = PagedHost(policy, capacity)
+        pop = host.free.pop_victim
+
+        def recorded(pop=pop) -> int | None:
+            out.append(pop())
+            return out[-1]
+
+        host.free.pop_victim = recorded
+        for chain in _zipf_shift(3000, seed=5):
+            host.request(chain)
+    assert len(out) == victims
+    assert hashlib.sha256(repr(out).encode()).hexdigest()[:16] == digest
+
+
 def test_the_plugin_is_off_unless_asked_and_refuses_unknown_names(monkeypatch):
     from canopy.integrations import vllm as plugin
 

@@ -263,8 +263,9 @@ class BlockTree:
         self._born = np.concatenate([self._born, np.zeros(n - old, dtype=np.int64)])
         self._ni = np.concatenate([self._ni, kernels.node_table(n - old)])
         if self._ev is not None:
-            ek = np.concatenate([self._ev.ek, kernels.evictable_nodes(n - old)])
-            self._ev = self._ev._replace(ek=ek)
+            self._ev = self._ev._replace(
+                ek=np.concatenate([self._ev.ek, kernels.evictable_nodes(n - old)]),
+                nkey=np.concatenate([self._ev.nkey, np.zeros(n - old)]))
         if self._canopy:
             shadows = self._shadows
             self._cells = np.concatenate(
@@ -447,7 +448,8 @@ class BlockTree:
             size = kernels.shadow_heap_size(self.capacity, self._longest)
             ints = [np.zeros(size, dtype=np.int64) for _ in range(3)]
             ev = kernels.Evictable(kernels.evictable_nodes(len(self.parent)),
-                                   kernels.evictable_blocks(blocks), np.zeros(size), *ints,
+                                   np.zeros(len(self.parent)), kernels.evictable_blocks(blocks),
+                                   np.zeros(size), *ints,
                                    np.array([0, 0, -1], dtype=np.int64))
             self._ev_epoch = self.switches
         elif blocks > len(ev.blocks):
@@ -475,7 +477,7 @@ class BlockTree:
         order: evictable from now on (:func:`~canopy.prefix.kernels.evictable_release`)."""
         self._evictable(int(blocks.max(initial=-1)) + 1)
         self._rekey_due()
-        ev = self._ev_room(len(blocks))
+        ev = self._ev_room(2 * len(blocks))  # a block may make its node and an old parent leaves
         kernels.evictable_release(self.kind, self._ev_key(), blocks, nodes, self.parent,
                                   self.depth, self._ni, self._cells, self.params, self._sc, ev)
 
@@ -488,8 +490,8 @@ class BlockTree:
         """A host dropped ``blocks``' keys: forget them."""
         if self._ev is not None and len(blocks):
             self._rekey_due()
-            kernels.evictable_drop(blocks[blocks < len(self._ev.blocks)], self.parent,
-                                   self._ni, self._ev)
+            ev = self._ev_room(len(blocks))  # a dropped block's parent may become a leaf
+            kernels.evictable_drop(blocks[blocks < len(ev.blocks)], self.parent, self._ni, ev)
 
     def rekey(self, path: np.ndarray) -> None:
         """A request observed nodes ``path``: its free nodes re-keyed, or every free node
@@ -521,9 +523,10 @@ class BlockTree:
         if self._ev is None or want <= 0:
             return np.zeros(0, dtype=np.int64)
         self._rekey_due()
+        ev = self._ev_room(want)  # each victim's parent may become a leaf
         out = np.empty(want, dtype=np.int64)
         got = kernels.evictable_pop(self.policy.hand, want, self.n, self.parent, self._ni,
-                                    self._sc, self._ev, out)
+                                    self._sc, ev, out)
         return out[:got]
 
     def _ev_key(self) -> Any:
@@ -536,6 +539,7 @@ class BlockTree:
         m = len(kept)
         ev.ek[:m] = ev.ek[kept]
         ev.ek[m:n] = kernels.evictable_nodes(n - m)
+        ev.nkey[:m] = ev.nkey[kept]
         owned = ev.blocks[:, kernels.BNODE]
         known = owned >= 0
         owned[known] = remap[owned[known]]

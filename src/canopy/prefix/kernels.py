@@ -972,19 +972,22 @@ def priorities_keyed(key, nodes, depth, ni, cells, params, sc, out):
 # ---------------------------------------------------------------- online: a host's free blocks
 # A host's evictable set, kept beside an observed tree (:class:`Evictable`): per node its free
 # blocks (a list through the block table, oldest release first), the blocks the host holds
-# under it, the release stamp of its entry; per engine block its node and list links; a
-# min-heap of nodes by (key, stamp) with lazy deletion (the node table's ``VER``), and the
-# node table's ``NCHILD`` counting the blocks the host holds under a node's children.
+# under it, the release stamp and the key of its entry; per engine block its node and list
+# links; a min-heap of the free *leaves* by (key, stamp) with lazy deletion (the node table's
+# ``VER``), and the node table's ``NCHILD`` counting the blocks the host holds under a node's
+# children. A free node enters the heap when it becomes a leaf (freed with nothing held under
+# it, or its last child block gone) and when it is re-keyed as one; an entry whose node holds
+# a child block again is dropped when it surfaces (the node comes back once a leaf).
 EFREE, EHELD, ESTAMP, EHEAD, ETAIL = range(5)
 _EK = 5
 BNODE, BPREV, BNEXT, BFREE = range(4)
 _BK = 4
 ELEN, ESEQ, EHAND = range(3)
-Evictable = namedtuple("Evictable", "ek blocks hkey hstamp hnode hver es")
+Evictable = namedtuple("Evictable", "ek nkey blocks hkey hstamp hnode hver es")
 """A host's evictable set as the kernels take it: the per-node table (``EFREE`` ...
-``ETAIL``), the per-block table (``BNODE`` ... ``BFREE``), the heap (keys, stamps, nodes,
-versions) and its scalars (heap length, next stamp, SIEVE's hand: the insertion order of its
-last victim)."""
+``ETAIL``) and key, the per-block table (``BNODE`` ... ``BFREE``), the heap (keys, stamps,
+nodes, versions) and its scalars (heap length, next stamp, SIEVE's hand: the insertion order
+of its last victim)."""
 
 
 @nb.njit(cache=True, inline="always")
@@ -1054,14 +1057,24 @@ def _ev_drop(ev, b, parent, ni):
     p = parent[v]
     if p >= 0 and ni[p, NCHILD] > 0:
         ni[p, NCHILD] -= 1
+        if ni[p, NCHILD] == 0 and ev.ek[p, EFREE] > 0:
+            _ev_enter(ev, ni, p)  # a free leaf now
     ev.blocks[b, BNODE] = -1
+
+
+@nb.njit(cache=True, inline="always")
+def _ev_enter(ev, ni, v):
+    """Free leaf ``v`` enters the heap at its key and stamp (its older entries retired)."""
+    ni[v, VER] += 1
+    _ev_push(ev, ev.nkey[v], ev.ek[v, ESTAMP], v, ni[v, VER])
 
 
 @nb.njit(cache=True)
 def evictable_release(kind, key, ids, nodes, parent, depth, ni, cells, params, sc, ev):
     """The host freed blocks ``ids[i]`` caching node ``nodes[i]``, in that order: each joins
-    its node's free list; a node with its first free block enters the heap at its key now,
-    stamped by this release (ties evict the older release first)."""
+    its node's free list; a node with its first free block is keyed now and stamped by this
+    release (ties evict the older release first), and enters the heap if nothing is held
+    under it (a request's blocks, freed deepest first: its deepest block)."""
     ek, blocks = ev.ek, ev.blocks
     for i in range(len(ids)):
         b, v = ids[i], nodes[i]
@@ -1085,15 +1098,16 @@ def evictable_release(kind, key, ids, nodes, parent, depth, ni, cells, params, s
         ev.es[ESEQ] += 1
         if ek[v, EFREE] == 1:
             ek[v, ESTAMP] = stamp
-            ni[v, VER] += 1
-            _ev_push(ev, _host_key(kind, key, v, depth, ni, cells, params, sc), stamp, v,
-                     ni[v, VER])
+            ev.nkey[v] = _host_key(kind, key, v, depth, ni, cells, params, sc)
+            ni[v, VER] += 1  # a stale entry of an earlier free spell dies
+            if ni[v, NCHILD] == 0:
+                _ev_push(ev, ev.nkey[v], stamp, v, ni[v, VER])
 
 
 @nb.njit(cache=True)
 def evictable_acquire(ids, ev):
     """Hits took blocks ``ids`` back: pinned, no longer evictable (their nodes' heap entries
-    die when no free block is left)."""
+    die when no free block is left; a block not free is left as it is)."""
     for b in ids:
         if ev.blocks[b, BFREE]:
             _ev_unfree(ev, b)
@@ -1108,25 +1122,28 @@ def evictable_drop(ids, parent, ni, ev):
 
 @nb.njit(cache=True)
 def evictable_rekey(kind, key, nodes, n, parent, depth, ni, cells, params, sc, ev):
-    """Re-key the free nodes among ``nodes`` (a request observed them); ``n >= 0``: rebuild
-    the heap over every free node ``0..n - 1`` (the policy re-ordered its keys)."""
+    """Re-key the free nodes among ``nodes`` (a request observed them), the leaves among them
+    back into the heap; ``n >= 0``: rebuild the heap over every free node ``0..n - 1`` (the
+    policy re-ordered its keys)."""
     ek = ev.ek
     if n >= 0:  # the host emptied the heap
         nodes = np.arange(n)
     for v in nodes:
         if ek[v, EFREE] > 0:
+            ev.nkey[v] = _host_key(kind, key, v, depth, ni, cells, params, sc)
             ni[v, VER] += 1
-            _ev_push(ev, _host_key(kind, key, v, depth, ni, cells, params, sc), ek[v, ESTAMP],
-                     v, ni[v, VER])
+            if ni[v, NCHILD] == 0:
+                _ev_push(ev, ev.nkey[v], ek[v, ESTAMP], v, ni[v, VER])
 
 
 @nb.njit(cache=True)
 def evictable_compact(ni, ev):
-    """Drop the heap's dead entries (their node has no free block or a newer entry)."""
+    """Drop the heap's dead entries (their node has no free block, a block held under it or
+    a newer entry)."""
     h = 0
     for e in range(ev.es[ELEN]):
         v = ev.hnode[e]
-        if ev.ek[v, EFREE] > 0 and ni[v, VER] == ev.hver[e]:
+        if ev.ek[v, EFREE] > 0 and ni[v, VER] == ev.hver[e] and ni[v, NCHILD] == 0:
             ev.hkey[h], ev.hstamp[h], ev.hnode[h], ev.hver[h] = (
                 ev.hkey[e], ev.hstamp[e], ev.hnode[e], ev.hver[e])
             h += 1
@@ -1136,33 +1153,25 @@ def evictable_compact(ni, ev):
 
 
 @nb.njit(cache=True, inline="always")
-def _ev_lowest(ev, ni, hk, hs, hv):
+def _ev_lowest(ev, ni, n):
     """The free leaf node of the lowest (key, stamp), its entry popped and pushed back should
-    the node keep a free block (a node with cached blocks under it waits; when every free
-    node has some, the lowest goes); -1 if none. ``hk``, ``hs``, ``hv``: scratch for the
-    entries passed over, returned (grown when short) with the victim."""
-    h, victim = 0, -1
+    the node keep a free block; when every free node has blocks held under it (no leaf), the
+    lowest of them all, found by a pass over the ``n`` nodes (rare: a held block's ancestors
+    are held too, but for blocks sharing a key); -1 if no node is free."""
+    ek, nkey = ev.ek, ev.nkey
     while ev.es[ELEN] > 0:
         v, ver = ev.hnode[0], ev.hver[0]
-        if ev.ek[v, EFREE] == 0 or ni[v, VER] != ver:
-            _ev_pop(ev)
-            continue
-        if h == len(hk):
-            hk, hs, hv = (np.concatenate((hk, hk)), np.concatenate((hs, hs)),
-                          np.concatenate((hv, hv)))
-        hk[h], hs[h], hv[h] = ev.hkey[0], ev.hstamp[0], v
-        h += 1
         _ev_pop(ev)
-        if ni[v, NCHILD] == 0:
+        if ek[v, EFREE] > 0 and ni[v, VER] == ver and ni[v, NCHILD] == 0:
+            if ek[v, EFREE] > 1:  # its other free blocks stay, at the same place
+                _ev_push(ev, nkey[v], ek[v, ESTAMP], v, ver)
+            return v
+    victim = -1
+    for v in range(n):
+        if ek[v, EFREE] > 0 and (victim < 0 or nkey[v] < nkey[victim] or (
+                nkey[v] == nkey[victim] and ek[v, ESTAMP] < ek[victim, ESTAMP])):
             victim = v
-            break
-    if victim < 0 and h > 0:
-        victim = hv[0]
-    for i in range(h):  # the entries back, as they were, but the victim's once it is gone
-        v = hv[i]
-        if v != victim or ev.ek[v, EFREE] > 1:
-            _ev_push(ev, hk[i], hs[i], v, ni[v, VER])
-    return victim, hk, hs, hv
+    return victim
 
 
 @nb.njit(cache=True, inline="always")
@@ -1194,14 +1203,11 @@ def evictable_pop(hand, want, n, parent, ni, sc, ev, out):
     over insertion order (``hand``) or the lowest key among free leaves; each victim's block
     (its node's oldest free block) is forgotten and its node evicted."""
     got = 0
-    hk = np.empty(16)  # the entries a pop passes over, once a call
-    hs = np.empty(16, dtype=np.int64)
-    hv = np.empty(16, dtype=np.int64)
     while got < want:
         if hand:
             v = _ev_sieve(ev, ni, n)
         else:
-            v, hk, hs, hv = _ev_lowest(ev, ni, hk, hs, hv)
+            v = _ev_lowest(ev, ni, n)
         if v < 0:
             break
         b = ev.ek[v, EHEAD]
