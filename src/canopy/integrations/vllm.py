@@ -14,7 +14,9 @@ vLLM in each of its processes) replaces each caching pool's queue with
 :class:`PolicyFreeQueue`: the same linked list (so every other part of vLLM sees the queue
 it knows), but when the head holds a cached block the blocks popped are
 the ones the policy evicts (its evictable set, one compiled call an allocation, through
-:class:`~canopy.prefix.evictable.EvictableBlocks`).
+:class:`~canopy.prefix.evictable.EvictableBlocks`). Hits reach the set once a
+``BlockPool.touch`` call (the blocks it touched, handed over with the next call that reads
+the set), not once a block: vLLM's own loop over the touched blocks runs unchanged.
 Blocks without a hash still go first, as in vLLM. The policy observes each request's
 block-hash chain (``Request.block_hashes``, root first) once, when the scheduler first looks
 its prefix up (``KVCacheManager.get_computed_blocks``): online, no trace, memory bounded by
@@ -102,7 +104,6 @@ def _queue_class() -> type:
             self.evictable = EvictableBlocks(policy)
             self.blocks = blocks
             self.evictions = 0
-            self._hit = self.evictable.acquire  # a hit: one list append, no frame
 
         # ----------------------------------------------------- releases and hits
         def _released(self, blocks: list[Any]) -> None:
@@ -127,9 +128,10 @@ def _queue_class() -> type:
             super().prepend_n(blocks)
             self._released(blocks)
 
-        def remove(self, block: Any) -> None:
-            FreeKVCacheBlockQueue.remove(self, block)
-            self._hit(block.block_id)
+        def touched(self, blocks: list[Any]) -> None:
+            """The pool's ``touch`` took ``blocks`` (hits; those already held, and the null
+            block, are left as they are): one list extend, read when the set is next."""
+            self.evictable.acquire_all(map(_ID, blocks))
 
         # ----------------------------------------------------- allocation
         def popleft(self) -> Any:
@@ -177,7 +179,9 @@ def _queue_class() -> type:
 
 def PolicyFreeQueue(blocks: list[Any], policy: Any = None) -> Any:
     """A :class:`vllm.v1.core.kv_cache_utils.FreeKVCacheBlockQueue` over ``blocks`` whose
-    cached blocks leave in ``policy``'s order (``None``: release order). Needs vLLM."""
+    cached blocks leave in ``policy``'s order (``None``: release order); hits reach it through
+    its ``touched`` (the blocks of each ``BlockPool.touch``, which :func:`install` calls).
+    Needs vLLM."""
     return _queue_class()(blocks, policy)
 
 
@@ -203,6 +207,7 @@ def install(policy: str | EvictionPolicy | type[EvictionPolicy]) -> None:
     from vllm.v1.core.kv_cache_manager import KVCacheManager
 
     pool_init = _INSTALLED.setdefault("pool_init", BlockPool.__init__)
+    pool_touch = _INSTALLED.setdefault("touch", BlockPool.touch)
     computed = _INSTALLED.setdefault("computed", KVCacheManager.get_computed_blocks)
 
     def __init__(self: Any, num_gpu_blocks: int, enable_caching: bool, *args: Any,
@@ -214,6 +219,13 @@ def install(policy: str | EvictionPolicy | type[EvictionPolicy]) -> None:
         queue = PolicyFreeQueue(blocks, _make_order(chosen(), max(1, num_gpu_blocks - 2)))
         queue.blocks = self.blocks  # victims are looked up by block id
         self.free_block_queue = queue
+        self._canopy_touched = queue.touched
+
+    def touch(self: Any, blocks: Any) -> None:
+        pool_touch(self, blocks)  # vLLM's loop: each free block leaves the queue
+        touched = self.__dict__.get("_canopy_touched")
+        if touched is not None:
+            touched(blocks)  # the hits, once a call
 
     def get_computed_blocks(self: Any, request: Any) -> Any:
         found = computed(self, request)  # vLLM's lookup first: the hashes are warm after it
@@ -229,6 +241,7 @@ def install(policy: str | EvictionPolicy | type[EvictionPolicy]) -> None:
         return found
 
     BlockPool.__init__ = __init__
+    BlockPool.touch = touch
     KVCacheManager.get_computed_blocks = get_computed_blocks
     _INSTALLED["policy"] = policy
 

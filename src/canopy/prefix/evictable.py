@@ -7,7 +7,7 @@ new tokens, evicting what it held. Which free cached block goes first is the evi
 (paper Section 4). :class:`EvictableBlocks` is the engine's side of that choice:
 
 * :meth:`~EvictableBlocks.release_all` (the engine freed cached blocks),
-  ``acquire`` (a hit took one back), :meth:`~EvictableBlocks.drop` (its
+  ``acquire`` / ``acquire_all`` (hits took blocks back), :meth:`~EvictableBlocks.drop` (its
   key is gone), :meth:`~EvictableBlocks.pop_victims` (the engine needs blocks);
 * the victims are the policy's (:class:`~canopy.prefix.stream.OnlinePolicy`): its evictable
   set, compiled arrays beside its node table, hands them out among the free *leaves*, lowest
@@ -24,7 +24,7 @@ Memory is O(blocks): the policy's tables and, here, the unkeyed free blocks.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import Protocol
 
 import numpy as np
@@ -66,7 +66,9 @@ class EvictableBlocks:
     the next call that reads the set.
 
     ``acquire(block)``: a request took ``block`` back (a hit): pinned, not evictable
-    until released (a list's ``append``: an engine calls it once a hit block)."""
+    until released (a list's ``append``: an engine calls it once a hit block);
+    ``acquire_all(blocks)``: of each of ``blocks`` (a list's ``extend``; a block that is not
+    free is left as it is)."""
 
     def __init__(self, policy: EvictionOrder | None = None) -> None:
         self.policy = policy
@@ -74,6 +76,7 @@ class EvictableBlocks:
         self._waiting: dict[Hashable, list[int]] = {}  # unkeyed blocks by key
         self._acquired: list[int] = []  # hits not yet handed to the policy
         self.acquire: Callable[[int], None] = self._acquired.append
+        self.acquire_all: Callable[[Iterable[int]], None] = self._acquired.extend
 
     def release(self, block: int, key: Hashable) -> None:
         """The engine freed ``block``, which caches ``key``: it may be evicted from now on."""
