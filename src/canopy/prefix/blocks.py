@@ -48,6 +48,7 @@ MAX_DEPTH = 65_535
 ties by depth up to this)."""
 
 _START = 1024  # nodes a growing tree holds before it first grows
+_NONE = np.zeros(0, dtype=np.int64)  # no blocks, no nodes
 
 
 class _Unbounded:
@@ -154,6 +155,7 @@ class BlockTree:
         self._ev: kernels.Evictable | None = None  # a host's free blocks, once it frees one
         self._ev_epoch = 0
         self._due: np.ndarray | None = None  # a request's nodes to re-key (:meth:`rekey`)
+        self._hits: list[np.ndarray] = []  # engine blocks hits took back (:meth:`acquire`)
 
     # ------------------------------------------------------------ what hosts read
     @property
@@ -384,7 +386,7 @@ class BlockTree:
     def hold_at_most(self, blocks: int) -> None:
         """Count the lowest-ranked cached blocks beyond ``blocks`` as evicted (a host that
         missed reporting evictions)."""
-        self._rekey_due()
+        self._settle()
         held = self.cached()
         excess = len(held) - blocks
         if excess > 0:
@@ -400,7 +402,7 @@ class BlockTree:
         """Drop nodes no cache holds whose every decayed count is below the history floor,
         then renumber what is kept (order-preserving, so parents stay below their
         children)."""
-        self._rekey_due()  # its nodes before they are renumbered
+        self._settle()  # its nodes before they are renumbered
         n = self.n
         keep = self._ni[:n, CACHED] == 1
         if self._ev is not None:
@@ -476,20 +478,21 @@ class BlockTree:
         """A host freed engine blocks ``blocks`` (non-negative ids) caching ``nodes``, in that
         order: evictable from now on (:func:`~canopy.prefix.kernels.evictable_release`)."""
         self._evictable(int(blocks.max(initial=-1)) + 1)
-        self._rekey_due()
+        self._settle()
         ev = self._ev_room(2 * len(blocks))  # a block may make its node and an old parent leaves
         kernels.evictable_release(self.kind, self._ev_key(), blocks, nodes, self.parent,
                                   self.depth, self._ni, self._cells, self.params, self._sc, ev)
 
     def acquire(self, blocks: np.ndarray) -> None:
-        """A host's hits took ``blocks`` back (pinned)."""
+        """A host's hits took ``blocks`` back (pinned), handed to the set when it is next
+        read."""
         if self._ev is not None and len(blocks):
-            kernels.evictable_acquire(blocks[blocks < len(self._ev.blocks)], self._ev)
+            self._hits.append(blocks)
 
     def drop(self, blocks: np.ndarray) -> None:
         """A host dropped ``blocks``' keys: forget them."""
         if self._ev is not None and len(blocks):
-            self._rekey_due()
+            self._settle()
             ev = self._ev_room(len(blocks))  # a dropped block's parent may become a leaf
             kernels.evictable_drop(blocks[blocks < len(ev.blocks)], self.parent, self._ni, ev)
 
@@ -501,32 +504,45 @@ class BlockTree:
         is the same; the heap holds fewer dead entries)."""
         if self._ev is None:
             return
-        self._rekey_due()
+        self._settle()
         self._due = path
 
-    def _rekey_due(self) -> None:
+    def _pending(self) -> tuple[np.ndarray, np.ndarray]:
+        """The hits and the nodes to re-key since the set was last read (every node, the
+        heap emptied, when the policy re-ordered its keys), taken."""
+        hits = (_NONE if not self._hits else self._hits[0] if len(self._hits) == 1
+                else np.concatenate(self._hits))
+        self._hits = []
         path, self._due = self._due, None
-        if path is None or self._ev is None:
-            return
-        rebuild = self.switches != self._ev_epoch
-        self._ev_epoch = self.switches
-        if rebuild:
+        if path is None:
+            return hits, _NONE
+        if self.switches != self._ev_epoch:
+            self._ev_epoch = self.switches
             self._ev.es[kernels.ELEN] = 0  # every entry made anew
-        ev = self._ev_room(self.n if rebuild else len(path))
-        kernels.evictable_rekey(self.kind, self._ev_key(), path, self.n if rebuild else -1,
-                                self.parent, self.depth, self._ni, self._cells, self.params,
-                                self._sc, ev)
+            path = np.arange(self.n)
+        return hits, path
+
+    def _settle(self) -> None:
+        """Hand the set what happened since it was last read (:meth:`_pending`)."""
+        if self._ev is None or (not self._hits and self._due is None):
+            return
+        hits, path = self._pending()
+        ev = self._ev_room(len(path))
+        kernels.evictable_settle(hits, self.kind, self._ev_key(), path, self.parent,
+                                 self.depth, self._ni, self._cells, self.params, self._sc, ev)
 
     def pop_victims(self, want: int) -> np.ndarray:
         """Up to ``want`` engine blocks to evict, in the policy's order among free leaves
-        (SIEVE: its hand), each forgotten and its node evicted."""
+        (SIEVE: its hand), each forgotten and its node evicted: one compiled call, which
+        settles the set first."""
         if self._ev is None or want <= 0:
             return np.zeros(0, dtype=np.int64)
-        self._rekey_due()
-        ev = self._ev_room(want)  # each victim's parent may become a leaf
+        hits, path = self._pending()
+        ev = self._ev_room(len(path) + want)  # re-keyed leaves; each victim's parent
         out = np.empty(want, dtype=np.int64)
-        got = kernels.evictable_pop(self.policy.hand, want, self.n, self.parent, self._ni,
-                                    self._sc, ev, out)
+        got = kernels.evictable_pop(self.policy.hand, want, self.n, hits, self.kind,
+                                    self._ev_key(), path, self.parent, self.depth, self._ni,
+                                    self._cells, self.params, self._sc, ev, out)
         return out[:got]
 
     def _ev_key(self) -> Any:

@@ -1104,13 +1104,29 @@ def evictable_release(kind, key, ids, nodes, parent, depth, ni, cells, params, s
                 _ev_push(ev, ev.nkey[v], stamp, v, ni[v, VER])
 
 
-@nb.njit(cache=True)
-def evictable_acquire(ids, ev):
-    """Hits took blocks ``ids`` back: pinned, no longer evictable (their nodes' heap entries
-    die when no free block is left; a block not free is left as it is)."""
-    for b in ids:
-        if ev.blocks[b, BFREE]:
+@nb.njit(cache=True, inline="always")
+def _ev_settle(hits, kind, key, nodes, parent, depth, ni, cells, params, sc, ev):
+    """What happened since the set was last read: hits took blocks ``hits`` back (pinned, no
+    longer evictable; a block not free, or not in the table, is left as it is: their nodes'
+    heap entries die when no free block is left), then the free nodes among ``nodes`` (a
+    request observed them; every node when the policy re-ordered its keys) are re-keyed, the
+    leaves among them back into the heap."""
+    blocks, ek = ev.blocks, ev.ek
+    for b in hits:
+        if b < len(blocks) and blocks[b, BFREE]:
             _ev_unfree(ev, b)
+    for v in nodes:
+        if ek[v, EFREE] > 0:
+            ev.nkey[v] = _host_key(kind, key, v, depth, ni, cells, params, sc)
+            ni[v, VER] += 1
+            if ni[v, NCHILD] == 0:
+                _ev_push(ev, ev.nkey[v], ek[v, ESTAMP], v, ni[v, VER])
+
+
+@nb.njit(cache=True)
+def evictable_settle(hits, kind, key, nodes, parent, depth, ni, cells, params, sc, ev):
+    """:func:`_ev_settle`, before a release, a drop or forgetting reads the set."""
+    _ev_settle(hits, kind, key, nodes, parent, depth, ni, cells, params, sc, ev)
 
 
 @nb.njit(cache=True)
@@ -1118,22 +1134,6 @@ def evictable_drop(ids, parent, ni, ev):
     """The host dropped blocks ``ids`` (their keys are gone): forget them."""
     for b in ids:
         _ev_drop(ev, b, parent, ni)
-
-
-@nb.njit(cache=True)
-def evictable_rekey(kind, key, nodes, n, parent, depth, ni, cells, params, sc, ev):
-    """Re-key the free nodes among ``nodes`` (a request observed them), the leaves among them
-    back into the heap; ``n >= 0``: rebuild the heap over every free node ``0..n - 1`` (the
-    policy re-ordered its keys)."""
-    ek = ev.ek
-    if n >= 0:  # the host emptied the heap
-        nodes = np.arange(n)
-    for v in nodes:
-        if ek[v, EFREE] > 0:
-            ev.nkey[v] = _host_key(kind, key, v, depth, ni, cells, params, sc)
-            ni[v, VER] += 1
-            if ni[v, NCHILD] == 0:
-                _ev_push(ev, ev.nkey[v], ek[v, ESTAMP], v, ni[v, VER])
 
 
 @nb.njit(cache=True)
@@ -1198,10 +1198,13 @@ def _ev_sieve(ev, ni, n):
 
 
 @nb.njit(cache=True)
-def evictable_pop(hand, want, n, parent, ni, sc, ev, out):
-    """Up to ``want`` victims into ``out`` (engine blocks; returns how many): by SIEVE's hand
-    over insertion order (``hand``) or the lowest key among free leaves; each victim's block
-    (its node's oldest free block) is forgotten and its node evicted."""
+def evictable_pop(hand, want, n, hits, kind, key, nodes, parent, depth, ni, cells, params, sc,
+                  ev, out):
+    """Up to ``want`` victims into ``out`` (engine blocks; returns how many), once the set is
+    settled (:func:`_ev_settle`): by SIEVE's hand over insertion order (``hand``) or the
+    lowest key among free leaves; each victim's block (its node's oldest free block) is
+    forgotten and its node evicted."""
+    _ev_settle(hits, kind, key, nodes, parent, depth, ni, cells, params, sc, ev)
     got = 0
     while got < want:
         if hand:
