@@ -47,7 +47,6 @@ ENV = "CANOPY_VLLM_EVICTION"
 MAX_NODES_ENV = "CANOPY_VLLM_MAX_NODES"
 
 
-_ID = operator.attrgetter("block_id")
 _HASH = operator.attrgetter("block_hash")
 
 _BUILT_IN = ("lru", "lfu", "sieve", "canopy")
@@ -108,13 +107,13 @@ def _queue_class() -> type:
         # ----------------------------------------------------- releases and hits
         def _released(self, blocks: list[Any]) -> None:
             hashes = list(map(_HASH, blocks))
-            if None in hashes:  # blocks without a hash: not the policy's
+            if not all(hashes):  # blocks without a hash (None): not the policy's
                 blocks = [b for b, h in zip(blocks, hashes, strict=True) if h is not None]
                 hashes = [h for h in hashes if h is not None]
             if hashes:
                 self.evictable.release_all(
-                    np.fromiter(map(_ID, blocks), dtype=np.int64, count=len(blocks)),
-                    _keys(hashes))
+                    np.fromiter([b.block_id for b in blocks], dtype=np.int64,
+                                count=len(blocks)), _keys(hashes))
 
         def append(self, block: Any) -> None:
             super().append(block)
@@ -131,7 +130,7 @@ def _queue_class() -> type:
         def touched(self, blocks: list[Any]) -> None:
             """The pool's ``touch`` took ``blocks`` (hits; those already held, and the null
             block, are left as they are): one list extend, read when the set is next."""
-            self.evictable.acquire_all(map(_ID, blocks))
+            self.evictable.acquire_all([b.block_id for b in blocks])
 
         # ----------------------------------------------------- allocation
         def popleft(self) -> Any:
@@ -152,9 +151,12 @@ def _queue_class() -> type:
                 self.evictable.drop_all([block.block_id for block in out])  # keys dropped
             if len(out) < n:
                 victims = [self.blocks[v] for v in self.evictable.pop_victims(n - len(out))]
-                unlink = FreeKVCacheBlockQueue.remove
-                for block in victims:
-                    unlink(self, block)
+                for block in victims:  # unlinked as the queue's remove does, without its frame
+                    before, after = block.prev_free_block, block.next_free_block
+                    before.next_free_block = after
+                    after.prev_free_block = before
+                    block.prev_free_block = block.next_free_block = None
+                self.num_free_blocks -= len(victims)
                 out += victims
                 self.evictions += len(victims)
             while len(out) < n:
