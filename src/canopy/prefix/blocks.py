@@ -84,6 +84,23 @@ def _chain(slots, key, parent, state, keys, by_parent, depth, born, births, out)
 
 
 @nb.njit(cache=True)
+def _release_keys(slots, key, parent, by_parent, folded, ids, kind, fn, depth, ni, cells, params,
+                  sc, ev, known):
+    """:meth:`BlockTree.release`: the nodes of keys ``folded`` (``known``: found), blocks of
+    unknown keys dropped, then the rest released in order."""
+    nodes = np.empty(len(folded), dtype=np.int64)
+    hashindex.find_chain(slots, key, parent, folded, by_parent, nodes)
+    m = 0
+    for i in range(len(nodes)):
+        known[i] = nodes[i] >= 0
+        m += known[i]
+    if m < len(nodes):
+        kernels.evictable_drop(ids[~known], parent, ni, ev)
+        ids, nodes = ids[known], nodes[known]
+    kernels.evictable_release(kind, fn, ids, nodes, parent, depth, ni, cells, params, sc, ev)
+
+
+@nb.njit(cache=True)
 def _leading_cached(nodes, lead, ni):
     """How many of the first ``lead`` ``nodes`` are cached before the first that is not."""
     for j in range(lead):
@@ -474,14 +491,21 @@ class BlockTree:
                     for f in ("hkey", "hstamp", "hnode", "hver")})
         return ev
 
-    def release(self, blocks: np.ndarray, nodes: np.ndarray) -> None:
-        """A host freed engine blocks ``blocks`` (non-negative ids) caching ``nodes``, in that
-        order: evictable from now on (:func:`~canopy.prefix.kernels.evictable_release`)."""
+    def release(self, blocks: np.ndarray, keys: Iterable[Hashable] | np.ndarray) -> np.ndarray:
+        """A host freed engine blocks ``blocks`` (non-negative ids) caching ``keys`` (a tree
+        whose keys name their prefix), in that order: evictable from now on
+        (:func:`~canopy.prefix.kernels.evictable_release`); blocks of keys never met (or
+        forgotten) are forgotten here. Returns which keys are known; one compiled call."""
+        folded = hashindex.as_keys(keys)
         self._evictable(int(blocks.max(initial=-1)) + 1)
         self._settle()
         ev = self._ev_room(2 * len(blocks))  # a block may make its node and an old parent leaves
-        kernels.evictable_release(self.kind, self._ev_key(), blocks, nodes, self.parent,
-                                  self.depth, self._ni, self._cells, self.params, self._sc, ev)
+        index = self._index
+        known = np.empty(len(blocks), dtype=np.bool_)
+        _release_keys(index.slots, index.key, index.parent, index.by_parent, folded, blocks,
+                      self.kind, self._ev_key(), self.depth, self._ni, self._cells, self.params,
+                      self._sc, ev, known)
+        return known
 
     def acquire(self, blocks: np.ndarray) -> None:
         """A host's hits took ``blocks`` back (pinned), handed to the set when it is next

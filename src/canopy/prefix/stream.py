@@ -246,14 +246,7 @@ class OnlinePolicy(_Host):
         may be evicted from now on (:meth:`pop_victims`). Returns which keys the policy knows
         (observed, not forgotten); a block of an unknown key is forgotten here, for its host
         to evict first."""
-        blocks = np.asarray(blocks, dtype=np.int64)
-        nodes = self.tree.nodes(keys)
-        known = nodes >= 0
-        if not known.all():
-            self.tree.drop(blocks[~known])
-            blocks, nodes = blocks[known], nodes[known]
-        self.tree.release(blocks, nodes)
-        return known
+        return self.tree.release(np.asarray(blocks, dtype=np.int64), keys)
 
     def acquire(self, blocks: Sequence[int] | np.ndarray) -> None:
         """The engine's hits took ``blocks`` back: pinned, not evictable until released."""
