@@ -477,19 +477,20 @@ class BlockTree:
         self._ev = ev
         return ev
 
-    def _ev_room(self, entries: int) -> kernels.Evictable:
-        """The evictable heap with room for ``entries`` more (dead entries dropped first,
-        then doubled)."""
+    def _ev_room(self, entries: int) -> tuple[np.ndarray, ...]:
+        """The evictable set as the kernels take it, its heap with room for ``entries`` more
+        (dead entries dropped first, then doubled): a plain tuple, which a compiled call
+        reads in half the time of the named one."""
         ev = self._ev
         if ev.es[kernels.ELEN] + entries > len(ev.hkey):
-            kernels.evictable_compact(self._ni, ev)
+            kernels.evictable_compact(self._ni, tuple(ev))
             need = ev.es[kernels.ELEN] + entries
             if 2 * need > len(ev.hkey):
                 grow = 2 * need - len(ev.hkey)
                 ev = self._ev = ev._replace(**{
                     f: np.concatenate([getattr(ev, f), np.zeros(grow, dtype=getattr(ev, f).dtype)])
                     for f in ("hkey", "hstamp", "hnode", "hver")})
-        return ev
+        return tuple(ev)
 
     def release(self, blocks: np.ndarray, keys: Iterable[Hashable] | np.ndarray) -> np.ndarray:
         """A host freed engine blocks ``blocks`` (non-negative ids) caching ``keys`` (a tree
@@ -518,7 +519,8 @@ class BlockTree:
         if self._ev is not None and len(blocks):
             self._settle()
             ev = self._ev_room(len(blocks))  # a dropped block's parent may become a leaf
-            kernels.evictable_drop(blocks[blocks < len(ev.blocks)], self.parent, self._ni, ev)
+            kernels.evictable_drop(blocks[blocks < len(self._ev.blocks)], self.parent, self._ni,
+                                   ev)
 
     def rekey(self, path: np.ndarray) -> None:
         """A request observed nodes ``path``: its free nodes re-keyed, or every free node

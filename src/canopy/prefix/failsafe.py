@@ -172,11 +172,11 @@ class FailSafePolicy(_Guard):
     def observe(self, keys: Sequence[Hashable] | np.ndarray, *, start: int = 0) -> None:
         """:meth:`OnlinePolicy.observe`, guarded; fails the policy past ``max_nodes``."""
 
-        def observe() -> None:
-            self.policy.observe(keys, start=start)
-            self._check_size(self.policy.n_nodes)
+        self._call(None, self._observe, keys, start)
 
-        self._call(None, observe)
+    def _observe(self, keys: Sequence[Hashable] | np.ndarray, start: int) -> None:
+        self.policy.observe(keys, start=start)
+        self._check_size(self.policy.n_nodes)
 
     def release(self, blocks: Sequence[int] | np.ndarray,
                 keys: Sequence[Hashable] | np.ndarray) -> np.ndarray:
