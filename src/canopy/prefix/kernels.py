@@ -408,8 +408,9 @@ def _cells_update(lo, hi, nodes, parent, cells, sc, params):
     where evidence is thin, from the aggregate of the subtree above it.
 
     The arms go two at a time (an odd one out paired with itself), each pair one pass over
-    the request with its counts in locals: a block's parent is the block before it, so the
-    parent's count before this use is carried from the last block rather than read back.
+    the request with its counts in locals: where a block's parent is the block before it (a
+    request's path), the parent's count before this use is carried from that block rather
+    than read back.
     """
     clock, period, rho = sc[CLOCK], params[PERIOD], params[RHO]
     base = period * np.floor(clock / period)
@@ -434,7 +435,7 @@ def _cells_update(lo, hi, nodes, parent, cells, sc, params):
                 if last < 0 and j0 == 0:
                     cells[p, CELL_KIDS] += 1.0
                 share = rho / cells[p, CELL_KIDS]
-                if r == lo:  # a parent observed with an earlier request: as stored
+                if r == lo or p != nodes[r - 1]:  # not the block before: as stored
                     at = cells[p, CELL_CLOCK]
                     at -= period * np.floor(at / period)
                     a0 = n0 * (cells[p, CELL_S0 + j0] * np.exp(-l0 * at) - 1.0)
