@@ -140,6 +140,52 @@ def test_canopy_cells_keep_their_history_through_eviction():
     assert RadixCache(trace, make_policy("lfu"), 2).run()[-1] == 0
 
 
+def _reference_cells(trace, lams, prior):
+    """Each node's decayed counts as of its last use in ``trace``, written plainly from their
+    definition (paper Section 4, "Serving systems"): a use at clock ``c`` (blocks referenced
+    before its request) adds 1, counts decay by ``e^{-lam}`` a referenced block, and a cell
+    with less evidence than its parent's share, ``prior * (S(parent) - 1) / children``
+    (the parent's count before this use, split over the children seen), starts from it."""
+    count = np.zeros((trace.n_nodes, len(lams)))
+    last = np.full(trace.n_nodes, -1.0)
+    kids = np.zeros(trace.n_nodes)
+    clock = 0.0
+    for t in range(trace.n_requests):
+        for v in trace.path(t).tolist():
+            p = int(trace.parent[v])
+            own = np.zeros(len(lams)) if last[v] < 0 else count[v] * np.exp(
+                -lams * (clock - last[v]))
+            if p >= 0:
+                kids[p] += last[v] < 0
+                above = count[p] * np.exp(-lams * (clock - last[p])) - 1.0
+                own = np.maximum(own, prior / kids[p] * above)
+            count[v], last[v] = own + 1.0, clock
+        clock += len(trace.path(t))
+    return count, last
+
+
+@pytest.mark.parametrize("half_lives", [(0.05,), (0.05, 0.2), (0.05, 0.2, 0.8)])
+def test_canopy_cells_are_their_definition(half_lives):
+    """The cells the replay keeps (scaled to epochs of ``512 / lam`` references, rescaled
+    when a cell is next used) are the decayed counts of the definition at each cell's last
+    use, for one arm, two and an odd number; half-lives short enough that the trace spans
+    many epochs."""
+    rng = np.random.default_rng(5)
+    paths = [rng.integers(0, 3, size=rng.integers(1, 7)).tolist() for _ in range(600)]
+    trace = from_paths(paths)
+    policy = Canopy(half_lives=half_lives, prior=0.7)
+    cache = RadixCache(trace, policy, 2)
+    cache.run()
+    tree = cache.tree
+    assert tree.params[radix.PERIOD] * 20 < trace.n_refs
+    want, last = _reference_cells(trace, tree.params[radix.LAM0:], 0.7)
+    cells = tree._cells[:trace.n_nodes]
+    assert np.array_equal(cells[:, radix.CELL_CLOCK], last)
+    seen = last >= 0
+    got = radix.cell_counts(cells[seen], last[seen], tree.params)  # each at its last use
+    np.testing.assert_allclose(got, want[seen], rtol=1e-9)
+
+
 def _reference_lru(trace, capacity):
     """SGLang's rule, written plainly: evict the least recently used unpinned leaf."""
     cached: set[int] = set()

@@ -390,7 +390,7 @@ def _touch(v, t, nu, ni):
 
 
 @nb.njit(cache=True, inline="always")
-def _cells_update(lo, hi, nodes, parent, cells, sc, params, now):
+def _cells_update(lo, hi, nodes, parent, cells, sc, params):
     """Cell values after a request used ``nodes[lo:hi]`` (all of them, cached or not).
 
     For each decayed arm ``j``, ``S_j(v)`` is ``v``'s use count discounted by
@@ -405,36 +405,49 @@ def _cells_update(lo, hi, nodes, parent, cells, sc, params, now):
     the main cache and every shadow read the same cells. A cell with less evidence of its own
     than its parent's share, ``rho * (S_j(parent) - 1) / children(parent)`` (the parent's
     count before this use, split over the children seen), starts from that share: optimism
-    where evidence is thin, from the aggregate of the subtree above it. ``now``: scratch, one
-    entry a decayed arm.
+    where evidence is thin, from the aggregate of the subtree above it.
+
+    The arms go two at a time (an odd one out paired with itself), each pair one pass over
+    the request with its counts in locals: where a block's parent is the block before it (a
+    request's path), the parent's count before this use is carried from that block rather
+    than read back.
     """
     clock, period, rho = sc[CLOCK], params[PERIOD], params[RHO]
     base = period * np.floor(clock / period)
-    for j in range(len(now)):  # one use, in the epoch's scale
-        now[j] = np.exp(params[LAM0 + j] * (clock - base))
-    for r in range(lo, hi):
-        v = nodes[r]
-        p = parent[v]
-        last = cells[v, CELL_CLOCK]
-        share = 0.0
-        if p >= 0:
-            if last < 0:
-                cells[p, CELL_KIDS] += 1.0
-            share = rho / cells[p, CELL_KIDS]
-        for j in range(len(now)):
-            own = 0.0 if last < 0 else cells[v, CELL_S0 + j]
-            if 0 <= last < base:  # last used in an older epoch: rescaled to this one
-                own *= np.exp(-params[LAM0 + j] * (base - period * np.floor(last / period)))
+    k = len(params) - LAM0
+    for j0 in range(0, k, 2):
+        j1 = min(j0 + 1, k - 1)
+        l0, l1 = params[LAM0 + j0], params[LAM0 + j1]
+        n0, n1 = np.exp(l0 * (clock - base)), np.exp(l1 * (clock - base))  # one use
+        a0 = a1 = 0.0  # the parent's counts before this use, in this epoch's scale
+        for r in range(lo, hi):
+            v = nodes[r]
+            p = parent[v]
+            last = cells[v, CELL_CLOCK]  # the clock is written in the last pass
+            o0 = o1 = 0.0
+            if last >= 0:
+                o0, o1 = cells[v, CELL_S0 + j0], cells[v, CELL_S0 + j1]
+                if last < base:  # last used in an older epoch: rescaled to this one
+                    d = base - period * np.floor(last / period)
+                    o0 *= np.exp(-l0 * d)
+                    o1 *= np.exp(-l1 * d)
             if p >= 0:
-                if r > lo:  # the parent, updated just before: in this epoch's scale
-                    above = cells[p, CELL_S0 + j] - now[j]
-                else:  # a parent observed with an earlier request: its count as stored
+                if last < 0 and j0 == 0:
+                    cells[p, CELL_KIDS] += 1.0
+                share = rho / cells[p, CELL_KIDS]
+                if r == lo or p != nodes[r - 1]:  # not the block before: as stored
                     at = cells[p, CELL_CLOCK]
-                    above = now[j] * (cells[p, CELL_S0 + j] * np.exp(-params[LAM0 + j] * (
-                        at - period * np.floor(at / period))) - 1.0)
-                own = max(own, share * above)
-            cells[v, CELL_S0 + j] = own + now[j]
-        cells[v, CELL_CLOCK] = clock
+                    at -= period * np.floor(at / period)
+                    a0 = n0 * (cells[p, CELL_S0 + j0] * np.exp(-l0 * at) - 1.0)
+                    a1 = n1 * (cells[p, CELL_S0 + j1] * np.exp(-l1 * at) - 1.0)
+                o0 = max(o0, share * a0)
+                o1 = max(o1, share * a1)
+            o0 += n0
+            o1 += n1
+            cells[v, CELL_S0 + j0], cells[v, CELL_S0 + j1] = o0, o1
+            a0, a1 = o0 - n0, o1 - n1
+            if j0 + 2 >= k:
+                cells[v, CELL_CLOCK] = clock
     sc[CLOCK] = clock + hi - lo
 
 
@@ -797,13 +810,12 @@ def _canopy_loop(t0, t1, first, offsets, nodes, parent, depth, capacity, params,
     ni, sc, hkey, hnode, hver = c
     ac, stats, pairs, got, sm, skinds, scap, sni, ssc, shkey, shnode, shver = arms
     rate, salt = ac[0], sm[SALT]
-    now = np.empty(len(params) - LAM0)
     for t in range(t0, t1):
         lo, hi = offsets[t - first], offsets[t - first + 1]
         sampled = hi > lo and unit_hash(nodes[min(lo + 1, hi - 1)], salt) < rate
         if sm[RIDES] == 1 and not sampled:  # the recency shadow leaves the main cache
             _unride(ni, sc, sm, sni, ssc)
-        _cells_update(lo, hi, nodes, parent, cells, sc, params, now)
+        _cells_update(lo, hi, nodes, parent, cells, sc, params)
         arm = sc[ARM]
         if arm == 0:
             reused[t - first] = _lru_request(t, lo, hi, nodes, nodes, parent, capacity, ni, sc)
@@ -921,8 +933,7 @@ def observe(kind, t, nodes, parent, params, ni, cells, sc, seq):
     the host does not hold is (re)inserted: hit count restarts, SIEVE's visited bit clears and
     ``NEXT_USE`` takes the insertion order ``seq``). Returns the next insertion order."""
     if kind == CANOPY:
-        _cells_update(0, len(nodes), nodes, parent, cells, sc, params,
-                      np.empty(len(params) - LAM0))
+        _cells_update(0, len(nodes), nodes, parent, cells, sc, params)
     for v in nodes:
         if ni[v, CACHED] == 0:
             ni[v, CACHED] = 1
