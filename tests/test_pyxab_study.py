@@ -19,6 +19,7 @@ from canopy.experiments.studies.pyxab import (
     run_cell,
 )
 from canopy.experiments.summary import lookup
+from canopy.policies.descent import MemoryBoundedDescent
 from helpers import missing
 
 if importlib.util.find_spec("PyXAB") is None:
@@ -90,6 +91,37 @@ def test_centre_probes_and_the_balanced_memory_bound_each_decide_a_cell():
     balanced = _mean_regret("canopy-default", "Himmelblau", 10000)
     forgetful = _mean_regret("canopy-forget-any", "Himmelblau", 10000)
     assert balanced < 0.6 * forgetful
+
+
+def _himmelblau_play(seed: int, **options: int) -> tuple[float, int, int, int]:
+    """Regret, peak stored rows, depth reached and the distinct cells probed in the second
+    half of a 20,000-round play of the descent on Himmelblau (``options`` its keywords)."""
+    target, domain = objective("Himmelblau")
+    cells_ = BoxCells(target, domain, 0.1)
+    rounds = 20_000
+    policy = MemoryBoundedDescent(**options).start(cells_.spec, budget=float(rounds), seed=seed)
+    rng = np.random.default_rng(seed)
+    while (query := policy.ask()) is not None:
+        policy.tell(query, cells_.probe(query.node, rng))
+    regret = target.fmax * rounds - float(np.sum(cells_.played))
+    return regret, policy.max_stored_, policy.depth_reached_, len(set(cells_.nodes[rounds // 2:]))
+
+
+def test_four_equal_maxima_fill_the_default_cap_and_its_split_waits():
+    """Himmelblau's four equal maxima hold the default's memory bound (``2 b ceil(log_b n) +
+    1`` rows, two root-to-resolution paths) full: nothing is dominated or deeper, so the split
+    waits and the second half of the run plays a few cells at a shallower depth than without
+    the cap (seeds 0-1, 20k rounds: 11-13 distinct cells against 37-45, depth 7-8 against
+    10). At this horizon the waiting pays (regret 115-178 against 218-248); at 100k it is the
+    default's miss against VHCT (docs/descent.md)."""
+    cap = 2 * 2 * 15 + 1  # ceil(log2 20,000) = 15
+    for seed in (0, 1):
+        capped = _himmelblau_play(seed)
+        free = _himmelblau_play(seed, max_nodes=10**7)
+        assert capped[1] == cap < free[1]
+        assert capped[2] < free[2]
+        assert 2 * capped[3] < free[3]
+        assert capped[0] < 0.95 * free[0]
 
 
 def test_bad_configuration_fails_before_work():
