@@ -82,8 +82,9 @@ OBJECTIVES: dict[str, tuple[str, str, tuple[tuple[float, float], ...]]] = {
 UNCAPPED = {"max_nodes": 10**7}
 PAPER = "canopy-paper"
 #: Canopy's methods: label -> (policy class, keywords): the default, the paper's Eq. 1 / Eq. 6
-#: variant (the former default), the default with each of its three options set back alone
-#: (Eq. 6; uniform probes; forgetting any cell), the default without its memory bound,
+#: variant (the paper's rule), the default with each of its four options set back alone
+#: (Eq. 6; uniform probes; forgetting any cell; Eq. 4's radius, the former default), the
+#: default without its memory bound,
 #: the two data-driven spreads, and POO over its grid of L and over Grill et al.'s grid of rho
 CANOPY_METHODS: dict[str, tuple[str, dict[str, Any]]] = {
     DEFAULT: ("MemoryBoundedDescent", {}),
@@ -92,6 +93,7 @@ CANOPY_METHODS: dict[str, tuple[str, dict[str, Any]]] = {
                                             "forget": "balanced"}),
     "canopy-uniform": ("MemoryBoundedDescent", {"probe": "uniform"}),
     "canopy-forget-any": ("MemoryBoundedDescent", {"forget": "any"}),
+    "canopy-eq4": ("MemoryBoundedDescent", {"radius": "eq4"}),
     "canopy-uncapped": ("MemoryBoundedDescent", UNCAPPED),
     "canopy-certified": ("MemoryBoundedDescent", {"spread": "certified"}),
     "canopy-estimated": ("MemoryBoundedDescent", {"spread": "estimated"}),
