@@ -14,11 +14,11 @@ the box plus the noise. The default descent plays centre probes (a probe of the 
 descendant on its middle path: the centre of a 1-d cell, PyXAB's point; on the 2-d Himmelblau
 the middle of an edge, centred along the dimension the cell is halved in next and at the low
 end of the other); ``canopy-paper`` plays the paper's uniform probe (Eq. 1) with Eq. (6)
-and forgets any cell under the memory bound (the former default); ``canopy-uncapped`` is the
-default
-without its memory bound (the bound's diagnostic). Regret is the realised one both ways,
-``sum_t (f_max - f(x_t))`` over the points played (PyXAB's own ``f_max``; Garland's is 1,
-3e-5 above its true maximum, adding at most 3 at 100k rounds). Simple regret is
+and Eq. (4)'s radius and forgets any cell under the memory bound; ``canopy-eq4`` is the
+default with Eq. (4)'s radius in place of MOSS's (the former default); ``canopy-uncapped``
+is the default without its memory bound (the bound's diagnostic). Regret is the realised
+one both ways, ``sum_t (f_max - f(x_t))`` over the points played (PyXAB's own ``f_max``;
+Garland's is 1, 3e-5 above its true maximum, adding at most 3 at 100k rounds). Simple regret is
 ``f_max - f(x)`` at the point recommended after the run: the centre of the cell a Canopy
 policy recommends (``recommend(1)``), PyXAB POO's ``get_last_point``.
 
