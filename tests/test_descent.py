@@ -242,17 +242,19 @@ def _final_regrets(make, problem, n, seeds=range(3)):
 
 def test_the_options_resolve_from_split_and_are_stored_as_given():
     default = MemoryBoundedDescent()
-    assert (default.split, default.probe, default.forget) == ("variance", None, None)
-    assert (default.probe_, default.forget_) == ("centre", "balanced")
-    paper = MemoryBoundedDescent(split="eq6")  # the paper's Eq. 1 / Eq. 6 rule
-    assert (paper.probe_, paper.forget_) == ("uniform", "any")
+    assert (default.split, default.probe, default.forget, default.radius) == (
+        "variance", None, None, None)
+    assert (default.probe_, default.forget_, default.radius_) == ("centre", "balanced", "moss")
+    paper = MemoryBoundedDescent(split="eq6")  # the paper's Eq. 1 / Eq. 4 / Eq. 6 rule
+    assert (paper.probe_, paper.forget_, paper.radius_) == ("uniform", "any", "eq4")
     for spread in ("estimated", "certified"):  # their estimates rest on uniform probes
         data_driven = MemoryBoundedDescent(spread=spread)
-        assert (data_driven.probe_, data_driven.forget_) == ("uniform", "any")
-    mixed = MemoryBoundedDescent(split="eq6", probe="centre", forget="balanced")
-    assert (mixed.probe_, mixed.forget_) == ("centre", "balanced")
+        assert (data_driven.probe_, data_driven.forget_, data_driven.radius_) == (
+            "uniform", "any", "eq4")
+    mixed = MemoryBoundedDescent(split="eq6", probe="centre", forget="balanced", radius="moss")
+    assert (mixed.probe_, mixed.forget_, mixed.radius_) == ("centre", "balanced", "moss")
     for kwargs, match in ((dict(split="vhct"), "split"), (dict(probe="corner"), "probe"),
-                          (dict(forget="oldest"), "forget")):
+                          (dict(forget="oldest"), "forget"), (dict(radius="kl"), "radius")):
         with pytest.raises(ValueError, match=match):
             MemoryBoundedDescent(**kwargs)
     with pytest.raises(ValueError, match="split"):

@@ -50,8 +50,8 @@ NODE, LEVEL, PARENT, FIRST, NKIDS, INST, ISLEAF, FREE = range(8)
 N_INT = 8
 # parameters at the start of ``ctl``
 (P_C, P_DELTA, P_SIGMA, P_Z, P_SPREAD, P_EXPAND, P_MAXDEPTH, P_PATH, P_ARITY, P_MAXNODES,
- P_DEPTHM, P_TREECERT, P_LOW, P_WIDTH, P_SPLIT, P_FORGET) = range(16)
-N_PARAMS = 16
+ P_DEPTHM, P_TREECERT, P_LOW, P_WIDTH, P_SPLIT, P_FORGET, P_RADIUS) = range(17)
+N_PARAMS = 17
 # counters in ``ctl`` (after the parameters)
 M_USED, M_STORED, M_PEAK, M_NFREE, M_ROUNDS, M_DEEPEST = range(N_PARAMS, N_PARAMS + 6)
 INST0 = N_PARAMS + 6  # then (L, rho, t) per schedule
@@ -73,6 +73,9 @@ REFINE, ALWAYS, FIXED = 0, 1, 2
 EQ6, VARIANCE = 0, 1
 # which cells the memory bound may forget (``P_FORGET``): any, or only dominated or deeper ones
 ANY, BALANCED = 0, 1
+# Eq. (4)'s confidence radius (``P_RADIUS``): ``c sqrt(2 ln t / T)`` as written, or with
+# ``ln+(t / T)`` in place of ``ln t`` (MOSS's confidence level)
+EQ4, MOSS = 0, 1
 
 
 def entry_point(kernel: numba.core.registry.CPUDispatcher,
@@ -152,12 +155,14 @@ def _log_t(v: int, ist: np.ndarray, ctl: np.ndarray) -> float:
 
 @kernel
 def _upper(v: int, fs: np.ndarray, ctl: np.ndarray, log_t: float) -> float:
-    """Eq. (4)'s ``U(v)``."""
+    """Eq. (4)'s ``U(v)``; under ``P_RADIUS = MOSS`` the radius's ``ln t`` is
+    ``ln+(t / T(v))``."""
     count = fs[v, COUNT]
     if count <= 0.0:
         return np.inf
-    upper = fs[v, MEAN] + ctl[P_C] * math.sqrt(2.0 * log_t / count) + fs[v, SPREAD]
-    return upper
+    if ctl[P_RADIUS] == MOSS:
+        log_t = max(log_t - math.log(count), 0.0)
+    return fs[v, MEAN] + ctl[P_C] * math.sqrt(2.0 * log_t / count) + fs[v, SPREAD]
 
 
 @kernel

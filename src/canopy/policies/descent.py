@@ -56,6 +56,7 @@ _EXPANDS = {"refine": ex.REFINE, "always": ex.ALWAYS, "fixed": ex.FIXED}
 _SPLITS = {"eq6": ex.EQ6, "variance": ex.VARIANCE}
 _PROBES = {"uniform": 0, "centre": 1}
 _FORGETS = {"any": ex.ANY, "balanced": ex.BALANCED}
+_RADII = {"eq4": ex.EQ4, "moss": ex.MOSS}
 _INITIAL_CAPACITY = 64
 _EMPTY = np.zeros(1, dtype=np.int64)
 
@@ -99,7 +100,7 @@ class ExploredTreePolicy(Policy):
                expand: str, max_depth: int | None, path_stats: bool, c: float,
                delta: float = 0.05, z: float = 3.0, max_nodes: int = 0,
                certificate: str = "paper", split: str = "eq6", probe: str = "uniform",
-               forget: str = "any") -> None:
+               forget: str = "any", radius: str = "eq4") -> None:
         spec = self.spec_
         tree = spec.tree
         lazy = isinstance(tree, LazyTree)
@@ -121,6 +122,7 @@ class ExploredTreePolicy(Policy):
         ctl[ex.P_EXPAND] = _EXPANDS[expand]
         ctl[ex.P_SPLIT] = _SPLITS[split]
         ctl[ex.P_FORGET] = _FORGETS[forget]
+        ctl[ex.P_RADIUS] = _RADII[radius]
         ctl[ex.P_MAXDEPTH] = depth_cap
         ctl[ex.P_PATH] = 1.0 if path_stats else 0.0
         ctl[ex.P_ARITY] = tree.arity if isinstance(tree, LazyTree) else 0
@@ -581,9 +583,10 @@ class MemoryBoundedDescent(ExploredTreePolicy):
     """Optimistic descent with a refine rule under a hard memory cap, for trees of unbounded
     depth (:class:`~canopy.tree.LazyTree`; finite-state compression, Appendix D).
 
-    Three options, each composable with the others and with the memory bound; ``split``
+    Four options, each composable with the others and with the memory bound; ``split``
     alone switches between the default and the paper's rule (``split="eq6"``: Eq. 6, the
-    uniform probe of Eq. 1 and ``forget="any"``, unless ``probe`` or ``forget`` is given):
+    uniform probe of Eq. 1, ``forget="any"`` and Eq. 4's radius, unless ``probe``,
+    ``forget`` or ``radius`` is given):
 
     - ``split``: ``"variance"`` (default) splits an explored leaf once one standard error of
       its mean is within its spread, ``T(v) >= V_hat(v) / spread(v)^2`` with ``V_hat`` the
@@ -611,6 +614,13 @@ class MemoryBoundedDescent(ExploredTreePolicy):
       that may hold the optimum instead of being passed back and forth between them.
       ``None``: ``"balanced"`` under ``split="variance"`` with the assumed spread, else
       ``"any"`` (the balanced rule reads depth as resolution, true of ``L rho^level`` only).
+    - ``radius``: ``"moss"`` takes Eq. (4)'s radius as ``c sqrt(2 ln+(t / T(v)) / T(v))``,
+      MOSS's confidence level (Audibert and Bubeck 2009, anytime form with one arm): the
+      ``ln t`` of Eq. (4) pays for a bound valid at every round, while a cell played
+      ``T(v)`` times needs it over the ``t / T(v)`` rounds' worth of plays it competes for,
+      so a cell played often stops being explored on the optimism it no longer needs.
+      ``"eq4"``: Eq. (4) as written. ``None``: ``"moss"`` under ``split="variance"`` with
+      the assumed spread, else ``"eq4"``. The balanced rule's lower bound keeps ``ln t``.
 
     ``max_nodes=None`` is ``2 b ceil(log_b n) + 1`` with ``b`` the arity and
     ``n = budget / probe_cost`` the horizon: room for a path down to the depth a cell is
@@ -633,11 +643,12 @@ class MemoryBoundedDescent(ExploredTreePolicy):
                  c: float | None = None, spread: str = "assumed", max_nodes: int | None = None,
                  delta: float = 0.05, z: float = 3.0, certificate: str = DEFAULT_METHOD,
                  split: str = "variance", probe: str | None = None,
-                 forget: str | None = None) -> None:
+                 forget: str | None = None, radius: str | None = None) -> None:
         self.certificate = _check_certificate(certificate)
         self.split = _check_choice(split, _SPLITS, "split")
         self.probe = None if probe is None else _check_choice(probe, _PROBES, "probe")
         self.forget = None if forget is None else _check_choice(forget, _FORGETS, "forget")
+        self.radius = None if radius is None else _check_choice(radius, _RADII, "radius")
         _check_schedule(lipschitz, rho, c)
         self.lipschitz, self.rho, self.c = lipschitz, rho, c
         if spread not in ("assumed", "estimated", "certified"):
@@ -665,7 +676,7 @@ class MemoryBoundedDescent(ExploredTreePolicy):
                     expand="refine", max_depth=None, path_stats=False,
                     c=radius_scale(self.c, self.spec_), delta=self.delta, z=self.z,
                     max_nodes=cap, certificate=self.certificate, split=self.split,
-                    probe=self.probe_, forget=self.forget_)
+                    probe=self.probe_, forget=self.forget_, radius=self.radius_)
 
     @property
     def probe_(self) -> str:
@@ -674,7 +685,7 @@ class MemoryBoundedDescent(ExploredTreePolicy):
         uniform probes), else ``"centre"``."""
         if self.probe is not None:
             return self.probe
-        return "centre" if self.split == "variance" and self.spread == "assumed" else "uniform"
+        return "centre" if self._variance_assumed() else "uniform"
 
     @property
     def forget_(self) -> str:
@@ -684,7 +695,19 @@ class MemoryBoundedDescent(ExploredTreePolicy):
         the assumed spread ``L rho^level`` and not for a data-driven one)."""
         if self.forget is not None:
             return self.forget
-        return "balanced" if self.split == "variance" and self.spread == "assumed" else "any"
+        return "balanced" if self._variance_assumed() else "any"
+
+    @property
+    def radius_(self) -> str:
+        """Eq. (4)'s radius: ``radius`` as given; by default (``None``) ``"moss"`` under
+        ``split="variance"`` with the assumed spread, else Eq. (4) as written (``"eq4"``)."""
+        if self.radius is not None:
+            return self.radius
+        return "moss" if self._variance_assumed() else "eq4"
+
+    def _variance_assumed(self) -> bool:
+        """Whether the defaults of the variance-scaled split with the assumed spread apply."""
+        return self.split == "variance" and self.spread == "assumed"
 
     @property
     def depth_reached_(self) -> int:

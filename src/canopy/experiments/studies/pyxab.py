@@ -14,11 +14,11 @@ the box plus the noise. The default descent plays centre probes (a probe of the 
 descendant on its middle path: the centre of a 1-d cell, PyXAB's point; on the 2-d Himmelblau
 the middle of an edge, centred along the dimension the cell is halved in next and at the low
 end of the other); ``canopy-paper`` plays the paper's uniform probe (Eq. 1) with Eq. (6)
-and forgets any cell under the memory bound (the former default); ``canopy-uncapped`` is the
-default
-without its memory bound (the bound's diagnostic). Regret is the realised one both ways,
-``sum_t (f_max - f(x_t))`` over the points played (PyXAB's own ``f_max``; Garland's is 1,
-3e-5 above its true maximum, adding at most 3 at 100k rounds). Simple regret is
+and Eq. (4)'s radius and forgets any cell under the memory bound; ``canopy-eq4`` is the
+default with Eq. (4)'s radius in place of MOSS's (the former default); ``canopy-uncapped``
+is the default without its memory bound (the bound's diagnostic). Regret is the realised
+one both ways, ``sum_t (f_max - f(x_t))`` over the points played (PyXAB's own ``f_max``;
+Garland's is 1, 3e-5 above its true maximum, adding at most 3 at 100k rounds). Simple regret is
 ``f_max - f(x)`` at the point recommended after the run: the centre of the cell a Canopy
 policy recommends (``recommend(1)``), PyXAB POO's ``get_last_point``.
 
@@ -82,8 +82,9 @@ OBJECTIVES: dict[str, tuple[str, str, tuple[tuple[float, float], ...]]] = {
 UNCAPPED = {"max_nodes": 10**7}
 PAPER = "canopy-paper"
 #: Canopy's methods: label -> (policy class, keywords): the default, the paper's Eq. 1 / Eq. 6
-#: variant (the former default), the default with each of its three options set back alone
-#: (Eq. 6; uniform probes; forgetting any cell), the default without its memory bound,
+#: variant (the paper's rule), the default with each of its four options set back alone
+#: (Eq. 6; uniform probes; forgetting any cell; Eq. 4's radius, the former default), the
+#: default without its memory bound,
 #: the two data-driven spreads, and POO over its grid of L and over Grill et al.'s grid of rho
 CANOPY_METHODS: dict[str, tuple[str, dict[str, Any]]] = {
     DEFAULT: ("MemoryBoundedDescent", {}),
@@ -92,6 +93,7 @@ CANOPY_METHODS: dict[str, tuple[str, dict[str, Any]]] = {
                                             "forget": "balanced"}),
     "canopy-uniform": ("MemoryBoundedDescent", {"probe": "uniform"}),
     "canopy-forget-any": ("MemoryBoundedDescent", {"forget": "any"}),
+    "canopy-eq4": ("MemoryBoundedDescent", {"radius": "eq4"}),
     "canopy-uncapped": ("MemoryBoundedDescent", UNCAPPED),
     "canopy-certified": ("MemoryBoundedDescent", {"spread": "certified"}),
     "canopy-estimated": ("MemoryBoundedDescent", {"spread": "estimated"}),
