@@ -267,3 +267,18 @@ def test_observations_wait_out_a_locked_store_bounded_and_count_once(tmp_path):
     finally:
         service.close()
         other.close()
+
+
+def test_only_a_store_this_service_opened_in_memory_is_its_own():
+    """A ``memory`` store opened from its URL is read by this process alone (nobody need wait
+    for a call to be stored before handing out its id); any other store may be shared."""
+    from canopy.regional.store_memory import MemoryStore
+
+    for store, shared in (("memory", False), (MemoryStore(), True)):
+        service = _service(store, sync_s=0)
+        try:
+            assert service.shared_store is shared
+            _answered(service, "r1")
+            assert service.rate("r1", 0.5).model == "cheap"
+        finally:
+            service.close()

@@ -53,6 +53,9 @@ __all__ = ["Route", "RoutingService"]
 log = logging.getLogger("canopy.regional")
 
 T = TypeVar("T")
+PRIVATE_LINGER_S = 0.05
+"""How long the ledger's writer gathers calls into one batch for a store only this process
+reads (one wake-up of its thread per batch instead of one per call)."""
 
 
 class Route(NamedTuple):
@@ -72,7 +75,11 @@ class RoutingService:
     breaker; ``sync_s``: how often the store is read (``0``: only on :meth:`sync`);
     ``expire_every_s``: how often calls past the window are forgotten (default: every
     minute, or every half window when that is shorter); ``wait_s``: how long one store
-    operation, or a rating of a call not yet stored, waits."""
+    operation, or a rating of a call not yet stored, waits. ``shared_store``: whether
+    another process (or service) may read the store: false only for a ``"memory"`` store
+    opened here from its URL, whose calls are then written in batches
+    (:data:`PRIVATE_LINGER_S`) and need not be waited for before a call's id is handed out
+    (a rating of a call still queued waits for it)."""
 
     def __init__(self, router: RegionalRouter, store: Store | str = "memory", *,
                  regions: RegionSource | None = None, namespace: str = "",
@@ -81,6 +88,7 @@ class RoutingService:
                  expire_every_s: float | None = None, wait_s: float = 1.0,
                  max_queued: int = 100_000) -> None:
         self.router = router
+        self.shared_store = store != "memory"
         self.store = StoreCircuit(open_store(store, namespace=namespace, wait_s=wait_s)
                                   if isinstance(store, str) else store)
         self.store.check_meta(router.models, router.lam)
@@ -96,7 +104,9 @@ class RoutingService:
         self._mean_cost: dict[str, tuple[int, float]] = {}  # model -> (calls, mean cost)
         self._ledger = FeedbackLedger(self.store, reward=router.reward,
                                       chain=self.chain_paths, window_s=window_s,
-                                      max_queued=max_queued, wait_s=wait_s)
+                                      max_queued=max_queued, wait_s=wait_s,
+                                      linger_s=PRIVATE_LINGER_S if not self.shared_store
+                                      else 0.0)
         self._breaker = Breaker(breaker_failures, breaker_cooldown_s)
         self._sync_quietly()
         self._stop = threading.Event()

@@ -180,9 +180,12 @@ class _Proxy:
                       episode: str | None) -> None:
         """Keep an answered request for its feedback (waiting at most ``store_wait_s`` for
         the store: past that the call is stored in the background), so a rating through any
-        process sharing the store finds it."""
+        process sharing the store finds it; a store only this process reads is not waited
+        for (a rating of a call still queued waits for it)."""
         stored = self.service.record(Call(request_id, region, model, cost, time.time(),
                                           episode))
+        if not self.service.shared_store:
+            return
         try:
             await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(stored)),
                                    timeout=self.config.limits.store_wait_s)
