@@ -54,6 +54,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from canopy.apps.routing.proxy.config import Limits, ProxyConfig
+from canopy.apps.routing.proxy.connections import LeanRoutes
 from canopy.apps.routing.proxy.guard import (
     Keys,
     Preferences,
@@ -68,7 +69,15 @@ from canopy.apps.routing.proxy.guard import (
 )
 from canopy.apps.routing.proxy.metrics import CONTENT_TYPE_LATEST, ProxyMetrics
 from canopy.apps.routing.proxy.upstreams import Pick, UpstreamPool
-from canopy.apps.routing.proxy.web import JSONAnswer, rating_route, read_json, refusal, refused
+from canopy.apps.routing.proxy.web import (
+    JSONAnswer,
+    RawHeaders,
+    checked_json,
+    rating_route,
+    read_json,
+    refusal,
+    refused,
+)
 from canopy.apps.routing.proxy.web import error_json as _error
 from canopy.llm.client import (
     LLMConnectionError,
@@ -525,9 +534,13 @@ class _ProxyApp(FastAPI):
     """The proxy's FastAPI app with a lean path for its hot routes: a ``POST`` to a path of
     ``lean`` is answered by its handler straight from the server's ASGI call, without
     FastAPI's routing, dependency solving and middleware stack (the same handler, the same
-    answers; about half the proxy's own time per chat). Everything else is FastAPI's."""
+    answers; about half the proxy's own time per chat). Everything else is FastAPI's. Under
+    ``canopy serve router`` (uvicorn with the httptools protocol of
+    :mod:`~canopy.apps.routing.proxy.connections`) the same routes are answered by the
+    protocol itself (``lean_routes``), without an ASGI call at all."""
 
     lean: dict[str, Callable[[Request], Awaitable[Response]]]
+    lean_routes: LeanRoutes
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         handler = self.lean.get(scope.get("path", "")) if scope["type"] == "http" and \
@@ -536,12 +549,17 @@ class _ProxyApp(FastAPI):
             await super().__call__(scope, receive, send)
             return
         scope["app"] = self
-        try:
-            answer = await handler(Request(scope, receive))
-        except Exception:  # what Starlette's error middleware would do: log, answer 500
-            log.exception("the proxy failed on %s", scope["path"])
-            answer = _error(500, "internal error", "server_error")
+        answer = await _or_500(handler(Request(scope, receive)), scope["path"])
         await answer(scope, receive, send)
+
+
+async def _or_500(handling: Awaitable[Response], path: str) -> Response:
+    """What Starlette's error middleware would do when a handler fails: log, answer 500."""
+    try:
+        return await handling
+    except Exception:
+        log.exception("the proxy failed on %s", path)
+        return _error(500, "internal error", "server_error")
 
 
 def create_app(config: ProxyConfig, *, insecure_no_auth: bool = False,
@@ -563,18 +581,38 @@ def create_app(config: ProxyConfig, *, insecure_no_auth: bool = False,
         yield
         await proxy.close()
 
-    async def routed(request: Request, endpoint: str) -> Any:
-        started = time.perf_counter()
-        body, problem = await read_json(request, keys, admin=False, limit=limit)
-        answer = problem or await proxy.chat(request.headers, body, endpoint)
+    async def answered(headers: Any, body: Any, problem: Response | None, endpoint: str,
+                       started: float) -> Response:
+        answer = problem or await proxy.chat(headers, body, endpoint)
         proxy.metrics.chat(answer.status_code, answer.headers.get("X-Canopy-Model"),
                            time.perf_counter() - started)
         return answer
+
+    async def routed(request: Request, endpoint: str) -> Any:
+        started = time.perf_counter()
+        body, problem = await read_json(request, keys, admin=False, limit=limit)
+        return await answered(request.headers, body, problem, endpoint, started)
+
+    async def lean(raw_headers: list[tuple[bytes, bytes]], raw: bytes | None, endpoint: str
+                   ) -> Response:
+        started = time.perf_counter()
+        headers = RawHeaders(raw_headers)
+        body, problem = checked_json(keys, headers, raw, admin=False, limit=limit)
+        return await answered(headers, body, problem, endpoint, started)
 
     app = _ProxyApp(title="Canopy routing proxy", lifespan=lifespan)
     app.state.proxy = proxy
     app.lean = {"/v1/chat/completions": functools.partial(routed, endpoint="chat/completions"),
                 "/v1/completions": functools.partial(routed, endpoint="completions")}
+    def lean_route(endpoint: str) -> Callable[[list[tuple[bytes, bytes]], bytes | None],
+                                              Awaitable[Response]]:
+        async def handle(raw_headers: list[tuple[bytes, bytes]], raw: bytes | None
+                         ) -> Response:
+            return await _or_500(lean(raw_headers, raw, endpoint), f"/v1/{endpoint}")
+        return handle
+
+    app.lean_routes = LeanRoutes({f"/v1/{endpoint}".encode(): lean_route(endpoint)
+                                  for endpoint in ("chat/completions", "completions")}, limit)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Any:
