@@ -40,6 +40,7 @@ import functools
 import json
 import logging
 import os
+import sys
 import threading
 import time
 import uuid
@@ -103,6 +104,16 @@ log = logging.getLogger("canopy.proxy")
 _T = TypeVar("_T")
 # what a failed upstream attempt raises: the proxy moves on to the next model
 _UPSTREAM_FAILURES = (LLMError, asyncio.TimeoutError, httpx.HTTPError)
+
+
+if sys.version_info >= (3, 11):
+    async def _within(awaitable: Awaitable[_T], timeout: float) -> _T:
+        """``awaitable`` within ``timeout`` s (``TimeoutError`` past it), in this task (no
+        task per call, as ``asyncio.wait_for`` makes before Python 3.12)."""
+        async with asyncio.timeout(timeout):
+            return await awaitable
+else:  # pragma: no cover
+    _within = asyncio.wait_for
 
 
 def _reason(error: LLMError) -> str:
@@ -326,8 +337,8 @@ class _Proxy:
                 t0 = time.perf_counter()
                 upstream.sent(pick, replica)
                 try:  # the deadline holds for the whole call, not per read
-                    result = await asyncio.wait_for(
-                        attempt(upstream.client(replica), call, budget), timeout=budget)
+                    result = await _within(attempt(upstream.client(replica), call, budget),
+                                           budget)
                 except _UPSTREAM_FAILURES as error:
                     status = getattr(error, "status", None)
                     upstream.failed(pick, replica, down=not client_fault(status) and not

@@ -9,6 +9,8 @@ One registry per app, so several proxies in one process (tests,
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
@@ -55,11 +57,22 @@ class ProxyMetrics:
             "tokens, by how the index's prediction compared (exact, over, under)",
             ["model", "outcome"], registry=self.registry)
 
+        self._children: dict[tuple[Any, ...], Any] = {}
+
+    def child(self, metric: Any, *labels: str) -> Any:
+        """``metric.labels(*labels)``, kept: looking a child up by its labels costs more than
+        counting (the labels a proxy uses are its statuses, models and replicas: few)."""
+        key = (metric, *labels)
+        found = self._children.get(key)
+        if found is None:
+            found = self._children[key] = metric.labels(*labels)
+        return found
+
     def chat(self, status: int, model: str | None, seconds: float) -> None:
-        self.requests.labels(status=str(status)).inc()
+        self.child(self.requests, str(status)).inc()
         self.latency.observe(seconds)
         if model:
-            self.choices.labels(model=model).inc()
+            self.child(self.choices, model).inc()
 
     def rated(self, kind: str, status: int) -> None:
         """A rating of ``kind`` (``request``, ``episode``) answered with ``status``."""
