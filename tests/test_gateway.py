@@ -465,3 +465,34 @@ def test_gateways_on_one_redis_use_the_tradeoff_either_learns(replicas, tmp_path
     assert kept == [learnt, learnt]
     assert [sum(counts.values()) for counts, _ in after] == [13, 13]
     assert after[0] == after[1]
+
+
+def test_an_approximate_index_keys_a_repeated_prompt_once_within_a_bounded_cache(
+        monkeypatch):
+    """Without a tokenizer the keys of a prompt seen before come from a cache (bounded by
+    the bytes of text it holds), equal to the keys computed afresh."""
+    import canopy.fleet.tokens as tokens
+
+    computed: list[int] = []
+    real = tokens.chain_keys
+
+    def counted(ids, block_size, parent=0):
+        computed.append(len(ids))
+        return real(ids, block_size, parent)
+
+    monkeypatch.setattr(tokens, "chain_keys", counted)
+    tok = PromptTokenizer()
+    body = {"messages": [{"role": "user", "content": "x" * 300}]}
+    first, again = tok.keys(body, 16), tok.keys(body, 16)
+    assert len(computed) == 1 and first[1] == again[1]
+    assert first[0].tolist() == again[0].tolist() == real(tok.ids(body), 64).tolist()
+    assert tok.keys(body, 8)[0].size > first[0].size and len(computed) == 2  # its own key
+    monkeypatch.setattr(tokens, "KEY_CACHE_BYTES", 1000)
+    tok = PromptTokenizer()
+    for n in range(20):
+        tok.keys({"prompt": f"{n:03d}" + "y" * 200}, 16)
+    assert tok.cached_bytes <= 1000
+    computed.clear()
+    tok.keys({"prompt": "019" + "y" * 200}, 16)
+    tok.keys({"prompt": "000" + "y" * 200}, 16)
+    assert len(computed) == 1  # the newest is kept, the oldest was dropped
