@@ -853,3 +853,29 @@ def test_chats_are_answered_from_the_protocol_with_every_check_of_the_app(
         failed = c.post("/v1/chat/completions", json=ASK)
         assert failed.status_code == 500 and failed.json()["error"]["type"] == "server_error"
     assert entered == ["/health", "/v1/chat/completions"]
+
+
+def test_request_ids_are_unique_across_proxies_without_a_random_draw_per_request(
+        tmp_path, upstreams, monkeypatch):
+    """A request id is the proxy's random prefix and a counter: distinct within a proxy and
+    between two proxies on one store, with no system call for randomness per request."""
+    import uuid
+
+    drawn: list[int] = []
+    real = uuid.uuid4
+
+    def counted():
+        drawn.append(1)
+        return real()
+
+    monkeypatch.setattr(uuid, "uuid4", counted)
+    cfg = config(tmp_path, _urls(upstreams))
+    ids = []
+    with serve_in_thread(create_app(cfg)) as one, serve_in_thread(create_app(cfg)) as two, \
+            httpx.Client(headers=ADMIN, timeout=30) as c:
+        drawn.clear()
+        for url in (one, two) * 10:
+            ids.append(c.post(url + "/v1/chat/completions", json=ASK
+                              ).json()["canopy"]["request_id"])
+    assert len(set(ids)) == 20 and all(i.startswith("req-") for i in ids)
+    assert drawn == []

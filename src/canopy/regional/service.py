@@ -134,11 +134,16 @@ class RoutingService:
               ) -> Route:
         """The decision for one request: its region (:meth:`region`) and the models to try
         in it, best first (:meth:`ranking`; ``allowed``, ``lam``, ``costs`` and
-        ``max_cost`` as there). Raises ``ValueError`` for a malformed region path."""
+        ``max_cost`` as there; a router of one model is not asked for its indices). Raises
+        ``ValueError`` for a malformed region path."""
         path = self.regions.propose(given, body)  # a classifier may be slow: no lock
         with self._lock:
             region = self.regions.bound(path, self.router.regions)
-            scores = self.router.scores(region)
+            if len(self.models) == 1:  # nothing to rank: only the region's node is made
+                self.router.chain(region)
+                scores = np.zeros(1)
+            else:
+                scores = self.router.scores(region)
         return Route(region, self._order(scores, allowed, lam, costs, max_cost))
 
     def region(self, given: str | None = None, body: dict[str, Any] | None = None) -> str:

@@ -37,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import itertools
 import json
 import logging
 import os
@@ -195,6 +196,13 @@ class _Proxy:
         self.secrets = keys.secrets + tuple(os.environ.get(u.api_key_env, "")
                                             for u in (*config.upstreams, *config.embeddings)
                                             if u.api_key_env)
+        self._id_prefix = f"req-{uuid.uuid4().hex[:16]}"
+        self._id_count = itertools.count()
+
+    def _request_id(self) -> str:
+        """A new request id: this proxy's random 64-bit prefix and a counter (unique among
+        the proxies sharing a store, with no draw of randomness per request)."""
+        return f"{self._id_prefix}{next(self._id_count):08x}"
 
     async def _record(self, request_id: str, region: str, model: str, cost: float,
                       episode: str | None) -> None:
@@ -261,7 +269,7 @@ class _Proxy:
         if not ranking:
             return _error(400, f"no model's estimated cost is within canopy.max_cost "
                                f"({preferences.max_cost:g} $)", code="over_max_cost")
-        call = _Call(endpoint, body, view, region, f"req-{uuid.uuid4().hex}", episode,
+        call = _Call(endpoint, body, view, region, self._request_id(), episode,
                      started + self.config.deadline_s)
         if body.get("stream"):
             streamed = await self._first(call, ranking, self._open_stream)
@@ -336,9 +344,11 @@ class _Proxy:
                 budget = min(remaining, upstream.timeout_s)
                 t0 = time.perf_counter()
                 upstream.sent(pick, replica)
+                client = upstream.client(replica)
                 try:  # the deadline holds for the whole call, not per read
-                    result = await _within(attempt(upstream.client(replica), call, budget),
-                                           budget)
+                    result = await (attempt(client, call, budget) if not streaming and
+                                    client.whole_deadline else
+                                    _within(attempt(client, call, budget), budget))
                 except _UPSTREAM_FAILURES as error:
                     status = getattr(error, "status", None)
                     upstream.failed(pick, replica, down=not client_fault(status) and not
@@ -454,7 +464,7 @@ class _Proxy:
         if asked not in self.embedders:
             return _error(400, f"unknown embedding model {asked!r}: use one of "
                                f"{list(self.embedders)}", code="model_not_found")
-        request_id = f"req-{uuid.uuid4().hex}"
+        request_id = self._request_id()
         upstream = self.embedders[asked]
         budget = min(self.config.deadline_s, upstream.timeout_s)
         try:
