@@ -153,6 +153,8 @@ class ReplicaIndex:
         self.last_seq = np.full(n_replicas, -1, dtype=np.int64)
         self.gaps: list[tuple[int, int, int]] = []
         self._scratch = np.empty(64, dtype=np.int64)
+        self.version = 0
+        """Bumped by every change of what :meth:`match` reads (blocks, stamps, the TTL)."""
 
     # -- state -------------------------------------------------------------------------
     @property
@@ -200,6 +202,7 @@ class ReplicaIndex:
         self._room(keys.size)
         nodes = self.tree.chain(keys, parent)
         self.mask[nodes] |= bit
+        self.version += 1
         return nodes
 
     # -- precise: the engines' KV events -----------------------------------------------
@@ -227,6 +230,7 @@ class ReplicaIndex:
         tree = self.tree
         _remove(tree.slots, tree.key, tree.parent, tree.state, self.mask,
                 self._keys_of(keys), self._bit(replica))
+        self.version += 1
 
     def cleared(self, replica: int) -> None:
         """``AllBlocksCleared`` (or a replica that left): ``replica`` holds nothing."""
@@ -234,6 +238,7 @@ class ReplicaIndex:
         live = np.flatnonzero(self.mask & bit)
         self.mask[live] &= ~bit
         self.tree.free(live[self.mask[live] == 0])  # emptied: out of the key index
+        self.version += 1
 
     # -- approximate: what was sent where ----------------------------------------------
     def sent(self, replica: int, keys: object, now: float) -> None:
@@ -242,12 +247,14 @@ class ReplicaIndex:
             raise ValueError("sent() feeds an approximate index; a precise one takes events")
         nodes = self._add(replica, self._keys_of(keys), -1)  # the nodes; the stamps follow
         send_nodes(self.mask, self.stamp, nodes, replica, now, self.ttl_s)
+        self.version += 1
 
     def reported(self, predicted_blocks: int, cached_blocks: int) -> None:
         """An engine reported ``cached_blocks`` cached where the index predicted
         ``predicted_blocks``: calibrate the TTL."""
         if self.mode == "approximate":
             self.ttl_s = float(calibrate_ttl(self.ttl_s, predicted_blocks, cached_blocks))
+            self.version += 1
 
     def expire(self, now: float) -> int:
         """Free every node not sent anywhere within the TTL; returns how many."""
@@ -257,6 +264,7 @@ class ReplicaIndex:
         stale = np.flatnonzero(used & (now - self.stamp > self.ttl_s))
         self.mask[stale] = 0
         self.tree.free(stale)
+        self.version += 1
         return int(stale.size)
 
     # -- queries -----------------------------------------------------------------------
