@@ -496,3 +496,30 @@ def test_an_approximate_index_keys_a_repeated_prompt_once_within_a_bounded_cache
     tok.keys({"prompt": "019" + "y" * 200}, 16)
     tok.keys({"prompt": "000" + "y" * 200}, 16)
     assert len(computed) == 1  # the newest is kept, the oldest was dropped
+
+
+def test_metrics_reach_the_registry_in_batches_and_whole_at_every_scrape():
+    """A chat's counts wait in the proxy (a few dictionary updates, no lock per metric) and
+    reach Prometheus' registry every 256 chats or when ``/metrics`` is read, never lost."""
+    from canopy.apps.routing.proxy.metrics import ProxyMetrics
+
+    metrics = ProxyMetrics()
+
+    def sample(name, **labels):
+        return metrics.registry.get_sample_value(name, labels) or 0.0
+
+    for n in range(10):
+        metrics.chat(200 if n else 503, "small" if n else None, 0.01)
+        metrics.count(metrics.replica_picks, "small", "http://a")
+    assert sample("canopy_requests_total", status="200") == 0.0  # not yet in the registry
+    text = metrics.exposition().decode()
+    assert 'canopy_requests_total{status="200"} 9.0' in text
+    assert 'canopy_requests_total{status="503"} 1.0' in text
+    assert sample("canopy_choices_total", model="small") == 9.0
+    assert sample("canopy_request_seconds_count") == 10.0
+    assert sample("canopy_replica_picks_total", model="small", replica="http://a") == 10.0
+    for _ in range(300):
+        metrics.chat(200, "small", 0.01)
+    assert 9.0 + 256 <= sample("canopy_requests_total", status="200") < 9.0 + 300
+    metrics.exposition()
+    assert sample("canopy_requests_total", status="200") == 309.0

@@ -394,7 +394,7 @@ class _Proxy:
         status = getattr(error, "status", None)
         if breaker and not client_fault(status):  # a model's last replica, or its only one
             self.service.outcome(model, ok=False)
-        self.metrics.failovers.labels(model=model).inc()
+        self.metrics.count(self.metrics.failovers, model)
         log.warning("request %s: upstream %s failed: %s", request_id, model,
                     redact(str(error), self.secrets))
         return {"model": model, "reason": _reason(error), "status": status}

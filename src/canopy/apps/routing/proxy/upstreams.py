@@ -144,8 +144,8 @@ class UpstreamPool:
                       key=lambda r: self.load.table[INFLIGHT, r])
         order = [chosen, *rest] if chosen in alive else rest
         if chosen not in alive and self.metrics is not None:
-            self.metrics.child(self.metrics.replica_fallbacks, self.config.model,
-                               self.urls[chosen]).inc()
+            self.metrics.count(self.metrics.replica_fallbacks, self.config.model,
+                               self.urls[chosen])
         return Pick(order, keys, tokens, matched, request.rid)
 
     def sent(self, pick: Pick, replica: int) -> None:
@@ -154,8 +154,8 @@ class UpstreamPool:
         if not self.fleet:
             return
         if self.metrics is not None:
-            self.metrics.child(self.metrics.replica_picks, self.config.model,
-                               self.urls[replica]).inc()
+            self.metrics.count(self.metrics.replica_picks, self.config.model,
+                               self.urls[replica])
         cached = min(int(pick.matched[replica]) * self.block_size, pick.tokens)
         self.load.routed(replica, pick.tokens - cached, float(pick.keys.size))
         if self.index.mode == "approximate":
@@ -187,9 +187,9 @@ class UpstreamPool:
             self.index.reported(int(pick.matched[replica]), cached // self.block_size)
             if self.metrics is not None:
                 predicted = self.predicted_cached(pick, replica)
-                self.metrics.child(self.metrics.cache_predictions, self.config.model,
+                self.metrics.count(self.metrics.cache_predictions, self.config.model,
                                    "exact" if predicted == cached else
-                                   "over" if predicted > cached else "under").inc()
+                                   "over" if predicted > cached else "under")
 
     def predicted_cached(self, pick: Pick, replica: int) -> int:
         """The prompt tokens the index predicted ``replica`` had cached for ``pick``: its
@@ -211,8 +211,8 @@ class UpstreamPool:
                 table[QUEUED_TOKENS, replica] - (pick.tokens - cached), 0.0)
         self.load.finished(replica, float(pick.keys.size))
         if self.metrics is not None:
-            self.metrics.child(self.metrics.replica_fallbacks, self.config.model,
-                               self.urls[replica]).inc()
+            self.metrics.count(self.metrics.replica_fallbacks, self.config.model,
+                               self.urls[replica])
         if down and self.up[replica]:
             self.mark_down(replica)
 
