@@ -196,12 +196,15 @@ class ReplicaIndex:
             raise ValueError(f"replica must be in 0..{self.n_replicas - 1}, got {replica}")
         return np.uint64(1) << np.uint64(replica)
 
-    def _add(self, replica: int, keys: np.ndarray, parent: int) -> np.ndarray:
-        """The nodes of ``keys`` (a chain under node ``parent``), ``replica``'s bit set."""
+    def _add(self, replica: int, keys: np.ndarray, parent: int, *, mark: bool = True
+             ) -> np.ndarray:
+        """The nodes of ``keys`` (a chain under node ``parent``), ``replica``'s bit set
+        (unless not ``mark``: the caller sets it)."""
         bit = self._bit(replica)
         self._room(keys.size)
         nodes = self.tree.chain(keys, parent)
-        self.mask[nodes] |= bit
+        if mark:
+            self.mask[nodes] |= bit
         self.version += 1
         return nodes
 
@@ -245,7 +248,7 @@ class ReplicaIndex:
         """A request whose blocks are ``keys`` was sent to ``replica`` at ``now`` (s)."""
         if self.mode != "approximate":
             raise ValueError("sent() feeds an approximate index; a precise one takes events")
-        nodes = self._add(replica, self._keys_of(keys), -1)  # the nodes; the stamps follow
+        nodes = self._add(replica, self._keys_of(keys), -1, mark=False)  # bits and stamps:
         send_nodes(self.mask, self.stamp, nodes, replica, now, self.ttl_s)
         self.version += 1
 

@@ -87,8 +87,10 @@ class UpstreamPool:
         self.shared: RoutingService | None = None
         if not self.fleet:
             return
-        from canopy.fleet import Load, ReplicaIndex, View, make_policy
+        from canopy.fleet import Load, ReplicaIndex, Request, View, make_policy
         from canopy.fleet.tokens import PromptTokenizer
+
+        self._request = Request  # the fleet extra's, imported once (not per request)
 
         settings = config.index
         self.block_size = int(settings.get("block_size", 16))
@@ -130,12 +132,10 @@ class UpstreamPool:
         """The replicas to try for ``body``, the policy's choice first."""
         if not self.fleet:
             return Pick([0], _NO_KEYS, 0, _NO_KEYS, 0)
-        from canopy.fleet import Request
-
         keys, tokens = self.tokenizer.keys(body, self.block_size)
         now = time.monotonic()
         self.view.now = now
-        request = Request(keys, tokens, next(self._rid))
+        request = self._request(keys, tokens, next(self._rid))
         with contextlib.nullcontext() if self.shared is None else self.shared.reading():
             chosen = self.policy.choose(request, self.view)
         matched = self.view.matched(keys).copy()
@@ -166,14 +166,12 @@ class UpstreamPool:
         policy when ``learn`` (streams)."""
         if not self.fleet:
             return
-        from canopy.fleet import Request
-
         pick.first = True
         ttft = time.perf_counter() - pick.sent
         cached = min(int(pick.matched[replica]) * self.block_size, pick.tokens)
         self.load.first_token(replica, pick.tokens - cached, ttft)
         if learn and self.policy.learns:
-            self.policy.observe(Request(pick.keys, pick.tokens, pick.rid), replica, ttft)
+            self.policy.observe(self._request(pick.keys, pick.tokens, pick.rid), replica, ttft)
 
     def finished(self, pick: Pick, replica: int, usage: Mapping[str, Any] | None) -> None:
         """``pick``'s answer from ``replica`` ended; ``usage``'s cached tokens (when the
