@@ -614,26 +614,21 @@ def create_app(config: ProxyConfig, *, insecure_no_auth: bool = False,
         body, problem = await read_json(request, keys, admin=False, limit=limit)
         return await answered(request.headers, body, problem, endpoint, started)
 
-    async def lean(raw_headers: list[tuple[bytes, bytes]], raw: bytes | None, endpoint: str
-                   ) -> Response:
+    async def lean(raw_headers: list[tuple[bytes, bytes]], raw: bytes | None, *,
+                   endpoint: str) -> Response:
+        """A chat as the server's protocol hands it over (:class:`LeanRoutes`)."""
         started = time.perf_counter()
         headers = RawHeaders(raw_headers)
         body, problem = checked_json(keys, headers, raw, admin=False, limit=limit)
-        return await answered(headers, body, problem, endpoint, started)
+        return await _or_500(answered(headers, body, problem, endpoint, started),
+                             f"/v1/{endpoint}")
 
     app = _ProxyApp(title="Canopy routing proxy", lifespan=lifespan)
     app.state.proxy = proxy
     app.lean = {"/v1/chat/completions": functools.partial(routed, endpoint="chat/completions"),
                 "/v1/completions": functools.partial(routed, endpoint="completions")}
-    def lean_route(endpoint: str) -> Callable[[list[tuple[bytes, bytes]], bytes | None],
-                                              Awaitable[Response]]:
-        async def handle(raw_headers: list[tuple[bytes, bytes]], raw: bytes | None
-                         ) -> Response:
-            return await _or_500(lean(raw_headers, raw, endpoint), f"/v1/{endpoint}")
-        return handle
-
-    app.lean_routes = LeanRoutes({f"/v1/{endpoint}".encode(): lean_route(endpoint)
-                                  for endpoint in ("chat/completions", "completions")}, limit)
+    app.lean_routes = LeanRoutes({f"/v1/{endpoint}".encode(): functools.partial(
+        lean, endpoint=endpoint) for endpoint in ("chat/completions", "completions")}, limit)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Any:
