@@ -30,11 +30,10 @@ adapter's to ask of the upstream, after the choice (the proxy's
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
@@ -66,6 +65,21 @@ class Route(NamedTuple):
     ranking: tuple[str, ...]
 
 
+class _Held:
+    """``with`` it: ``lock`` held, ``value`` given (a class, not a generator: it is entered
+    on every request)."""
+
+    def __init__(self, lock: Any, value: Any) -> None:
+        self._lock, self._value = lock, value
+
+    def __enter__(self) -> Any:
+        self._lock.acquire()
+        return self._value
+
+    def __exit__(self, *exc: object) -> None:
+        self._lock.release()
+
+
 class RoutingService:
     """``router`` (its models are the arms; it holds the trade-off ``lam``) over ``store``
     (a :class:`Store` or a URL for :func:`~canopy.regional.stores.open_store`;
@@ -94,6 +108,7 @@ class RoutingService:
         self.store.check_meta(router.models, router.lam)
         self.regions = RegionSource() if regions is None else regions
         self._lock = threading.RLock()
+        self._reading = _Held(self._lock, router)
         self._prior = self._sums()
         self._version = 0
         self._cells: dict[tuple[str, str], np.ndarray] = {}  # the store's sums, as last read
@@ -188,8 +203,8 @@ class RoutingService:
                 within = estimate <= check_nonnegative(max_cost, "max_cost")
                 keep = {m for m, ok in zip(models, within, strict=True) if ok and
                         (keep is None or m in keep)}
-        order = np.argsort(-scores, kind="stable")
-        ranked = [models[int(m)] for m in order]
+        ranked = list(models) if len(models) == 1 else \
+            [models[int(m)] for m in np.argsort(-scores, kind="stable")]
         if keep is not None:
             ranked = [m for m in ranked if m in keep]
         return tuple(self._breaker.order(ranked))
@@ -263,12 +278,10 @@ class RoutingService:
             self.router.update(region, model, quality, cost)
         self._ledger.observe(region, model, quality, cost)
 
-    @contextlib.contextmanager
-    def reading(self) -> Iterator[RegionalRouter]:
+    def reading(self) -> _Held:
         """The router, held: no pull writes into it until the block ends (for a host that
-        reads its tables itself, as a gateway's replica policy does)."""
-        with self._lock:
-            yield self.router
+        reads its tables itself, as a gateway's replica policy does, once a request)."""
+        return self._reading
 
     def reward(self, quality: float, cost: float) -> float:
         """The router's reward of an outcome, ``quality - lam * cost``."""
