@@ -154,3 +154,34 @@ def test_bad_arguments_name_themselves():
         ReplicaIndex(65)
     with pytest.raises(ValueError, match="ttft_s"):
         make_policy("canopy").observe(_request([1]), 0, float("nan"))
+
+
+def test_a_view_matches_a_request_once_until_the_index_or_the_time_changes(monkeypatch):
+    """The policy's choice and the gateway's record of what each replica held read one
+    match; whatever changes the index (a send, an event, an expiry, a calibration of the
+    TTL) or the time makes the next read match again."""
+    view = View(ReplicaIndex(2, mode="approximate", ttl_s=10.0),
+                Load(2, capacity_blocks=1000), 0.0, BLOCK)
+    matched: list[int] = []
+    real = view.index.match
+
+    def counted(keys, now=0.0, out=None):
+        matched.append(1)
+        return real(keys, now, out)
+
+    monkeypatch.setattr(view.index, "match", counted)
+    keys = np.arange(1, 5, dtype=np.int64)
+    assert view.matched(keys).tolist() == [0, 0] and view.matched(keys).tolist() == [0, 0]
+    assert len(matched) == 1
+    view.index.sent(1, keys[:3], 0.0)
+    assert view.matched(keys).tolist() == [0, 3] and len(matched) == 2
+    view.now = 20.0  # past the TTL
+    assert view.matched(keys).tolist() == [0, 0] and len(matched) == 3
+    for change in (lambda: view.index.stored(0, keys[:1]), lambda: view.index.removed(0, keys[:1]),
+                   lambda: view.index.cleared(1), lambda: view.index.expire(30.0),
+                   lambda: view.index.reported(3, 1)):
+        before = len(matched)
+        change()
+        view.matched(keys)
+        assert len(matched) == before + 1
+    assert view.matched(keys.copy()) is not None and len(matched) == 9  # another request

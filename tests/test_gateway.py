@@ -465,3 +465,61 @@ def test_gateways_on_one_redis_use_the_tradeoff_either_learns(replicas, tmp_path
     assert kept == [learnt, learnt]
     assert [sum(counts.values()) for counts, _ in after] == [13, 13]
     assert after[0] == after[1]
+
+
+def test_an_approximate_index_keys_a_repeated_prompt_once_within_a_bounded_cache(
+        monkeypatch):
+    """Without a tokenizer the keys of a prompt seen before come from a cache (bounded by
+    the bytes of text it holds), equal to the keys computed afresh."""
+    import canopy.fleet.tokens as tokens
+
+    computed: list[int] = []
+    real = tokens.chain_keys
+
+    def counted(ids, block_size, parent=0):
+        computed.append(len(ids))
+        return real(ids, block_size, parent)
+
+    monkeypatch.setattr(tokens, "chain_keys", counted)
+    tok = PromptTokenizer()
+    body = {"messages": [{"role": "user", "content": "x" * 300}]}
+    first, again = tok.keys(body, 16), tok.keys(body, 16)
+    assert len(computed) == 1 and first[1] == again[1]
+    assert first[0].tolist() == again[0].tolist() == real(tok.ids(body), 64).tolist()
+    assert tok.keys(body, 8)[0].size > first[0].size and len(computed) == 2  # its own key
+    monkeypatch.setattr(tokens, "KEY_CACHE_BYTES", 1000)
+    tok = PromptTokenizer()
+    for n in range(20):
+        tok.keys({"prompt": f"{n:03d}" + "y" * 200}, 16)
+    assert tok.cached_bytes <= 1000
+    computed.clear()
+    tok.keys({"prompt": "019" + "y" * 200}, 16)
+    tok.keys({"prompt": "000" + "y" * 200}, 16)
+    assert len(computed) == 1  # the newest is kept, the oldest was dropped
+
+
+def test_metrics_reach_the_registry_in_batches_and_whole_at_every_scrape():
+    """A chat's counts wait in the proxy (a few dictionary updates, no lock per metric) and
+    reach Prometheus' registry every 256 chats or when ``/metrics`` is read, never lost."""
+    from canopy.apps.routing.proxy.metrics import ProxyMetrics
+
+    metrics = ProxyMetrics()
+
+    def sample(name, **labels):
+        return metrics.registry.get_sample_value(name, labels) or 0.0
+
+    for n in range(10):
+        metrics.chat(200 if n else 503, "small" if n else None, 0.01)
+        metrics.count(metrics.replica_picks, "small", "http://a")
+    assert sample("canopy_requests_total", status="200") == 0.0  # not yet in the registry
+    text = metrics.exposition().decode()
+    assert 'canopy_requests_total{status="200"} 9.0' in text
+    assert 'canopy_requests_total{status="503"} 1.0' in text
+    assert sample("canopy_choices_total", model="small") == 9.0
+    assert sample("canopy_request_seconds_count") == 10.0
+    assert sample("canopy_replica_picks_total", model="small", replica="http://a") == 10.0
+    for _ in range(300):
+        metrics.chat(200, "small", 0.01)
+    assert 9.0 + 256 <= sample("canopy_requests_total", status="200") < 9.0 + 300
+    metrics.exposition()
+    assert sample("canopy_requests_total", status="200") == 309.0

@@ -783,3 +783,99 @@ def test_the_lean_client_never_writes_to_a_connection_closed_under_it():
     first, second, third = uvloop.run(run())
     assert first == second == (200, b"{}")
     assert third is LLMConnectionError
+
+
+def _exchange(url: str, raw: bytes) -> bytes:
+    """Send ``raw`` on one socket; everything the proxy writes until it closes it."""
+    import socket
+
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(raw)
+        got = b""
+        while chunk := sock.recv(65536):
+            got += chunk
+    return got
+
+
+def test_chats_are_answered_from_the_protocol_with_every_check_of_the_app(
+        tmp_path, upstreams, monkeypatch):
+    """A chat is answered by the server's protocol itself, never entering the ASGI app (no
+    scope, no Starlette request or response per chat), with the app's checks and answers:
+    keys, the body bound (declared or sent), bad JSON, pipelined requests in order, HTTP/1.0
+    closing; every other route, and a request pipelined behind one in flight, still goes
+    through the app."""
+    from canopy.apps.routing.proxy.app import _ProxyApp
+
+    entered: list[str] = []
+    through_app = _ProxyApp.__call__
+
+    async def counted(self, scope, receive, send):
+        if scope["type"] == "http":
+            entered.append(scope["path"])
+        await through_app(self, scope, receive, send)
+
+    monkeypatch.setattr(_ProxyApp, "__call__", counted)
+    cfg = config(tmp_path, _urls(upstreams), limits={"max_body_bytes": 4096})
+    body = json.dumps(ASK).encode()
+    app = create_app(cfg)
+    with serve_in_thread(app) as url, httpx.Client(base_url=url, headers=ADMIN,
+                                                   timeout=30) as c:
+        answer = c.post("/v1/chat/completions", json=ASK)
+        assert answer.status_code == 200 and answer.json()["canopy"]["model"] in PRICES["models"]
+        assert answer.headers["X-Canopy-Request-Id"] == answer.json()["canopy"]["request_id"]
+        text = c.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2})
+        assert text.status_code == 400 and "every upstream rejected" in text.text  # no route
+        assert c.post("/v1/chat/completions", json=ASK, headers={"Authorization": "Bearer no"}
+                      ).status_code == 401
+        assert c.post("/v1/chat/completions", content=b"{not json").status_code == 400
+        big = c.post("/v1/chat/completions", content=b"x" * 10_000)
+        assert big.status_code == 413 and "exceeds 4096 bytes" in big.text
+
+        def chunks():
+            yield b"{" + b" " * 5000
+            yield b"}"
+        assert c.post("/v1/chat/completions", content=chunks()).status_code == 413
+        assert c.get("/health").status_code == 200
+        request = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+                   + ADMIN_KEY.encode() + b"\r\nContent-Type: application/json\r\n"
+                   b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        closing = b"Connection: close\r\n".join(request.split(b"Host: x\r\n", 1)) \
+            .replace(b"Host: x", b"Host: x\r\nConnection: close")
+        twice = _exchange(url, request + closing)  # pipelined: the second through the app
+        assert twice.count(b"HTTP/1.1 200 OK") == 2 and twice.count(b'"request_id"') == 2
+        old = _exchange(url, request.replace(b"HTTP/1.1", b"HTTP/1.0", 1))
+        assert old.startswith(b"HTTP/1.1 200 OK") and b"connection: close" in old.lower()
+
+        async def broken(*args, **kwargs):
+            raise RuntimeError("a bug")
+        monkeypatch.setattr(app.state.proxy, "chat", broken)
+        failed = c.post("/v1/chat/completions", json=ASK)
+        assert failed.status_code == 500 and failed.json()["error"]["type"] == "server_error"
+    assert entered == ["/health", "/v1/chat/completions"]
+
+
+def test_request_ids_are_unique_across_proxies_without_a_random_draw_per_request(
+        tmp_path, upstreams, monkeypatch):
+    """A request id is the proxy's random prefix and a counter: distinct within a proxy and
+    between two proxies on one store, with no system call for randomness per request."""
+    import uuid
+
+    drawn: list[int] = []
+    real = uuid.uuid4
+
+    def counted():
+        drawn.append(1)
+        return real()
+
+    monkeypatch.setattr(uuid, "uuid4", counted)
+    cfg = config(tmp_path, _urls(upstreams))
+    ids = []
+    with serve_in_thread(create_app(cfg)) as one, serve_in_thread(create_app(cfg)) as two, \
+            httpx.Client(headers=ADMIN, timeout=30) as c:
+        drawn.clear()
+        for url in (one, two) * 10:
+            ids.append(c.post(url + "/v1/chat/completions", json=ASK
+                              ).json()["canopy"]["request_id"])
+    assert len(set(ids)) == 20 and all(i.startswith("req-") for i in ids)
+    assert drawn == []

@@ -270,3 +270,22 @@ def test_requests_past_the_feedback_window_are_forgotten_on_schedule(tmp_path, u
         while (kept := client.get("/v1/router/stats").json()["requests"]) > 0:
             assert time.monotonic() < deadline, f"{kept} requests still kept"
             time.sleep(0.1)
+
+
+def test_a_memory_store_is_not_waited_on_before_the_answer(tmp_path, upstreams, monkeypatch,
+                                                           caplog):
+    """A ``memory`` store is this proxy's alone: a chat is answered while its call still
+    waits to be written (here, for ten minutes), and a rating of it hurries the writer."""
+    import canopy.regional.service as service
+
+    monkeypatch.setattr(service, "PRIVATE_LINGER_S", 600.0)
+    cfg = ProxyConfig.from_mapping(_mapping(upstreams, "memory",
+                                            limits={"store_wait_s": 0.2}), base=tmp_path)
+    with serve_in_thread(create_app(cfg)) as url, httpx.Client(base_url=url, headers=ADMIN,
+                                                               timeout=30) as client:
+        ids = [client.post("/v1/chat/completions", json=ASK).json()["canopy"]["request_id"]
+               for _ in range(3)]
+        rated = client.post("/v1/feedback", json={"request_id": ids[1], "quality": 0.5})
+        assert rated.status_code == 200, rated.text
+        assert client.get("/v1/router/stats").json()["requests"] == 3
+    assert "not stored yet" not in caplog.text

@@ -267,3 +267,34 @@ def test_observations_wait_out_a_locked_store_bounded_and_count_once(tmp_path):
     finally:
         service.close()
         other.close()
+
+
+def test_only_a_store_this_service_opened_in_memory_is_its_own():
+    """A ``memory`` store opened from its URL is read by this process alone (nobody need wait
+    for a call to be stored before handing out its id); any other store may be shared."""
+    from canopy.regional.store_memory import MemoryStore
+
+    for store, shared in (("memory", False), (MemoryStore(), True)):
+        service = _service(store, sync_s=0)
+        try:
+            assert service.shared_store is shared
+            _answered(service, "r1")
+            assert service.rate("r1", 0.5).model == "cheap"
+        finally:
+            service.close()
+
+
+def test_a_service_of_one_model_ranks_it_without_scoring(monkeypatch):
+    """With one model there is nothing to rank: no index is computed, yet the request's
+    region is made as scoring makes it, the breaker and ``max_cost`` still apply."""
+    router = RegionalRouter(("only",), lam=1.0)
+    service = RoutingService(router, "memory", sync_s=0)
+    scored: list[str] = []
+    monkeypatch.setattr(router, "scores", scored.append)
+    try:
+        assert service.route("code/python") == ("code/python", ("only",))
+        assert "code/python" in router.regions and scored == []
+        assert service.route("code", costs={"only": 2.0}, max_cost=1.0).ranking == ()
+        assert service.route("code", lam=0.5, costs={"only": 0.1}).ranking == ("only",)
+    finally:
+        service.close()

@@ -263,3 +263,33 @@ def test_connections_of_threads_that_are_gone_are_closed(tmp_path):
     store.counts()  # this thread's connection: the finished threads' are closed
     assert open_on_file() <= 2
     store.close()
+
+
+def test_a_lingering_ledger_writes_calls_in_one_batch_and_a_reader_hurries_it():
+    """A ledger whose writer lingers (a store only this process reads) wakes once per batch,
+    not once per call; a reading of a call still queued, and closing, hurry it."""
+    from canopy.regional.store_memory import MemoryStore
+
+    class Counting(MemoryStore):
+        def __init__(self) -> None:
+            super().__init__()
+            self.batches: list[int] = []
+
+        def add_calls(self, calls, ttl_s):
+            self.batches.append(len(calls))
+            super().add_calls(calls, ttl_s)
+
+    store = Counting()
+    ledger = FeedbackLedger(store, reward=lambda q, c: q, chain=lambda r: [r], wait_s=30.0,
+                            linger_s=600.0)
+    try:
+        for n in range(5):
+            ledger.record(_call(f"c{n}"))
+        assert store.batches == []  # lingering: nothing written yet
+        assert ledger.call("c3").id == "c3"  # a reader waits for it, and hurries the writer
+        assert store.batches == [5]
+        assert ledger.rate("c1", 0.5).quality == 0.5
+        ledger.record(_call("last"))
+    finally:
+        ledger.close(timeout=30.0)
+    assert store.batches == [5, 1] and store.calls(["last"])[0] is not None

@@ -153,6 +153,8 @@ class ReplicaIndex:
         self.last_seq = np.full(n_replicas, -1, dtype=np.int64)
         self.gaps: list[tuple[int, int, int]] = []
         self._scratch = np.empty(64, dtype=np.int64)
+        self.version = 0
+        """Bumped by every change of what :meth:`match` reads (blocks, stamps, the TTL)."""
 
     # -- state -------------------------------------------------------------------------
     @property
@@ -194,12 +196,16 @@ class ReplicaIndex:
             raise ValueError(f"replica must be in 0..{self.n_replicas - 1}, got {replica}")
         return np.uint64(1) << np.uint64(replica)
 
-    def _add(self, replica: int, keys: np.ndarray, parent: int) -> np.ndarray:
-        """The nodes of ``keys`` (a chain under node ``parent``), ``replica``'s bit set."""
+    def _add(self, replica: int, keys: np.ndarray, parent: int, *, mark: bool = True
+             ) -> np.ndarray:
+        """The nodes of ``keys`` (a chain under node ``parent``), ``replica``'s bit set
+        (unless not ``mark``: the caller sets it)."""
         bit = self._bit(replica)
         self._room(keys.size)
         nodes = self.tree.chain(keys, parent)
-        self.mask[nodes] |= bit
+        if mark:
+            self.mask[nodes] |= bit
+        self.version += 1
         return nodes
 
     # -- precise: the engines' KV events -----------------------------------------------
@@ -227,6 +233,7 @@ class ReplicaIndex:
         tree = self.tree
         _remove(tree.slots, tree.key, tree.parent, tree.state, self.mask,
                 self._keys_of(keys), self._bit(replica))
+        self.version += 1
 
     def cleared(self, replica: int) -> None:
         """``AllBlocksCleared`` (or a replica that left): ``replica`` holds nothing."""
@@ -234,20 +241,23 @@ class ReplicaIndex:
         live = np.flatnonzero(self.mask & bit)
         self.mask[live] &= ~bit
         self.tree.free(live[self.mask[live] == 0])  # emptied: out of the key index
+        self.version += 1
 
     # -- approximate: what was sent where ----------------------------------------------
     def sent(self, replica: int, keys: object, now: float) -> None:
         """A request whose blocks are ``keys`` was sent to ``replica`` at ``now`` (s)."""
         if self.mode != "approximate":
             raise ValueError("sent() feeds an approximate index; a precise one takes events")
-        nodes = self._add(replica, self._keys_of(keys), -1)  # the nodes; the stamps follow
+        nodes = self._add(replica, self._keys_of(keys), -1, mark=False)  # bits and stamps:
         send_nodes(self.mask, self.stamp, nodes, replica, now, self.ttl_s)
+        self.version += 1
 
     def reported(self, predicted_blocks: int, cached_blocks: int) -> None:
         """An engine reported ``cached_blocks`` cached where the index predicted
         ``predicted_blocks``: calibrate the TTL."""
         if self.mode == "approximate":
             self.ttl_s = float(calibrate_ttl(self.ttl_s, predicted_blocks, cached_blocks))
+            self.version += 1
 
     def expire(self, now: float) -> int:
         """Free every node not sent anywhere within the TTL; returns how many."""
@@ -257,6 +267,7 @@ class ReplicaIndex:
         stale = np.flatnonzero(used & (now - self.stamp > self.ttl_s))
         self.mask[stale] = 0
         self.tree.free(stale)
+        self.version += 1
         return int(stale.size)
 
     # -- queries -----------------------------------------------------------------------

@@ -263,11 +263,22 @@ class View:
     now: float = 0.0
     block_tokens: int = 16
     _matched: np.ndarray | None = field(default=None, repr=False)
+    _keys: np.ndarray | None = field(default=None, repr=False)  # what _matched is for,
+    _of: tuple[object, ...] = field(default=(), repr=False)  # when, in which index
 
     def matched(self, keys: np.ndarray) -> np.ndarray:
-        if self._matched is None or self._matched.size != self.index.n_replicas:
-            self._matched = np.zeros(self.index.n_replicas, dtype=np.int64)
-        return self.index.match(keys, self.now, self._matched)
+        """Blocks of ``keys`` each replica holds now (one buffer, overwritten by the next
+        request; the same request asked again at the same time, the index unchanged, is
+        not matched again)."""
+        index = self.index
+        of = (self.now, index, index.version)
+        if keys is self._keys and of == self._of:
+            return self._matched  # type: ignore[return-value]
+        if self._matched is None or self._matched.size != index.n_replicas:
+            self._matched = np.zeros(index.n_replicas, dtype=np.int64)
+        index.match(keys, self.now, self._matched)
+        self._keys, self._of = keys, of
+        return self._matched
 
 
 class ReplicaPolicy:

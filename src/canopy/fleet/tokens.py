@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,9 @@ __all__ = ["BYTES_PER_TOKEN", "PromptTokenizer", "chain_keys", "prompt_text"]
 
 BYTES_PER_TOKEN = 4
 """Bytes of text per token when no tokenizer is configured (a rough English average)."""
+KEY_CACHE_BYTES = 8 << 20
+"""Prompt text the keys cache of a tokenizer-less :class:`PromptTokenizer` holds at most (in
+characters; the least recently used prompts leave first)."""
 
 
 def chain_keys(tokens: Sequence[int] | np.ndarray, block_size: int, parent: int = 0
@@ -66,6 +70,11 @@ def prompt_text(body: Mapping[str, Any]) -> str:
     return "".join(parts)
 
 
+def _byte_ids(text: str) -> np.ndarray:
+    """The UTF-8 bytes of ``text`` as ids (what stands in for tokens without a tokenizer)."""
+    return np.frombuffer(text.encode(), dtype=np.uint8).astype(np.int64)
+
+
 def _raise(message: str) -> None:
     raise ValueError(f"the chat template refused the request: {message}")
 
@@ -75,10 +84,14 @@ class PromptTokenizer:
 
     ``path``: a ``tokenizer.json`` file or a directory holding one (and, for the chat
     template, ``tokenizer_config.json``); ``None``: bytes stand in for tokens
-    (:data:`BYTES_PER_TOKEN` per token). Nothing is downloaded."""
+    (:data:`BYTES_PER_TOKEN` per token), and the keys of a prompt seen before come from a
+    cache of at most :data:`KEY_CACHE_BYTES` of text (a repeated system prompt, a retry).
+    Nothing is downloaded."""
 
     def __init__(self, path: str | Path | None = None) -> None:
         self.path = None if path is None else Path(path)
+        self._cache: OrderedDict[tuple[str, int], tuple[np.ndarray, int]] = OrderedDict()
+        self.cached_bytes = 0
         self._tokenizer: Any = None
         self._template: Any = None
         self._special: dict[str, str] = {}
@@ -112,7 +125,7 @@ class PromptTokenizer:
     def ids(self, body: Mapping[str, Any]) -> np.ndarray:
         """The prompt's token ids (bytes without a tokenizer)."""
         if self._tokenizer is None:
-            return np.frombuffer(prompt_text(body).encode(), dtype=np.uint8).astype(np.int64)
+            return _byte_ids(prompt_text(body))
         messages = body.get("messages")
         if self._template is not None and isinstance(messages, list):
             text = self._template.render(messages=messages, add_generation_prompt=True,
@@ -124,7 +137,20 @@ class PromptTokenizer:
 
     def keys(self, body: Mapping[str, Any], block_size: int) -> tuple[np.ndarray, int]:
         """``(block keys, prompt tokens)`` of a request for ``block_size``-token blocks."""
-        ids = self.ids(body)
-        if self._tokenizer is None:
-            return chain_keys(ids, block_size * BYTES_PER_TOKEN), ids.size // BYTES_PER_TOKEN
-        return chain_keys(ids, block_size), int(ids.size)
+        if self._tokenizer is not None:
+            ids = self.ids(body)
+            return chain_keys(ids, block_size), int(ids.size)
+        text = prompt_text(body)
+        found = self._cache.get((text, block_size))
+        if found is not None:
+            self._cache.move_to_end((text, block_size))
+            return found
+        ids = _byte_ids(text)
+        keyed = chain_keys(ids, block_size * BYTES_PER_TOKEN), ids.size // BYTES_PER_TOKEN
+        if len(text) <= KEY_CACHE_BYTES:
+            self._cache[(text, block_size)] = keyed
+            self.cached_bytes += len(text)
+            while self.cached_bytes > KEY_CACHE_BYTES:
+                (old, _), _ = self._cache.popitem(last=False)
+                self.cached_bytes -= len(old)
+        return keyed

@@ -2,8 +2,8 @@
 ``max_connections``), a whole request written in one piece, the answer parsed by httptools
 (llhttp, in C) and read whole up to a cap. It serves the proxy's non-streamed upstream calls
 (:class:`~canopy.llm.passthrough.AsyncPassthrough`), where ``httpx`` cost about 0.8 ms of CPU
-per call on the benchmark's machine and this client about 0.03 ms (``docs/routing.md``,
-"Overhead"). Streams, TLS and proxies stay with ``httpx``.
+per call on the benchmark's machine and this client about 0.03 ms (``docs/fleet.md``,
+"Overhead beside sglang-router and vllm-router"). Streams, TLS and proxies stay with ``httpx``.
 
 Failures are the client's error types (:mod:`canopy.llm.client`): unreachable or a connection
 lost mid-answer (:class:`~canopy.llm.client.LLMConnectionError`), past the timeout

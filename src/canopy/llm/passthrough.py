@@ -71,6 +71,12 @@ class AsyncPassthrough:
                 self._lean = Http1Pool(self.base_url, max_connections=max_connections)
                 self._root = httpx.URL(self.base_url).raw_path.decode("ascii").rstrip("/")
 
+    @property
+    def whole_deadline(self) -> bool:
+        """Whether :meth:`chat` holds its ``timeout`` over the whole call (the lean client,
+        with one timer), not per read as ``httpx`` does."""
+        return self._lean is not None
+
     async def chat(self, body: Mapping[str, Any], *, timeout: float,
                    endpoint: str = "chat/completions") -> LLMResponse:
         """POST ``body`` (with ``model`` replaced) to ``endpoint`` (``chat/completions`` or

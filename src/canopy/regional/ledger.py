@@ -97,14 +97,20 @@ class FeedbackLedger:
     ``window_s`` is how long a call accepts its rating; at most ``max_queued`` calls wait
     for the store (past that a call is dropped, with a warning: it is served, not rated);
     a rating of a call still waiting waits for it at most ``wait_s`` (then ``StoreBusy``),
-    so a caller need not wait for its call to be stored before it answers."""
+    so a caller need not wait for its call to be stored before it answers. ``linger_s``:
+    how long the writer, woken by a call, waits for more before it writes them as one batch
+    (a reading of a queued call, and :meth:`close`, end the wait): one wake-up per batch
+    instead of one per call, for a store nobody else reads (0: write at once)."""
 
     def __init__(self, store: Store, *, reward: Callable[[float, float], float],
                  chain: Callable[[str], list[str]], window_s: float = 7 * 24 * 3600.0,
-                 max_queued: int = 100_000, wait_s: float = 0.0) -> None:
+                 max_queued: int = 100_000, wait_s: float = 0.0, linger_s: float = 0.0
+                 ) -> None:
         self.store = store
         self.window_s = float(window_s)
         self.wait_s = float(wait_s)
+        self.linger_s = check_number(linger_s, "linger_s", low=0.0)
+        self._hurry = threading.Event()  # a reader waits for a queued call: write now
         self._reward = reward
         self._chain = chain
         self._queue: queue.Queue[tuple[Call, concurrent.futures.Future[None]] | None] = \
@@ -150,6 +156,9 @@ class FeedbackLedger:
             item = self._queue.get()
             if item is None:
                 return
+            if self.linger_s > 0:
+                self._hurry.wait(self.linger_s)
+                self._hurry.clear()
             batch = [item]
             while len(batch) < 512:
                 try:
@@ -188,6 +197,7 @@ class FeedbackLedger:
         when one is still queued."""
         if not waiting:
             return
+        self._hurry.set()
         concurrent.futures.wait([done for _, done in waiting], timeout=self.wait_s)
         with self._queued_lock:
             late = next((c for c, _ in waiting if c.id in self._queued), None)
@@ -313,6 +323,7 @@ class FeedbackLedger:
         """Store what is queued (waiting at most ``timeout`` for a busy store), then stop."""
         with contextlib.suppress(queue.Full):
             self._queue.put(None, timeout=timeout)
+        self._hurry.set()
         self._writer.join(timeout)
         self._closing.set()
         self._writer.join(timeout)

@@ -12,6 +12,7 @@ and the ancestor table are linear in the number of nodes.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 
 import numpy as np
@@ -28,6 +29,11 @@ def normalize_region(region: str) -> str:
     if not isinstance(region, str):
         raise TypeError(f"region must be a string path such as 'stem/physics', got "
                         f"{type(region).__name__}")
+    return _normalized(region)
+
+
+@functools.lru_cache(maxsize=4096)  # every request's region is read several times
+def _normalized(region: str) -> str:
     if len(region) > 4 * MAX_LENGTH:  # do not even split an absurd string
         raise ValueError(f"region path has {len(region)} characters; at most {MAX_LENGTH}")
     parts = [part.strip() for part in region.split("/") if part.strip()]

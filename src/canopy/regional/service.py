@@ -30,11 +30,10 @@ adapter's to ask of the upstream, after the choice (the proxy's
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
@@ -53,6 +52,9 @@ __all__ = ["Route", "RoutingService"]
 log = logging.getLogger("canopy.regional")
 
 T = TypeVar("T")
+PRIVATE_LINGER_S = 0.05
+"""How long the ledger's writer gathers calls into one batch for a store only this process
+reads (one wake-up of its thread per batch instead of one per call)."""
 
 
 class Route(NamedTuple):
@@ -61,6 +63,21 @@ class Route(NamedTuple):
 
     region: str
     ranking: tuple[str, ...]
+
+
+class _Held:
+    """``with`` it: ``lock`` held, ``value`` given (a class, not a generator: it is entered
+    on every request)."""
+
+    def __init__(self, lock: Any, value: Any) -> None:
+        self._lock, self._value = lock, value
+
+    def __enter__(self) -> Any:
+        self._lock.acquire()
+        return self._value
+
+    def __exit__(self, *exc: object) -> None:
+        self._lock.release()
 
 
 class RoutingService:
@@ -72,7 +89,11 @@ class RoutingService:
     breaker; ``sync_s``: how often the store is read (``0``: only on :meth:`sync`);
     ``expire_every_s``: how often calls past the window are forgotten (default: every
     minute, or every half window when that is shorter); ``wait_s``: how long one store
-    operation, or a rating of a call not yet stored, waits."""
+    operation, or a rating of a call not yet stored, waits. ``shared_store``: whether
+    another process (or service) may read the store: false only for a ``"memory"`` store
+    opened here from its URL, whose calls are then written in batches
+    (:data:`PRIVATE_LINGER_S`) and need not be waited for before a call's id is handed out
+    (a rating of a call still queued waits for it)."""
 
     def __init__(self, router: RegionalRouter, store: Store | str = "memory", *,
                  regions: RegionSource | None = None, namespace: str = "",
@@ -81,11 +102,13 @@ class RoutingService:
                  expire_every_s: float | None = None, wait_s: float = 1.0,
                  max_queued: int = 100_000) -> None:
         self.router = router
+        self.shared_store = store != "memory"
         self.store = StoreCircuit(open_store(store, namespace=namespace, wait_s=wait_s)
                                   if isinstance(store, str) else store)
         self.store.check_meta(router.models, router.lam)
         self.regions = RegionSource() if regions is None else regions
         self._lock = threading.RLock()
+        self._reading = _Held(self._lock, router)
         self._prior = self._sums()
         self._version = 0
         self._cells: dict[tuple[str, str], np.ndarray] = {}  # the store's sums, as last read
@@ -96,7 +119,9 @@ class RoutingService:
         self._mean_cost: dict[str, tuple[int, float]] = {}  # model -> (calls, mean cost)
         self._ledger = FeedbackLedger(self.store, reward=router.reward,
                                       chain=self.chain_paths, window_s=window_s,
-                                      max_queued=max_queued, wait_s=wait_s)
+                                      max_queued=max_queued, wait_s=wait_s,
+                                      linger_s=PRIVATE_LINGER_S if not self.shared_store
+                                      else 0.0)
         self._breaker = Breaker(breaker_failures, breaker_cooldown_s)
         self._sync_quietly()
         self._stop = threading.Event()
@@ -124,11 +149,16 @@ class RoutingService:
               ) -> Route:
         """The decision for one request: its region (:meth:`region`) and the models to try
         in it, best first (:meth:`ranking`; ``allowed``, ``lam``, ``costs`` and
-        ``max_cost`` as there). Raises ``ValueError`` for a malformed region path."""
+        ``max_cost`` as there; a router of one model is not asked for its indices). Raises
+        ``ValueError`` for a malformed region path."""
         path = self.regions.propose(given, body)  # a classifier may be slow: no lock
         with self._lock:
             region = self.regions.bound(path, self.router.regions)
-            scores = self.router.scores(region)
+            if len(self.models) == 1:  # nothing to rank: only the region's node is made
+                self.router.chain(region)
+                scores = np.zeros(1)
+            else:
+                scores = self.router.scores(region)
         return Route(region, self._order(scores, allowed, lam, costs, max_cost))
 
     def region(self, given: str | None = None, body: dict[str, Any] | None = None) -> str:
@@ -173,8 +203,8 @@ class RoutingService:
                 within = estimate <= check_nonnegative(max_cost, "max_cost")
                 keep = {m for m, ok in zip(models, within, strict=True) if ok and
                         (keep is None or m in keep)}
-        order = np.argsort(-scores, kind="stable")
-        ranked = [models[int(m)] for m in order]
+        ranked = list(models) if len(models) == 1 else \
+            [models[int(m)] for m in np.argsort(-scores, kind="stable")]
         if keep is not None:
             ranked = [m for m in ranked if m in keep]
         return tuple(self._breaker.order(ranked))
@@ -248,12 +278,10 @@ class RoutingService:
             self.router.update(region, model, quality, cost)
         self._ledger.observe(region, model, quality, cost)
 
-    @contextlib.contextmanager
-    def reading(self) -> Iterator[RegionalRouter]:
+    def reading(self) -> _Held:
         """The router, held: no pull writes into it until the block ends (for a host that
-        reads its tables itself, as a gateway's replica policy does)."""
-        with self._lock:
-            yield self.router
+        reads its tables itself, as a gateway's replica policy does, once a request)."""
+        return self._reading
 
     def reward(self, quality: float, cost: float) -> float:
         """The router's reward of an outcome, ``quality - lam * cost``."""

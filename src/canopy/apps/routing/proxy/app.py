@@ -37,9 +37,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import itertools
 import json
 import logging
 import os
+import sys
 import threading
 import time
 import uuid
@@ -54,6 +56,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from canopy.apps.routing.proxy.config import Limits, ProxyConfig
+from canopy.apps.routing.proxy.connections import LeanRoutes
 from canopy.apps.routing.proxy.guard import (
     Keys,
     Preferences,
@@ -68,7 +71,15 @@ from canopy.apps.routing.proxy.guard import (
 )
 from canopy.apps.routing.proxy.metrics import CONTENT_TYPE_LATEST, ProxyMetrics
 from canopy.apps.routing.proxy.upstreams import Pick, UpstreamPool
-from canopy.apps.routing.proxy.web import JSONAnswer, rating_route, read_json, refusal, refused
+from canopy.apps.routing.proxy.web import (
+    JSONAnswer,
+    RawHeaders,
+    checked_json,
+    rating_route,
+    read_json,
+    refusal,
+    refused,
+)
 from canopy.apps.routing.proxy.web import error_json as _error
 from canopy.llm.client import (
     LLMConnectionError,
@@ -94,6 +105,16 @@ log = logging.getLogger("canopy.proxy")
 _T = TypeVar("_T")
 # what a failed upstream attempt raises: the proxy moves on to the next model
 _UPSTREAM_FAILURES = (LLMError, asyncio.TimeoutError, httpx.HTTPError)
+
+
+if sys.version_info >= (3, 11):
+    async def _within(awaitable: Awaitable[_T], timeout: float) -> _T:
+        """``awaitable`` within ``timeout`` s (``TimeoutError`` past it), in this task (no
+        task per call, as ``asyncio.wait_for`` makes before Python 3.12)."""
+        async with asyncio.timeout(timeout):
+            return await awaitable
+else:  # pragma: no cover
+    _within = asyncio.wait_for
 
 
 def _reason(error: LLMError) -> str:
@@ -175,14 +196,24 @@ class _Proxy:
         self.secrets = keys.secrets + tuple(os.environ.get(u.api_key_env, "")
                                             for u in (*config.upstreams, *config.embeddings)
                                             if u.api_key_env)
+        self._id_prefix = f"req-{uuid.uuid4().hex[:16]}"
+        self._id_count = itertools.count()
+
+    def _request_id(self) -> str:
+        """A new request id: this proxy's random 64-bit prefix and a counter (unique among
+        the proxies sharing a store, with no draw of randomness per request)."""
+        return f"{self._id_prefix}{next(self._id_count):08x}"
 
     async def _record(self, request_id: str, region: str, model: str, cost: float,
                       episode: str | None) -> None:
         """Keep an answered request for its feedback (waiting at most ``store_wait_s`` for
         the store: past that the call is stored in the background), so a rating through any
-        process sharing the store finds it."""
+        process sharing the store finds it; a store only this process reads is not waited
+        for (a rating of a call still queued waits for it)."""
         stored = self.service.record(Call(request_id, region, model, cost, time.time(),
                                           episode))
+        if not self.service.shared_store:
+            return
         try:
             await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(stored)),
                                    timeout=self.config.limits.store_wait_s)
@@ -238,7 +269,7 @@ class _Proxy:
         if not ranking:
             return _error(400, f"no model's estimated cost is within canopy.max_cost "
                                f"({preferences.max_cost:g} $)", code="over_max_cost")
-        call = _Call(endpoint, body, view, region, f"req-{uuid.uuid4().hex}", episode,
+        call = _Call(endpoint, body, view, region, self._request_id(), episode,
                      started + self.config.deadline_s)
         if body.get("stream"):
             streamed = await self._first(call, ranking, self._open_stream)
@@ -313,9 +344,11 @@ class _Proxy:
                 budget = min(remaining, upstream.timeout_s)
                 t0 = time.perf_counter()
                 upstream.sent(pick, replica)
+                client = upstream.client(replica)
                 try:  # the deadline holds for the whole call, not per read
-                    result = await asyncio.wait_for(
-                        attempt(upstream.client(replica), call, budget), timeout=budget)
+                    result = await (attempt(client, call, budget) if not streaming and
+                                    client.whole_deadline else
+                                    _within(attempt(client, call, budget), budget))
                 except _UPSTREAM_FAILURES as error:
                     status = getattr(error, "status", None)
                     upstream.failed(pick, replica, down=not client_fault(status) and not
@@ -361,7 +394,7 @@ class _Proxy:
         status = getattr(error, "status", None)
         if breaker and not client_fault(status):  # a model's last replica, or its only one
             self.service.outcome(model, ok=False)
-        self.metrics.failovers.labels(model=model).inc()
+        self.metrics.count(self.metrics.failovers, model)
         log.warning("request %s: upstream %s failed: %s", request_id, model,
                     redact(str(error), self.secrets))
         return {"model": model, "reason": _reason(error), "status": status}
@@ -431,7 +464,7 @@ class _Proxy:
         if asked not in self.embedders:
             return _error(400, f"unknown embedding model {asked!r}: use one of "
                                f"{list(self.embedders)}", code="model_not_found")
-        request_id = f"req-{uuid.uuid4().hex}"
+        request_id = self._request_id()
         upstream = self.embedders[asked]
         budget = min(self.config.deadline_s, upstream.timeout_s)
         try:
@@ -522,9 +555,13 @@ class _ProxyApp(FastAPI):
     """The proxy's FastAPI app with a lean path for its hot routes: a ``POST`` to a path of
     ``lean`` is answered by its handler straight from the server's ASGI call, without
     FastAPI's routing, dependency solving and middleware stack (the same handler, the same
-    answers; about half the proxy's own time per chat). Everything else is FastAPI's."""
+    answers; about half the proxy's own time per chat). Everything else is FastAPI's. Under
+    ``canopy serve router`` (uvicorn with the httptools protocol of
+    :mod:`~canopy.apps.routing.proxy.connections`) the same routes are answered by the
+    protocol itself (``lean_routes``), without an ASGI call at all."""
 
     lean: dict[str, Callable[[Request], Awaitable[Response]]]
+    lean_routes: LeanRoutes
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         handler = self.lean.get(scope.get("path", "")) if scope["type"] == "http" and \
@@ -533,12 +570,17 @@ class _ProxyApp(FastAPI):
             await super().__call__(scope, receive, send)
             return
         scope["app"] = self
-        try:
-            answer = await handler(Request(scope, receive))
-        except Exception:  # what Starlette's error middleware would do: log, answer 500
-            log.exception("the proxy failed on %s", scope["path"])
-            answer = _error(500, "internal error", "server_error")
+        answer = await _or_500(handler(Request(scope, receive)), scope["path"])
         await answer(scope, receive, send)
+
+
+async def _or_500(handling: Awaitable[Response], path: str) -> Response:
+    """What Starlette's error middleware would do when a handler fails: log, answer 500."""
+    try:
+        return await handling
+    except Exception:
+        log.exception("the proxy failed on %s", path)
+        return _error(500, "internal error", "server_error")
 
 
 def create_app(config: ProxyConfig, *, insecure_no_auth: bool = False,
@@ -560,18 +602,33 @@ def create_app(config: ProxyConfig, *, insecure_no_auth: bool = False,
         yield
         await proxy.close()
 
-    async def routed(request: Request, endpoint: str) -> Any:
-        started = time.perf_counter()
-        body, problem = await read_json(request, keys, admin=False, limit=limit)
-        answer = problem or await proxy.chat(request.headers, body, endpoint)
+    async def answered(headers: Any, body: Any, problem: Response | None, endpoint: str,
+                       started: float) -> Response:
+        answer = problem or await proxy.chat(headers, body, endpoint)
         proxy.metrics.chat(answer.status_code, answer.headers.get("X-Canopy-Model"),
                            time.perf_counter() - started)
         return answer
+
+    async def routed(request: Request, endpoint: str) -> Any:
+        started = time.perf_counter()
+        body, problem = await read_json(request, keys, admin=False, limit=limit)
+        return await answered(request.headers, body, problem, endpoint, started)
+
+    async def lean(raw_headers: list[tuple[bytes, bytes]], raw: bytes | None, *,
+                   endpoint: str) -> Response:
+        """A chat as the server's protocol hands it over (:class:`LeanRoutes`)."""
+        started = time.perf_counter()
+        headers = RawHeaders(raw_headers)
+        body, problem = checked_json(keys, headers, raw, admin=False, limit=limit)
+        return await _or_500(answered(headers, body, problem, endpoint, started),
+                             f"/v1/{endpoint}")
 
     app = _ProxyApp(title="Canopy routing proxy", lifespan=lifespan)
     app.state.proxy = proxy
     app.lean = {"/v1/chat/completions": functools.partial(routed, endpoint="chat/completions"),
                 "/v1/completions": functools.partial(routed, endpoint="completions")}
+    app.lean_routes = LeanRoutes({f"/v1/{endpoint}".encode(): functools.partial(
+        lean, endpoint=endpoint) for endpoint in ("chat/completions", "completions")}, limit)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Any:

@@ -12,6 +12,11 @@
   connections close after ``limits.keep_alive_s``.
 * Requests are parsed by httptools (llhttp, in C) on uvloop's event loop (asyncio's own
   where uvloop is not built); :class:`GuardedH11Protocol` is the same guard over h11.
+* The app's hot routes (:class:`LeanRoutes`: the proxy's chats) are answered by the httptools
+  protocol itself: the body read there (kept up to the app's bound, the rest discarded),
+  the handler awaited, its answer written in one piece, with no ASGI scope, cycle or message
+  per request. A pipelined request, ``Expect: 100-continue`` or an upgrade takes uvicorn's
+  own path; a streamed answer is handed to uvicorn's cycle to send.
 * The log is bounded: each message of the ``asyncio``, ``uvicorn.error`` and
   ``canopy.proxy`` loggers is written at most ``burst`` times per ``window_s``.
 """
@@ -23,16 +28,21 @@ import logging
 import resource
 import time
 from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 from weakref import WeakKeyDictionary
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import (
+    STATUS_LINE,
+    HttpToolsProtocol,
+    RequestResponseCycle,
+)
 
 from canopy.apps.routing.proxy.config import Limits
 
-__all__ = ["ConnectionGuard", "GuardedH11Protocol", "GuardedHttpToolsProtocol",
+__all__ = ["ConnectionGuard", "GuardedH11Protocol", "GuardedHttpToolsProtocol", "LeanRoutes",
            "RateLimitedLog", "bound_logs", "serve", "uvicorn_config"]
 
 RESERVED_FILES = 32          # the store, the log, the listening socket, imports
@@ -148,11 +158,63 @@ class HeadersTooLarge(ValueError):
     """A request's line and headers passed ``limits.max_header_bytes`` (answered 400)."""
 
 
+Handler = Callable[[list[tuple[bytes, bytes]], "bytes | None"], Awaitable[Any]]
+
+
+@dataclass(frozen=True)
+class LeanRoutes:
+    """``POST`` paths the protocol answers itself (an app's ``lean_routes``): each handler
+    takes the request's headers (lower-case names, as parsed) and its body (``None`` when
+    it passed ``max_body_bytes``) and returns a Starlette response."""
+
+    handlers: Mapping[bytes, Handler]
+    max_body_bytes: int
+
+
+class _Unused:
+    """What uvicorn's protocol signals on a lean request's event: nothing waits on it."""
+
+    def set(self) -> None:
+        pass
+
+
+class _LeanCycle:
+    """A request on a lean route, as uvicorn's protocol sees its cycle (the fields it reads
+    and sets: body state, completion, disconnection, keep-alive)."""
+
+    message_event = _Unused()
+
+    def __init__(self, handler: Handler, path: bytes, headers: list[tuple[bytes, bytes]], *,
+                 keep_alive: bool, too_large: bool) -> None:
+        self.handler, self.path, self.headers = handler, path, headers
+        self.keep_alive = keep_alive
+        self.body = bytearray()
+        self.too_large = too_large
+        self.more_body = True
+        self.response_complete = self.disconnected = False
+
+
+def _head(status: int, headers: Any) -> list[bytes]:
+    """An answer's status line and headers, unterminated; ``ValueError`` for a header value
+    that would split the answer."""
+    content = [STATUS_LINE[status]]
+    for name, value in headers:
+        if b"\r" in value or b"\n" in value:
+            raise ValueError(f"the header {name!r} holds a line break")
+        content += [name, b": ", value, b"\r\n"]
+    return content
+
+
 class GuardedHttpToolsProtocol(_Guarded, HttpToolsProtocol):
     """uvicorn's httptools protocol (llhttp, in C: the fast one), guarded, its request line
-    and headers bounded by ``limits.max_header_bytes`` as h11's are (400 past it)."""
+    and headers bounded by ``limits.max_header_bytes`` as h11's are (400 past it); the app's
+    :class:`LeanRoutes` answered here (see the module docstring)."""
 
     _header_bytes = 0
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.lean: LeanRoutes | None = getattr(self.app, "lean_routes", None)
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
@@ -170,6 +232,91 @@ class GuardedHttpToolsProtocol(_Guarded, HttpToolsProtocol):
     def on_header(self, name: bytes, value: bytes) -> None:
         self._count(len(name) + len(value) + 4)
         super().on_header(name, value)
+
+    # -- lean routes ------------------------------------------------------------------------
+    def on_headers_complete(self) -> None:
+        handler = None if self.lean is None else self.lean.handlers.get(self.url)
+        if handler is None or self.parser.get_method() != b"POST" or \
+                self.expect_100_continue or self.parser.should_upgrade() or \
+                (self.cycle is not None and not self.cycle.response_complete):
+            super().on_headers_complete()
+            return
+        declared = next((v for n, v in self.headers if n == b"content-length"), b"")
+        too_large = declared.isdigit() and int(declared) > self.lean.max_body_bytes
+        keep_alive = self.parser.get_http_version() != "1.0" and \
+            self.parser.should_keep_alive() and not too_large  # its body is left unread
+        self.cycle = _LeanCycle(handler, self.url, self.headers,  # type: ignore[assignment]
+                                keep_alive=keep_alive, too_large=too_large)
+        if too_large:  # answered at once, as the app answers a declared oversized body
+            self.cycle.more_body = False
+            self._lean_start(self.cycle)
+
+    def on_body(self, body: bytes) -> None:
+        cycle = self.cycle
+        if not isinstance(cycle, _LeanCycle):
+            super().on_body(body)
+        elif not cycle.too_large:
+            cycle.body += body
+            if len(cycle.body) > self.lean.max_body_bytes:  # type: ignore[union-attr]
+                cycle.too_large, cycle.body = True, bytearray()
+
+    def on_message_complete(self) -> None:
+        cycle = self.cycle
+        if not isinstance(cycle, _LeanCycle):
+            super().on_message_complete()
+        elif cycle.more_body:
+            cycle.more_body = False
+            self._lean_start(cycle)
+
+    def _lean_start(self, cycle: _LeanCycle) -> None:
+        task = self.loop.create_task(self._lean_run(cycle))
+        task.add_done_callback(self.tasks.discard)
+        self.tasks.add(task)
+
+    async def _lean_run(self, cycle: _LeanCycle) -> None:
+        try:
+            answer = await cycle.handler(cycle.headers,
+                                         None if cycle.too_large else bytes(cycle.body))
+            if not isinstance(getattr(answer, "body", None), bytes):  # a stream: uvicorn's
+                await self._hand_over(cycle, answer)
+                return
+            content = _head(answer.status_code,
+                            (*self.server_state.default_headers, *answer.raw_headers))
+            body = answer.body
+        except Exception:  # as uvicorn does for an app's failure: log, answer 500
+            logging.getLogger("canopy.proxy").exception("the proxy failed on a lean route")
+            cycle.keep_alive = False
+            content = _head(500, [(b"content-type", b"text/plain; charset=utf-8"),
+                                  (b"content-length", b"21")])
+            body = b"Internal Server Error"
+        if cycle.disconnected:
+            return
+        if not cycle.keep_alive:
+            content.append(b"connection: close\r\n")
+        content += [b"\r\n", body]
+        self.transport.write(b"".join(content))
+        cycle.response_complete = True
+        if not cycle.keep_alive:
+            self.transport.close()
+        self.on_response_complete()
+
+    async def _hand_over(self, cycle: _LeanCycle, answer: Any) -> None:
+        """Send ``answer`` (an ASGI response: a stream) through a uvicorn cycle."""
+        scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"},
+                 "http_version": "1.1", "server": self.server, "client": self.client,
+                 "scheme": self.scheme, "root_path": "", "headers": cycle.headers,
+                 "method": "POST", "path": cycle.path.decode("latin-1"),
+                 "raw_path": cycle.path, "query_string": b"", "state": {}}
+        served = RequestResponseCycle(
+            scope=scope, transport=self.transport, flow=self.flow,  # type: ignore[arg-type]
+            logger=self.logger, access_logger=self.access_logger,
+            access_log=self.access_log, default_headers=self.server_state.default_headers,
+            message_event=asyncio.Event(), expect_100_continue=False,
+            keep_alive=cycle.keep_alive, on_response=self.on_response_complete)
+        served.more_body, served.disconnected = False, cycle.disconnected
+        if self.cycle is cycle:
+            self.cycle = served
+        await served.run_asgi(answer)
 
 
 class RateLimitedLog(logging.Filter):

@@ -87,8 +87,10 @@ class UpstreamPool:
         self.shared: RoutingService | None = None
         if not self.fleet:
             return
-        from canopy.fleet import Load, ReplicaIndex, View, make_policy
+        from canopy.fleet import Load, ReplicaIndex, Request, View, make_policy
         from canopy.fleet.tokens import PromptTokenizer
+
+        self._request = Request  # the fleet extra's, imported once (not per request)
 
         settings = config.index
         self.block_size = int(settings.get("block_size", 16))
@@ -130,12 +132,10 @@ class UpstreamPool:
         """The replicas to try for ``body``, the policy's choice first."""
         if not self.fleet:
             return Pick([0], _NO_KEYS, 0, _NO_KEYS, 0)
-        from canopy.fleet import Request
-
         keys, tokens = self.tokenizer.keys(body, self.block_size)
         now = time.monotonic()
         self.view.now = now
-        request = Request(keys, tokens, next(self._rid))
+        request = self._request(keys, tokens, next(self._rid))
         with contextlib.nullcontext() if self.shared is None else self.shared.reading():
             chosen = self.policy.choose(request, self.view)
         matched = self.view.matched(keys).copy()
@@ -144,8 +144,8 @@ class UpstreamPool:
                       key=lambda r: self.load.table[INFLIGHT, r])
         order = [chosen, *rest] if chosen in alive else rest
         if chosen not in alive and self.metrics is not None:
-            self.metrics.replica_fallbacks.labels(model=self.config.model,
-                                                  replica=self.urls[chosen]).inc()
+            self.metrics.count(self.metrics.replica_fallbacks, self.config.model,
+                               self.urls[chosen])
         return Pick(order, keys, tokens, matched, request.rid)
 
     def sent(self, pick: Pick, replica: int) -> None:
@@ -154,8 +154,8 @@ class UpstreamPool:
         if not self.fleet:
             return
         if self.metrics is not None:
-            self.metrics.replica_picks.labels(model=self.config.model,
-                                              replica=self.urls[replica]).inc()
+            self.metrics.count(self.metrics.replica_picks, self.config.model,
+                               self.urls[replica])
         cached = min(int(pick.matched[replica]) * self.block_size, pick.tokens)
         self.load.routed(replica, pick.tokens - cached, float(pick.keys.size))
         if self.index.mode == "approximate":
@@ -166,14 +166,12 @@ class UpstreamPool:
         policy when ``learn`` (streams)."""
         if not self.fleet:
             return
-        from canopy.fleet import Request
-
         pick.first = True
         ttft = time.perf_counter() - pick.sent
         cached = min(int(pick.matched[replica]) * self.block_size, pick.tokens)
         self.load.first_token(replica, pick.tokens - cached, ttft)
         if learn and self.policy.learns:
-            self.policy.observe(Request(pick.keys, pick.tokens, pick.rid), replica, ttft)
+            self.policy.observe(self._request(pick.keys, pick.tokens, pick.rid), replica, ttft)
 
     def finished(self, pick: Pick, replica: int, usage: Mapping[str, Any] | None) -> None:
         """``pick``'s answer from ``replica`` ended; ``usage``'s cached tokens (when the
@@ -187,9 +185,9 @@ class UpstreamPool:
             self.index.reported(int(pick.matched[replica]), cached // self.block_size)
             if self.metrics is not None:
                 predicted = self.predicted_cached(pick, replica)
-                self.metrics.cache_predictions.labels(
-                    model=self.config.model, outcome="exact" if predicted == cached else
-                    "over" if predicted > cached else "under").inc()
+                self.metrics.count(self.metrics.cache_predictions, self.config.model,
+                                   "exact" if predicted == cached else
+                                   "over" if predicted > cached else "under")
 
     def predicted_cached(self, pick: Pick, replica: int) -> int:
         """The prompt tokens the index predicted ``replica`` had cached for ``pick``: its
@@ -211,8 +209,8 @@ class UpstreamPool:
                 table[QUEUED_TOKENS, replica] - (pick.tokens - cached), 0.0)
         self.load.finished(replica, float(pick.keys.size))
         if self.metrics is not None:
-            self.metrics.replica_fallbacks.labels(model=self.config.model,
-                                                  replica=self.urls[replica]).inc()
+            self.metrics.count(self.metrics.replica_fallbacks, self.config.model,
+                               self.urls[replica])
         if down and self.up[replica]:
             self.mark_down(replica)
 

@@ -22,8 +22,8 @@ from canopy.apps.routing.proxy.guard import Keys
 from canopy.regional.ledger import FeedbackError
 from canopy.regional.store import StoreBusy
 
-__all__ = ["JSONAnswer", "error_json", "rating_route", "read_json", "read_rating", "refusal",
-           "refused"]
+__all__ = ["JSONAnswer", "RawHeaders", "checked_json", "error_json", "rating_route",
+           "read_json", "read_rating", "refusal", "refused"]
 
 log = logging.getLogger("canopy.proxy")
 
@@ -43,10 +43,24 @@ def error_json(status: int, message: str, kind: str = "invalid_request_error", *
                       status_code=status)
 
 
-def refusal(keys: Keys, request: Request, *, admin: bool) -> JSONResponse | None:
+class RawHeaders(dict[str, str]):
+    """A request's headers as the server parsed them (``(name, value)`` byte pairs, names in
+    lower case), read as Starlette's are: :meth:`get` ignores case and the first of a
+    repeated name wins."""
+
+    def __init__(self, raw: list[tuple[bytes, bytes]]) -> None:
+        super().__init__((n.decode("latin-1"), v.decode("latin-1")) for n, v in reversed(raw))
+
+    def get(self, key: str, default: Any = None) -> Any:  # type: ignore[override]
+        return dict.get(self, key.lower(), default)
+
+
+def refusal(keys: Keys, request: Request | RawHeaders, *, admin: bool
+            ) -> JSONResponse | None:
     """``None`` when the request's key opens the route (``admin``: the admin key's), else
     the 401 or 403 answer."""
-    status = keys.refusal(request.headers.get("authorization"), admin=admin)
+    headers = request if isinstance(request, RawHeaders) else request.headers
+    status = keys.refusal(headers.get("authorization"), admin=admin)
     if status == 403:
         return error_json(403, "the client key cannot use this route: it needs the admin key",
                           "permission_error")
@@ -66,15 +80,33 @@ async def read_json(request: Request, keys: Keys, *, admin: bool, limit: int
         return None, refused_key
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
-        return None, error_json(413, f"the body exceeds {limit} bytes")
+        return None, _too_large(limit)
     raw = bytearray()
     try:
         async for chunk in request.stream():
             raw += chunk
             if len(raw) > limit:
-                return None, error_json(413, f"the body exceeds {limit} bytes")
+                return None, _too_large(limit)
     except ClientDisconnect:  # closed mid-body (limits.client_timeout_s): nobody to answer
         return None, error_json(400, "the client left before sending its whole body")
+    return _parsed(raw)
+
+
+def checked_json(keys: Keys, headers: RawHeaders, raw: bytes | None, *, admin: bool,
+                 limit: int) -> tuple[Any, JSONResponse | None]:
+    """:func:`read_json` for a body the server has read itself (``None``: it passed
+    ``limit`` bytes)."""
+    refused_key = refusal(keys, headers, admin=admin)
+    if refused_key is not None:
+        return None, refused_key
+    return (None, _too_large(limit)) if raw is None else _parsed(raw)
+
+
+def _too_large(limit: int) -> JSONResponse:
+    return error_json(413, f"the body exceeds {limit} bytes")
+
+
+def _parsed(raw: bytes | bytearray) -> tuple[Any, JSONResponse | None]:
     try:
         return orjson.loads(raw), None
     except (ValueError, RecursionError):  # orjson.JSONDecodeError is a ValueError
