@@ -333,6 +333,7 @@ def test_fit_recovers_a_line_and_refuses_too_few_points():
     assert per_token == pytest.approx(2.5) and overhead == pytest.approx(40.0)
     assert bench._fit(pairs[:7]) is None
     assert bench._fit([(5.0, float(y)) for y in range(10)]) is None  # no spread
+    assert bench._fit([(float(x), 100.0 - x) for x in range(10)]) is None  # no time a token
 
 
 def test_calibration_sends_each_prompt_once_one_at_a_time_over_every_replica(workers):

@@ -547,12 +547,13 @@ def predict(file: Path, routers: Sequence[str], *, n_replicas: int, capacity_blo
 
 def _fit(pairs: Sequence[tuple[float, float]]) -> tuple[float, float] | None:
     """Least-squares ``ttft_ms = overhead + per_token * uncached`` over ``(uncached,
-    ttft_ms)`` pairs: ``(per_token, overhead)``, ``None`` with under 8 pairs or no spread."""
+    ttft_ms)`` pairs: ``(per_token, overhead)``, ``None`` with under 8 pairs, no spread or
+    no time a token (a slope not above zero: TTFT that the tokens do not move)."""
     if len(pairs) < 8 or len({x for x, _ in pairs}) < 2:
         return None
     x, y = np.array(pairs, dtype=float).T
     slope, intercept = np.polyfit(x, y, 1)
-    return max(float(slope), 1e-4), max(float(intercept), 0.0)
+    return (float(slope), max(float(intercept), 0.0)) if slope > 0 else None
 
 
 def calibrate(replicas: Sequence[Replica], prompts: Sequence[list[int]], *, max_tokens: int
@@ -702,8 +703,9 @@ def run_bench(*, engine: str, replicas: int, routers: Sequence[str], workload: s
         "overhead_tokens": overhead_tokens}
     out["fitted"] = None if fitted is None else {"ms_per_token": fitted[0],
                                                  "overhead_ms": fitted[1]}
-    # the engines' own TTFT model (the simulator queues by itself), else the loaded fit
-    per_token, overhead = calibration or fitted or (8.8, 44.0)  # docs/cache.md's llama.cpp
+    # the loaded fit (the machine's contention between replicas included), else the
+    # engines' own model
+    per_token, overhead = fitted or calibration or (8.8, 44.0)  # docs/cache.md's llama.cpp
     per_token = ms_per_token if ms_per_token is not None else per_token
     overhead = overhead_ms if overhead_ms is not None else overhead
     file = trace_out or Path(tempfile.gettempdir()) / f"canopy-fleet-bench-{os.getpid()}.jsonl"
