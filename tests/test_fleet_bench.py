@@ -51,6 +51,8 @@ class Worker:
 
             def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                if isinstance(body.get("prompt"), list):  # token ids: one word a token
+                    body["prompt"] = " ".join(f"t{t}" for t in body["prompt"])
                 if not self.path.endswith("/v1/completions"):
                     self._json(404, {"error": "not found"})
                     return
@@ -323,3 +325,49 @@ def test_canopy_gateway_routes_to_loopback_workers(workers):
     assert len(workers[0].prompts) + len(workers[1].prompts) == 8
     # every answer reported its cached tokens, so the gateway compared each with its index
     assert sum(after.values()) - sum(before.values()) == 8
+
+
+def test_fit_recovers_a_line_and_refuses_too_few_points():
+    pairs = [(float(x), 40.0 + 2.5 * x) for x in range(0, 400, 40)]
+    per_token, overhead = bench._fit(pairs)
+    assert per_token == pytest.approx(2.5) and overhead == pytest.approx(40.0)
+    assert bench._fit(pairs[:7]) is None
+    assert bench._fit([(5.0, float(y)) for y in range(10)]) is None  # no spread
+    assert bench._fit([(float(x), 100.0 - x) for x in range(10)]) is None  # no time a token
+
+
+def test_calibration_sends_each_prompt_once_one_at_a_time_over_every_replica(workers):
+    replicas = [w.replica for w in workers[:2]]
+    prompts = [list(range(k * 1000, k * 1000 + n)) for k, n in enumerate(range(8, 72, 4))]
+    fitted = bench.calibrate(replicas, prompts, max_tokens=1)
+    assert fitted is not None and fitted[0] > 0
+    assert [len(w.prompts) for w in workers[:2]] == [8, 8]
+    assert max(w.most_in_flight for w in workers[:2]) == 1
+    assert workers[0].hits == workers[1].hits == 0  # distinct prompts: nothing cached
+
+
+def test_calibration_prompts_spread_their_lengths():
+    class Vocab:
+        def tokenize(self, text: bytes, *, add_bos: bool, special: bool) -> list[int]:
+            return [1] * add_bos + [len(w) for w in text.split()]
+
+    prompts = bench.calibration_prompts(["aa", "bbb", "cccc"], Vocab(), 5, low=10, high=50,
+                                        bos=True, seed=0)
+    assert [len(p) for p in prompts] == [10, 20, 30, 40, 50]
+    assert all(p[0] == 1 for p in prompts)
+
+
+def test_the_gateway_plays_the_engines_calibrated_overhead(workers):
+    from canopy.apps.routing.proxy.config import ProxyConfig
+    from canopy.fleet import make_policy
+
+    replicas = [workers[0].replica, workers[1].replica]
+    data = bench.gateway_config(replicas, precise=False, overhead_tokens=900.0)
+    upstream = ProxyConfig.from_mapping(data).upstreams[0]
+    policy = make_policy(upstream.replica_policy, **upstream.replica_options)
+    assert policy.params[1] == 900.0
+    default = ProxyConfig.from_mapping(bench.gateway_config(replicas, precise=False))
+    assert default.upstreams[0].replica_options == {}
+    data["upstreams"][0]["replica_options"] = {"colour": 1}
+    with pytest.raises(ValueError):
+        ProxyConfig.from_mapping(data)

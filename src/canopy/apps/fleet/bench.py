@@ -48,7 +48,7 @@ from canopy.stats import mean_ci
 from canopy.validation import check_count
 
 __all__ = ["ENGINES", "PEERS", "ROUTERS", "BenchError", "Front", "MissingPeer", "Outcome",
-           "Replica", "RouterRuns", "bench_json", "canopy_gateway", "fit_ttft",
+           "Replica", "RouterRuns", "bench_json", "calibrate", "canopy_gateway", "fit_ttft",
            "gateway_config", "gateway_predictions", "interleave", "peer_binary",
            "peer_router", "predict", "publishes_events", "ranking", "run_bench", "send",
            "start_replicas", "write_mooncake"]
@@ -282,10 +282,13 @@ def peer_router(name: str, replicas: Sequence[Replica], *,
         yield url
 
 
-def gateway_config(replicas: Sequence[Replica], *, precise: bool) -> dict[str, Any]:
+def gateway_config(replicas: Sequence[Replica], *, precise: bool,
+                   overhead_tokens: float | None = None) -> dict[str, Any]:
     """The configuration of ``canopy serve router`` with one model served by ``replicas``
     under the ``canopy`` replica policy: ``precise`` from the replicas' KV events, else
-    ``approximate`` (its routing history, calibrated by the cached tokens engines report)."""
+    ``approximate`` (its routing history, calibrated by the cached tokens engines report);
+    ``overhead_tokens``: the engines' per-request TTFT overhead in prompt tokens
+    (:func:`calibrate`; ``None``: the policy's default)."""
     first = replicas[0]
     entries: list[Any] = [
         {"url": f"{r.url}/v1", "events_endpoint": r.events_endpoint, "events_topic": "kv"}
@@ -295,6 +298,8 @@ def gateway_config(replicas: Sequence[Replica], *, precise: bool) -> dict[str, A
             "upstreams": [{"model": first.model, "upstream_model": first.model,
                            "timeout_s": 600,
                            "replicas": entries, "replica_policy": "canopy",
+                           "replica_options": {} if overhead_tokens is None else
+                           {"overhead_tokens": overhead_tokens},
                            "index": {"mode": "precise" if precise else "approximate",
                                      "block_size": first.block_tokens,
                                      "tokenizer": first.tokenizer}}]}
@@ -325,13 +330,15 @@ def publishes_events(replicas: Sequence[Replica]) -> bool:
 
 @contextmanager
 def canopy_gateway(replicas: Sequence[Replica], *, precise: bool,
+                   overhead_tokens: float | None = None,
                    startup_timeout: float = 120.0) -> Iterator[str]:
     """Canopy's gateway (``canopy serve router``, no client key, loopback, one worker) in
     front of ``replicas`` (:func:`gateway_config`); yields its URL."""
     port = _free_port()
     with tempfile.TemporaryDirectory(prefix="canopy-bench-gateway-") as folder:
         config = Path(folder) / "gateway.json"
-        config.write_text(json.dumps(gateway_config(replicas, precise=precise)))
+        config.write_text(json.dumps(gateway_config(replicas, precise=precise,
+                                                          overhead_tokens=overhead_tokens)))
         command = [sys.executable, "-m", "canopy", "serve", "router", "--config", str(config),
                    "--host", "127.0.0.1", "--port", str(port), "--insecure-no-auth"]
         with _router_process("canopy serve router", command, port,
@@ -538,6 +545,56 @@ def predict(file: Path, routers: Sequence[str], *, n_replicas: int, capacity_blo
             "seeds": seeds, "results": rows}
 
 
+def _fit(pairs: Sequence[tuple[float, float]]) -> tuple[float, float] | None:
+    """Least-squares ``ttft_ms = overhead + per_token * uncached`` over ``(uncached,
+    ttft_ms)`` pairs: ``(per_token, overhead)``, ``None`` with under 8 pairs, no spread or
+    no time a token (a slope not above zero: TTFT that the tokens do not move)."""
+    if len(pairs) < 8 or len({x for x, _ in pairs}) < 2:
+        return None
+    x, y = np.array(pairs, dtype=float).T
+    slope, intercept = np.polyfit(x, y, 1)
+    return (float(slope), max(float(intercept), 0.0)) if slope > 0 else None
+
+
+def calibrate(replicas: Sequence[Replica], prompts: Sequence[list[int]], *, max_tokens: int
+              ) -> tuple[float, float] | None:
+    """The engines' TTFT model without queueing (the simulator's
+    :class:`~canopy.prefix.ttft.TTFTModel`, which queues by itself): ``prompts`` (token
+    ids) sent one at a time straight to the replicas in turn, each request's uncached tokens
+    its prompt's length times one less the hit rate its replica's counters moved by;
+    ``(per_token_ms, overhead_ms)`` as :func:`_fit` returns it."""
+    import httpx
+
+    pairs = []
+    with httpx.Client(timeout=600.0) as client:
+        for i, prompt in enumerate(prompts):
+            replica = replicas[i % len(replicas)]
+            before = replica.counters()
+            outcome = send(client, replica.url, replica.model, prompt, max_tokens,
+                           replica.headers)
+            hits, queries = np.subtract(replica.counters(), before)
+            if outcome.error is None:
+                pairs.append((len(prompt) * (1.0 - (hits / queries if queries else 0.0)),
+                              outcome.ttft_s * 1000.0))
+    return _fit(pairs)
+
+
+CALIBRATION_PER_REPLICA = 3
+"""Calibration requests (:func:`calibrate`) a replica."""
+
+
+def calibration_prompts(words: Sequence[str], vocab: Any, n: int, *, low: int, high: int,
+                        bos: bool, seed: int) -> list[list[int]]:
+    """``n`` prompts of random words (sharing no prefix but by chance), their lengths
+    spread evenly over ``low`` to ``high`` tokens, as token ids (``bos``: llama.cpp's)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for length in np.linspace(low, max(high, low), n).round().astype(int):
+        text = " " + " ".join(rng.choice(words, size=int(length)).tolist())
+        out.append(vocab.tokenize(text.encode(), add_bos=bos, special=True)[:int(length)])
+    return out
+
+
 def fit_ttft(runs: dict[str, RouterRuns], prompt_tokens: Sequence[Sequence[Sequence[int]]]
              ) -> tuple[float, float] | None:
     """Least-squares ``ttft_ms = overhead + per_token * uncached`` over every served request
@@ -552,11 +609,7 @@ def fit_ttft(runs: dict[str, RouterRuns], prompt_tokens: Sequence[Sequence[Seque
             pairs += [(len(t) - o.cached_tokens if o.cached_tokens >= 0 else
                        len(t) * (1.0 - hit), o.ttft_s * 1000.0)
                       for o, t in zip(rep, sent, strict=True) if o.error is None]
-    if len(pairs) < 8 or len({x for x, _ in pairs}) < 2:
-        return None
-    x, y = np.array(pairs, dtype=float).T
-    slope, intercept = np.polyfit(x, y, 1)
-    return max(float(slope), 1e-4), max(float(intercept), 0.0)
+    return _fit(pairs)
 
 
 def run_bench(*, engine: str, replicas: int, routers: Sequence[str], workload: str,
@@ -599,17 +652,24 @@ def run_bench(*, engine: str, replicas: int, routers: Sequence[str], workload: s
     runs = {name: RouterRuns() for name in routers}
     precise = False
     with ExitStack() as stack:
+        fleets = [start_replicas(engine, replicas, stack, block_tokens=block, blocks=blocks,
+                                 capacity_mb=capacity_mb, max_model_len=longest,
+                                 threads=threads) for _ in routers]
+        every = [r for i in range(replicas) for reps in fleets for r in reps[i:i + 1]]
+        calibration = calibrate(every, calibration_prompts(
+            words, vocab, len(every) * CALIBRATION_PER_REPLICA, low=block,
+            high=longest - max_tokens - block, bos=engine == "llama", seed=seed + repeats),
+            max_tokens=1)
+        overhead_tokens = None if calibration is None else calibration[1] / calibration[0]
         fronts = []
-        for name in routers:
-            reps = start_replicas(engine, replicas, stack, block_tokens=block, blocks=blocks,
-                                  capacity_mb=capacity_mb, max_model_len=longest,
-                                  threads=threads)
+        for name, reps in zip(routers, fleets, strict=True):
             predictions: Callable[[], dict[str, float]] | None = None
             if name in PEERS:
                 url = stack.enter_context(peer_router(name, reps))
             elif name == "canopy":
                 precise = publishes_events(reps)
-                url = stack.enter_context(canopy_gateway(reps, precise=precise))
+                url = stack.enter_context(canopy_gateway(reps, precise=precise,
+                                                         overhead_tokens=overhead_tokens))
                 predictions = functools.partial(gateway_predictions, url)
             else:
                 url = None
@@ -638,7 +698,14 @@ def run_bench(*, engine: str, replicas: int, routers: Sequence[str], workload: s
     if "canopy" in out["results"]:
         out["results"]["canopy"]["index"] = "precise" if precise else "approximate"
     fitted = fit_ttft(runs, tokens)
-    per_token, overhead = fitted or (8.8, 44.0)  # docs/cache.md's llama.cpp calibration
+    out["calibration"] = None if calibration is None else {
+        "ms_per_token": calibration[0], "overhead_ms": calibration[1],
+        "overhead_tokens": overhead_tokens}
+    out["fitted"] = None if fitted is None else {"ms_per_token": fitted[0],
+                                                 "overhead_ms": fitted[1]}
+    # the loaded fit (the machine's contention between replicas included), else the
+    # engines' own model
+    per_token, overhead = fitted or calibration or (8.8, 44.0)  # docs/cache.md's llama.cpp
     per_token = ms_per_token if ms_per_token is not None else per_token
     overhead = overhead_ms if overhead_ms is not None else overhead
     file = trace_out or Path(tempfile.gettempdir()) / f"canopy-fleet-bench-{os.getpid()}.jsonl"

@@ -10,6 +10,7 @@
                                          "events_topic": "kv", "replay_endpoint": null,
                                          "block_size": 16, "tokenizer": null}],
          "replica_policy": "canopy",    # canopy.fleet.make_policy's names
+         "replica_options": {"overhead_tokens": 200},   # and its keyword options
          "index": {"mode": "approximate", "block_size": 16, "tokenizer": null,
                    "ttl_s": 180, "max_event_bytes": 4194304},
          "allow_remote_events": false}  # the gateway's replicas (docs/fleet.md, "Gateway")
@@ -54,6 +55,10 @@ __all__ = ["AuthConfig", "Limits", "ProxyConfig", "Replica", "Upstream"]
 
 
 INDEX_KEYS = frozenset({"mode", "block_size", "tokenizer", "ttl_s", "max_event_bytes"})
+POLICY_OPTIONS = frozenset({"cache_threshold", "balance_abs", "balance_rel", "dynamo_weight",
+                            "theta", "overhead_tokens", "explore"})
+"""The keyword options of :func:`canopy.fleet.make_policy` an upstream's
+``replica_options`` may set."""
 
 
 @dataclass(frozen=True)
@@ -93,6 +98,8 @@ class Replica:
 class Upstream:
     """One model behind the proxy: one ``base_url``, or several ``replicas`` among which
     ``replica_policy`` (a name of :func:`canopy.fleet.make_policy`) chooses per request,
+    with the options ``replica_options`` (:data:`POLICY_OPTIONS`; for ``canopy``,
+    ``overhead_tokens``: the engine's per-request TTFT overhead over its time a prompt token),
     with a replica index set by ``index`` (``mode``: ``precise`` from KV events or
     ``approximate``; ``block_size``; ``tokenizer``; ``ttl_s``; ``max_event_bytes``)."""
 
@@ -103,6 +110,7 @@ class Upstream:
     timeout_s: float = 30.0
     replicas: tuple[Replica, ...] = ()
     replica_policy: str = "round_robin"
+    replica_options: dict[str, Any] = field(default_factory=dict)
     index: dict[str, Any] = field(default_factory=dict)
     allow_remote_events: bool = False
 
@@ -129,6 +137,10 @@ class Upstream:
         if self.replica_policy not in NAMES:
             raise ValueError(f"upstream {self.model!r}: unknown replica policy "
                              f"{self.replica_policy!r}; known: {', '.join(NAMES)}")
+        if not isinstance(self.replica_options, dict) or \
+                set(self.replica_options) - POLICY_OPTIONS:
+            raise ValueError(f"upstream {self.model!r}: 'replica_options' takes the keys "
+                             f"{sorted(POLICY_OPTIONS)}")
         if not isinstance(self.index, dict) or set(self.index) - INDEX_KEYS:
             raise ValueError(f"upstream {self.model!r}: 'index' takes the keys "
                              f"{sorted(INDEX_KEYS)}")

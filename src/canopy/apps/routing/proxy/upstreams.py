@@ -96,7 +96,7 @@ class UpstreamPool:
         self.block_size = int(settings.get("block_size", 16))
         self.mode = settings.get("mode", "approximate")
         self.ttl_s = float(settings.get("ttl_s", 180.0))
-        self.policy = make_policy(config.replica_policy)
+        self.policy = make_policy(config.replica_policy, **config.replica_options)
         if self.policy.router is not None and store is not None:
             try:
                 self.shared = RoutingService(self.policy.router, store,
@@ -230,7 +230,8 @@ class UpstreamPool:
         view = View(index, Load(len(self._replicas), capacity_blocks=CAPACITY_BLOCKS),
                     block_tokens=self.block_size)
         keys, tokens = self.tokenizer.keys(body, self.block_size)
-        make_policy(self.config.replica_policy).choose(Request(keys, tokens), view)
+        make_policy(self.config.replica_policy,
+                    **self.config.replica_options).choose(Request(keys, tokens), view)
         if index.mode == "approximate":
             index.sent(0, keys, 0.0)
 
