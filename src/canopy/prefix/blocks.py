@@ -482,6 +482,7 @@ class BlockTree:
         (dead entries dropped first, then doubled): a plain tuple, which a compiled call
         reads in half the time of the named one."""
         ev = self._ev
+        assert ev is not None, "room is asked for only once a block was freed"
         if ev.es[kernels.ELEN] + entries > len(ev.hkey):
             kernels.evictable_compact(self._ni, tuple(ev))
             need = ev.es[kernels.ELEN] + entries
@@ -578,6 +579,7 @@ class BlockTree:
         """Renumber the evictable set after forgetting (every node a host holds a block of
         is kept; the heap keeps its live entries, sorted: a sorted array is a heap)."""
         ev = self._ev
+        assert ev is not None, "only a set that exists is renumbered"
         m = len(kept)
         ev.ek[:m] = ev.ek[kept]
         ev.ek[m:n] = kernels.evictable_nodes(n - m)

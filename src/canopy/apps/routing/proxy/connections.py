@@ -235,14 +235,15 @@ class GuardedHttpToolsProtocol(_Guarded, HttpToolsProtocol):
 
     # -- lean routes ------------------------------------------------------------------------
     def on_headers_complete(self) -> None:
-        handler = None if self.lean is None else self.lean.handlers.get(self.url)
-        if handler is None or self.parser.get_method() != b"POST" or \
+        lean = self.lean
+        handler = None if lean is None else lean.handlers.get(self.url)
+        if lean is None or handler is None or self.parser.get_method() != b"POST" or \
                 self.expect_100_continue or self.parser.should_upgrade() or \
                 (self.cycle is not None and not self.cycle.response_complete):
             super().on_headers_complete()
             return
         declared = next((v for n, v in self.headers if n == b"content-length"), b"")
-        too_large = declared.isdigit() and int(declared) > self.lean.max_body_bytes
+        too_large = declared.isdigit() and int(declared) > lean.max_body_bytes
         keep_alive = self.parser.get_http_version() != "1.0" and \
             self.parser.should_keep_alive() and not too_large  # its body is left unread
         self.cycle = _LeanCycle(handler, self.url, self.headers,  # type: ignore[assignment]
