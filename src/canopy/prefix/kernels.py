@@ -1151,7 +1151,7 @@ def _ev_settle(hits, kind, key, nodes, parent, depth, ni, cells, params, sc, ev)
 
 @nb.njit(cache=True)
 def evictable_settle(hits, kind, key, nodes, parent, depth, ni, cells, params, sc, ev):
-    """:func:`_ev_settle`, before a release, a drop or forgetting reads the set."""
+    """``_ev_settle``, before a release, a drop or forgetting reads the set."""
     _ev_settle(hits, kind, key, nodes, parent, depth, ni, cells, params, sc, ev)
 
 
@@ -1218,9 +1218,9 @@ def _ev_sieve(ek, es, ni, n):
 def evictable_pop(hand, want, n, hits, kind, key, nodes, parent, depth, ni, cells, params, sc,
                   ev, out):
     """Up to ``want`` victims into ``out`` (engine blocks; returns how many), once the set is
-    settled (:func:`_ev_settle`): by SIEVE's hand over insertion order (``hand``) or the free
+    settled (``_ev_settle``): by SIEVE's hand over insertion order (``hand``) or the free
     leaf of the lowest (key, stamp), its entry popped and pushed back should the node keep a
-    free block (:func:`_ev_lowest_held` when there is none); each victim's block (its node's
+    free block (``_ev_lowest_held`` when there is none); each victim's block (its node's
     oldest free block) is forgotten and its node evicted."""
     _ev_settle(hits, kind, key, nodes, parent, depth, ni, cells, params, sc, ev)
     ek, nkey, blocks, hk, hs, hn, hv, es = ev

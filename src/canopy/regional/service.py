@@ -30,6 +30,7 @@ adapter's to ask of the upstream, after the choice (the proxy's
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import logging
 import threading
 import time
@@ -278,7 +279,7 @@ class RoutingService:
             self.router.update(region, model, quality, cost)
         self._ledger.observe(region, model, quality, cost)
 
-    def reading(self) -> _Held:
+    def reading(self) -> contextlib.AbstractContextManager[RegionalRouter]:
         """The router, held: no pull writes into it until the block ends (for a host that
         reads its tables itself, as a gateway's replica policy does, once a request)."""
         return self._reading

@@ -562,7 +562,7 @@ def calibrate(replicas: Sequence[Replica], prompts: Sequence[list[int]], *, max_
     :class:`~canopy.prefix.ttft.TTFTModel`, which queues by itself): ``prompts`` (token
     ids) sent one at a time straight to the replicas in turn, each request's uncached tokens
     its prompt's length times one less the hit rate its replica's counters moved by;
-    ``(per_token_ms, overhead_ms)`` as :func:`_fit` returns it."""
+    ``(per_token_ms, overhead_ms)`` as ``_fit`` returns it."""
     import httpx
 
     pairs = []
