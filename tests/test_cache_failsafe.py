@@ -200,3 +200,27 @@ def test_vllms_node_limit_comes_from_the_environment(monkeypatch):
     monkeypatch.setenv(MAX_NODES_ENV, "lots")
     with pytest.raises(ValueError, match=MAX_NODES_ENV):
         _make_order(make_policy("lfu"), 8)
+
+
+@pytest.mark.sglang
+def test_on_sglang_a_policy_failing_while_a_node_is_ranked_ranks_it_by_sglangs_lru():
+    """The node whose ranking made the policy fail is ranked as every later one is (SGLang's
+    ``last_access_time``), not by the guard's placeholder, which evicted it first."""
+    try:
+        from canopy.apps.cache.sglang_replay import serve_request, sglang_api
+
+        api = sglang_api()
+    except ImportError as missing:
+        if os.environ.get("CANOPY_SGLANG") == "required":
+            pytest.fail(f"SGLang missing where it is required: {missing}")
+        pytest.skip(f"SGLang is not installed here: {missing}")
+    cache = api.simulated("canopy", {"policy": "user_policy:RaisesAlways",
+                                     "capacity_blocks": 12})
+    for path in ([1, 2, 3], [1, 4], [5, 6]):
+        serve_request(api, cache, path, 12)
+    strategy = cache.eviction_strategy
+    leaf = cache.root_node.children[5] if 5 in cache.root_node.children else \
+        next(iter(cache.root_node.children.values()))
+    assert not strategy.policy.failed
+    assert strategy.get_priority(leaf) == leaf.last_access_time
+    assert strategy.policy.failed and strategy.policy.fallbacks == 1

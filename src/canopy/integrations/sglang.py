@@ -146,10 +146,10 @@ class CanopyEviction:
             raise RuntimeError(f"the {POLICY_NAME} eviction policy learns from the inserts of "
                                "SGLang's RadixCache; this cache evicted before showing it any "
                                f"(serve with --radix-cache-backend {POLICY_NAME})")
-        if self.policy.failed:
-            return node.last_access_time
-        keys = _node_keys(node, self.page_size)
-        return self.policy.priority(keys[0]) if keys else -math.inf
+        keys = _node_keys(node, self.page_size) if not self.policy.failed else ()
+        priority = self.policy.priority(keys[0]) if keys else -math.inf
+        # a policy failing in this very call ranks this node as the rest: by SGLang's LRU
+        return node.last_access_time if self.policy.failed else priority
 
 
 def _tokens(key: Any) -> Any:
