@@ -49,6 +49,19 @@ def _chains(requests: int = 300, seed: int = 0) -> list[list[int]]:
             for i in range(requests)]
 
 
+def _sglang():
+    """SGLang's types and simulated caches (``sglang_api``); skipped where SGLang is absent,
+    failed where ``CANOPY_SGLANG=required``."""
+    try:
+        from canopy.apps.cache.sglang_replay import sglang_api
+
+        return sglang_api()
+    except ImportError as missing:
+        if os.environ.get("CANOPY_SGLANG") == "required":
+            pytest.fail(f"SGLang missing where it is required: {missing}")
+        pytest.skip(f"SGLang is not installed here: {missing}")
+
+
 def _failures(caplog) -> list[logging.LogRecord]:
     return [r for r in caplog.records if r.name == LOGGER and r.levelno >= logging.ERROR]
 
@@ -166,14 +179,7 @@ def test_on_sglang_itself_a_policy_that_raises_never_reaches_the_radix_cache(cap
     """SGLang's own radix cache (Canopy's backend and SGLang's plain ``RadixCache``):
     all 300 requests served, the fallback logged once and counted; failing from the start,
     SGLang's plain cache reuses what its own ``lru`` does."""
-    try:
-        from canopy.apps.cache.sglang_replay import sglang_api
-
-        api = sglang_api()
-    except ImportError as missing:
-        if os.environ.get("CANOPY_SGLANG") == "required":
-            pytest.fail(f"SGLang missing where it is required: {missing}")
-        pytest.skip(f"SGLang is not installed here: {missing}")
+    api = _sglang()
     trace = from_paths(_chains())
     for exact in (True, False):
         cache = api.simulated("canopy", {"policy": RAISES, "capacity_blocks": 12},
@@ -206,14 +212,9 @@ def test_vllms_node_limit_comes_from_the_environment(monkeypatch):
 def test_on_sglang_a_policy_failing_while_a_node_is_ranked_ranks_it_by_sglangs_lru():
     """The node whose ranking made the policy fail is ranked as every later one is (SGLang's
     ``last_access_time``), not by the guard's placeholder, which evicted it first."""
-    try:
-        from canopy.apps.cache.sglang_replay import serve_request, sglang_api
+    from canopy.apps.cache.sglang_replay import serve_request
 
-        api = sglang_api()
-    except ImportError as missing:
-        if os.environ.get("CANOPY_SGLANG") == "required":
-            pytest.fail(f"SGLang missing where it is required: {missing}")
-        pytest.skip(f"SGLang is not installed here: {missing}")
+    api = _sglang()
     cache = api.simulated("canopy", {"policy": "user_policy:RaisesAlways",
                                      "capacity_blocks": 12})
     for path in ([1, 2, 3], [1, 4], [5, 6]):
