@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import pytest
 
@@ -28,3 +28,16 @@ def require_data(name: str, file: str = "") -> Path:
         return data.path(name, file, download=False)
     except data.DataNotFound as absent:
         missing(str(absent))
+
+
+def real_sglang() -> Any:
+    """SGLang's API; where it does not import, the test fails when ``CANOPY_SGLANG=required``
+    (CI's run in the environment of ``.ci/sglang.sh``) and skips elsewhere."""
+    try:
+        from canopy.apps.cache.sglang_replay import sglang_api
+
+        return sglang_api()
+    except ImportError as missing:
+        if os.environ.get("CANOPY_SGLANG") == "required":
+            pytest.fail(f"SGLang missing where it is required (.ci/sglang.sh): {missing}")
+        pytest.skip(f"SGLang is not installed here (its environment: .ci/sglang.sh): {missing}")

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 
 import numpy as np
 import pytest
@@ -32,6 +31,7 @@ from canopy.prefix.failsafe import (
     PolicyFailure,
     fallbacks,
 )
+from helpers import real_sglang
 
 standin.STRATEGIES["canopy"] = CanopyEviction
 install(standin.RadixCache)
@@ -47,19 +47,6 @@ def _chains(requests: int = 300, seed: int = 0) -> list[list[int]]:
     weights = 1.0 / np.arange(1, 25) ** 1.1
     return [prefixes[rng.choice(24, p=weights / weights.sum())] + [10_000 + i]
             for i in range(requests)]
-
-
-def _sglang():
-    """SGLang's types and simulated caches (``sglang_api``); skipped where SGLang is absent,
-    failed where ``CANOPY_SGLANG=required``."""
-    try:
-        from canopy.apps.cache.sglang_replay import sglang_api
-
-        return sglang_api()
-    except ImportError as missing:
-        if os.environ.get("CANOPY_SGLANG") == "required":
-            pytest.fail(f"SGLang missing where it is required: {missing}")
-        pytest.skip(f"SGLang is not installed here: {missing}")
 
 
 def _failures(caplog) -> list[logging.LogRecord]:
@@ -179,7 +166,7 @@ def test_on_sglang_itself_a_policy_that_raises_never_reaches_the_radix_cache(cap
     """SGLang's own radix cache (Canopy's backend and SGLang's plain ``RadixCache``):
     all 300 requests served, the fallback logged once and counted; failing from the start,
     SGLang's plain cache reuses what its own ``lru`` does."""
-    api = _sglang()
+    api = real_sglang()
     trace = from_paths(_chains())
     for exact in (True, False):
         cache = api.simulated("canopy", {"policy": RAISES, "capacity_blocks": 12},
@@ -214,7 +201,7 @@ def test_on_sglang_a_policy_failing_while_a_node_is_ranked_ranks_it_by_sglangs_l
     ``last_access_time``), not by the guard's placeholder, which evicted it first."""
     from canopy.apps.cache.sglang_replay import serve_request
 
-    api = _sglang()
+    api = real_sglang()
     cache = api.simulated("canopy", {"policy": "user_policy:RaisesAlways",
                                      "capacity_blocks": 12})
     for path in ([1, 2, 3], [1, 4], [5, 6]):

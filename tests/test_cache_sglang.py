@@ -35,6 +35,7 @@ from canopy.prefix import RadixCache, from_paths, make_policy
 from canopy.prefix.policies import resolve_policy
 from canopy.prefix.traces import resolve
 from conftest import require_data
+from helpers import real_sglang
 
 standin.STRATEGIES["canopy"] = CanopyEviction
 install(standin.RadixCache)
@@ -177,24 +178,11 @@ def test_strategy_refuses_bad_configuration():
         sweep(from_paths([[1]]), policies=["optimal"], capacities=[4], api=standin.api)
 
 
-def _real_sglang():
-    """SGLang's API; where it does not import, the test fails when ``CANOPY_SGLANG=required``
-    (CI's run in the environment of ``.ci/sglang.sh``) and skips elsewhere."""
-    try:
-        from canopy.apps.cache.sglang_replay import sglang_api
-
-        return sglang_api()
-    except ImportError as missing:
-        if os.environ.get("CANOPY_SGLANG") == "required":
-            pytest.fail(f"SGLang missing where it is required (.ci/sglang.sh): {missing}")
-        pytest.skip(f"SGLang is not installed here (its environment: .ci/sglang.sh): {missing}")
-
-
 @pytest.mark.sglang
 def test_on_sglang_itself():
     """SGLang's own RadixCache: its lru/lfu equal Canopy's replay with one node a block, and
     Canopy's online lru/lfu in its strategy slot do too."""
-    api = _real_sglang()
+    api = real_sglang()
     trace = from_paths([[1, 2, 3], [1, 2, 4], [5, 6], [1, 2, 3, 7], [5, 6, 8]] * 20)
     for policy in ("lru", "lfu"):
         ours = RadixCache(trace, make_policy(policy), 4).run()
@@ -212,7 +200,7 @@ def test_on_sglang_itself():
 def test_registered_in_sglangs_registry_and_command_line():
     """``register()`` (SGLang runs it through the ``sglang.srt.plugins`` entry point) makes
     ``--radix-eviction-policy canopy`` parse and build Canopy's strategy."""
-    _real_sglang()
+    real_sglang()
     import argparse
 
     from sglang.srt.mem_cache.utils import get_eviction_strategy
@@ -251,7 +239,7 @@ def test_registered_in_sglangs_registry_and_command_line():
 def test_online_canopy_in_sglangs_radix_cache_on_the_conversation_trace():
     """Inside SGLang's real RadixCache, learning only from its inserts: above SGLang's lru and
     lfu on 4,000 requests of the conversation trace at 256 blocks."""
-    api = _real_sglang()
+    api = real_sglang()
     require_data("mooncake", "conversation_trace.jsonl")
     trace = resolve("conversation").head(4000)
     got = {r.policy: r.blocks_reused_per_request
@@ -279,7 +267,7 @@ def test_replay_cli_refuses_a_bad_engine_in_one_line(tmp_path):
 
 @pytest.mark.sglang
 def test_replay_cli_drives_sglangs_radix_cache(tmp_path):
-    _real_sglang()
+    real_sglang()
     result = CliRunner().invoke(app, ["cache", "replay", "--engine", "sglang", "--trace",
                                       _prompt_log(tmp_path), "--capacity", "4,16",
                                       "--policies", "lru,lfu,canopy", "--json"])
@@ -293,7 +281,7 @@ def test_replay_cli_drives_sglangs_radix_cache(tmp_path):
 def test_sglang_loads_canopy_through_its_plugin_entry_point():
     """Installed beside SGLang, Canopy registers itself when SGLang loads its plugins (as
     ``sglang serve`` and each scheduler process do), in a fresh process."""
-    _real_sglang()
+    real_sglang()
     from importlib.metadata import entry_points
 
     if "canopy" not in {ep.name for ep in entry_points(group="sglang.srt.plugins")}:
@@ -320,7 +308,7 @@ def test_a_users_policy_registered_by_name_reuses_in_sglang_what_it_reuses_in_th
     adds ``newest-first`` to SGLang's registry and ``--radix-eviction-policy``; served by
     that name in Canopy's backend on SGLang's own radix cache, one node a request as SGLang
     inserts, every request reuses what the replay reuses (and more than LRU on the loop)."""
-    api = _real_sglang()
+    api = real_sglang()
     import argparse
 
     from sglang.srt.mem_cache.utils import get_eviction_strategy
@@ -361,7 +349,7 @@ def test_a_users_policy_registered_by_name_reuses_in_sglang_what_it_reuses_in_th
 
 @pytest.mark.sglang
 def test_replay_cli_drives_sglangs_radix_cache_with_a_users_policy(tmp_path):
-    _real_sglang()
+    real_sglang()
     log = _prompt_log(tmp_path)
     result = CliRunner().invoke(app, ["cache", "replay", "--engine", "sglang", "--trace", log,
                                       "--capacity", "4,16", "--policies",
