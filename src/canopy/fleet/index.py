@@ -248,9 +248,8 @@ class ReplicaIndex:
         """A request whose blocks are ``keys`` was sent to ``replica`` at ``now`` (s)."""
         if self.mode != "approximate":
             raise ValueError("sent() feeds an approximate index; a precise one takes events")
-        nodes = self._add(replica, self._keys_of(keys), -1, mark=False)  # bits and stamps:
-        send_nodes(self.mask, self.stamp, nodes, replica, now, self.ttl_s)
-        self.version += 1
+        nodes = self._add(replica, self._keys_of(keys), -1, mark=False)  # (its version bump)
+        send_nodes(self.mask, self.stamp, nodes, replica, now, self.ttl_s)  # bits and stamps
 
     def reported(self, predicted_blocks: int, cached_blocks: int) -> None:
         """An engine reported ``cached_blocks`` cached where the index predicted
