@@ -215,6 +215,21 @@ def test_bad_replica_configurations_are_refused():
             ProxyConfig.from_mapping(data)
 
 
+def test_every_replica_option_the_config_accepts_is_a_keyword_of_make_policy():
+    import inspect
+
+    from canopy.apps.routing.proxy.config import POLICY_OPTIONS
+    from canopy.fleet import make_policy
+
+    keywords = set(inspect.signature(make_policy).parameters)
+    assert POLICY_OPTIONS <= keywords, sorted(POLICY_OPTIONS - keywords)
+    data = config([Replica("a"), Replica("b")], policy="canopy")
+    data["upstreams"][0]["replica_options"] = {"overhead_tokens": 50.0, "explore": 0.5}
+    upstream = ProxyConfig.from_mapping(data).upstreams[0]
+    policy = make_policy(upstream.replica_policy, **upstream.replica_options)
+    assert policy.params[1] == 50.0 and policy.router.explore == 0.5
+
+
 def test_the_cli_refuses_a_model_none_of_whose_replicas_answers(tmp_path):
     path = tmp_path / "router.json"
     path.write_text(json.dumps(config([Replica("a"), Replica("b")])))
