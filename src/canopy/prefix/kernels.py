@@ -750,15 +750,20 @@ def unit_hash(v, salt):
 def _score(stats, pairs, got, gamma):
     """Fold one sampled request's shadow reuse ``got[a]`` into the discounted statistics:
     ``stats[a]`` sums reuse, ``stats[-1]`` the weights, ``pairs[0, a, b]`` and
-    ``pairs[1, a, b]`` the paired differences ``got[a] - got[b]`` and their squares."""
+    ``pairs[1, a, b]`` the paired differences ``got[a] - got[b]`` and their squares. Each
+    pair is computed once, for ``a < b``: ``pairs[0, b, a]`` is its exact negation (a
+    rounding is symmetric in sign) and ``pairs[1, b, a]`` the same value; the diagonal
+    stays 0."""
     k = len(got)
     stats[k] = gamma * stats[k] + 1.0
     for a in range(k):
         stats[a] = gamma * stats[a] + got[a]
-        for b in range(k):
+        for b in range(a + 1, k):
             d = got[a] - got[b]
-            pairs[0, a, b] = gamma * pairs[0, a, b] + d
-            pairs[1, a, b] = gamma * pairs[1, a, b] + d * d
+            x = gamma * pairs[0, a, b] + d
+            y = gamma * pairs[1, a, b] + d * d
+            pairs[0, a, b], pairs[0, b, a] = x, 0.0 - x
+            pairs[1, a, b], pairs[1, b, a] = y, y
 
 
 @nb.njit(cache=True, inline="always")
@@ -917,7 +922,10 @@ def _shadows_step(t, lo, hi, nodes, parent, depth, params, cells, sc, ac, stats,
                                    params, sni[a], cells, ssc[a], shkey[a], shnode[a],
                                    shver[a])
     _score(stats, pairs, got, ac[1])
-    best = np.argmax(stats[:len(skinds)])
+    best = 0  # the first arm of the highest score, without a slice a request
+    for a in range(1, len(skinds)):
+        if stats[a] > stats[best]:
+            best = a
     if best != sc[ARM] and _leads(stats, pairs, best, sc[ARM], ac[2], ac[3]):
         sc[ARM] = best
         sm[SWITCHES] += 1
