@@ -103,6 +103,16 @@ SLOT, DRAW, EPOCH = PREV, CLOCK, SEQN
 RHO, DMAX, PERIOD, LAM0 = range(4)
 
 
+_BARE = {"cache": True, "_nrt": False}
+"""Compile options of the kernels a replay calls once a request: without numba's reference
+counting, which costs an atomic increment and decrement of every array argument a call and
+of every array an inlined helper takes (half of a decayed main cache's time, measured). They
+allocate nothing (the compiler refuses one that does), and what they call is compiled as they
+are unless it names its own options: what allocates runs between their calls
+(:func:`_canopy_loop`), and a policy's own key function goes through counted kernels
+(:func:`_heap_request_counted`, :func:`_heap_compact`)."""
+
+
 @nb.njit(cache=True)
 def next_use(offsets: np.ndarray, nodes: np.ndarray, n_nodes: int) -> np.ndarray:
     """For each block reference, the index of the next request using that block (or the
@@ -165,7 +175,7 @@ def _sieve_join(ni, a, n, lhead, ltail):
     return lhead, ltail
 
 
-@nb.njit(cache=True)
+@nb.njit(**_BARE)
 def _sieve_request(t, lo, hi, nodes, parent, capacity, ni, sc):
     """SIEVE's request: :func:`request`'s steps with the hand over the leaf list. What every
     block reads (the size, the hand, the newest leaf, the next insertion order) is in locals,
@@ -355,17 +365,24 @@ def _recency(v, depth, ni, dmax):
     return ni[v, LAST] * (dmax + 1.0) + dmax - depth[v]
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, _nrt=True)  # counted, from any caller: a policy's key may allocate
 def _heap_compact(kind, key, depth, ni, nf, params, sc, hkey, hnode, hver, rekey):
     """Drop dead entries (when the heap array is full: rare, pushes are O(1) per request);
-    with ``rekey``, also recompute every key (when ``CANOPY`` switches arms)."""
-    entries, n = sc[HLEN], 0
-    keys, nodes_, vers = hkey[:entries].copy(), hnode[:entries].copy(), hver[:entries].copy()
-    for e in range(entries):
-        v = nodes_[e]
-        if ni[v, CACHED] == 1 and ni[v, NCHILD] == 0 and ni[v, VER] == vers[e]:
-            k = _key(kind, key, v, depth, ni, nf, params, sc[ARM]) if rekey else keys[e]
-            n = _heap_push(hkey, hnode, hver, n, k, v, vers[e])
+    with ``rekey``, also recompute every key (when ``CANOPY`` switches arms). In place, with
+    no copy (the request kernels calling it allocate nothing): the live entries move to the
+    front in their order, then are pushed in that order (pushing entry ``e`` never writes
+    beyond slot ``e``)."""
+    live = 0
+    for e in range(sc[HLEN]):
+        v, ver = hnode[e], hver[e]
+        if ni[v, CACHED] == 1 and ni[v, NCHILD] == 0 and ni[v, VER] == ver:
+            hkey[live], hnode[live], hver[live] = hkey[e], v, ver
+            live += 1
+    n = 0
+    for e in range(live):
+        v, ver = hnode[e], hver[e]
+        k = _key(kind, key, v, depth, ni, nf, params, sc[ARM]) if rekey else hkey[e]
+        n = _heap_push(hkey, hnode, hver, n, k, v, ver)
     sc[HLEN] = n
 
 
@@ -460,7 +477,7 @@ def cell_counts(cells: np.ndarray, clock: float, params: np.ndarray) -> np.ndarr
 
 
 # ---------------------------------------------------------------- one request
-@nb.njit(cache=True)
+@nb.njit(**_BARE)
 def _lru_request(t, lo, hi, nodes, nu, parent, capacity, ni, sc):
     """LRU's request: the victim is the free queue's front; a request's blocks join the
     queue's end when it finishes, deepest first (the queue's ends and the cache's size in
@@ -499,9 +516,9 @@ def _lru_request(t, lo, hi, nodes, nu, parent, capacity, ni, sc):
     return k - lo
 
 
-@nb.njit(cache=True)
-def _heap_request(kind, key, t, lo, hi, nodes, nu, parent, depth, capacity, params, ni, nf, sc,
-                  hkey, hnode, hver):
+@nb.njit(cache=True, inline="always")
+def _heap_serve(kind, key, t, lo, hi, nodes, nu, parent, depth, capacity, params, ni, nf, sc,
+                hkey, hnode, hver):
     """A priority policy's request: the victim is the unpinned leaf with the lowest key, from
     a heap with lazy deletion (the heap's length and the cache's size in locals)."""
     size, n = sc[SIZE], sc[HLEN]
@@ -558,6 +575,23 @@ def _heap_request(kind, key, t, lo, hi, nodes, nu, parent, depth, capacity, para
     return k - lo
 
 
+@nb.njit(**_BARE)
+def _heap_request(kind, key, t, lo, hi, nodes, nu, parent, depth, capacity, params, ni, nf, sc,
+                  hkey, hnode, hver):
+    """:func:`_heap_serve` for the built-in keys (``key`` is ``None``)."""
+    return _heap_serve(kind, key, t, lo, hi, nodes, nu, parent, depth, capacity, params, ni, nf,
+                       sc, hkey, hnode, hver)
+
+
+@nb.njit(cache=True)
+def _heap_request_counted(kind, key, t, lo, hi, nodes, nu, parent, depth, capacity, params, ni,
+                          nf, sc, hkey, hnode, hver):
+    """:func:`_heap_serve` for a policy's own key function, with reference counting: the key
+    is compiled as its caller is, and it may allocate."""
+    return _heap_serve(kind, key, t, lo, hi, nodes, nu, parent, depth, capacity, params, ni, nf,
+                       sc, hkey, hnode, hver)
+
+
 @nb.njit(cache=True, inline="always")
 def _leaf_drop(ni, lkey, lnode, n, v):
     """Take leaf ``v`` off a sampled shadow's unordered list of ``n`` leaves (the last one
@@ -582,7 +616,7 @@ def _count(v, nf, j, epoch, lam, period):
     return nf[v, CELL_S0 + j] * np.exp(-lam * (epoch - period * np.floor(at / period)))
 
 
-@nb.njit(cache=True)
+@nb.njit(**_BARE)
 def _sampled_request(t, lo, hi, nodes, parent, capacity, params, ni, nf, sc, lkey, lnode,
                      draws):
     """A decayed arm's shadow request, evicting by sampling (as Redis and LHD do): the victim
@@ -601,7 +635,9 @@ def _sampled_request(t, lo, hi, nodes, parent, capacity, params, ni, nf, sc, lke
     if hi > lo:  # the cells' epoch now (the request's cells are updated already)
         epoch = period * np.floor(nf[nodes[lo], CELL_CLOCK] / period)
         if epoch > sc[EPOCH]:
-            lkey[:n] *= np.exp(-lam * (epoch - sc[EPOCH]))
+            scale = np.exp(-lam * (epoch - sc[EPOCH]))
+            for i in range(n):  # a loop: a slice's ``*=`` allocates
+                lkey[i] *= scale
             sc[EPOCH] = int(epoch)
     epoch = float(sc[EPOCH])
     k = lo
@@ -672,6 +708,9 @@ def _sampled_request(t, lo, hi, nodes, parent, capacity, params, ni, nf, sc, lke
 @nb.njit(cache=True)
 def _serve(kind, key, t, lo, hi, nodes, nu, parent, depth, capacity, params, ni, nf, sc, hkey,
            hnode, hver):
+    if key is not None:  # a policy's own key (numba compiles out the branches not taken)
+        return _heap_request_counted(kind, key, t, lo, hi, nodes, nu, parent, depth, capacity,
+                                     params, ni, nf, sc, hkey, hnode, hver)
     if kind == SIEVE:
         return _sieve_request(t, lo, hi, nodes, parent, capacity, ni, sc)
     if kind == LRU:
@@ -702,7 +741,12 @@ def request_keyed(key, t, lo, hi, nodes, nu, parent, depth, capacity, params, nf
 @nb.njit(cache=True)
 def _run(kind, key, t0, t1, offsets, nodes, nu, parent, depth, capacity, params, nf, c, reused):
     ni, sc, hkey, hnode, hver = c
-    if kind == SIEVE:  # one loop a structure: one call a request
+    if key is not None:  # a policy's own key (numba compiles out the branches not taken)
+        for t in range(t0, t1):
+            reused[t] = _heap_request_counted(kind, key, t, offsets[t], offsets[t + 1], nodes,
+                                              nu, parent, depth, capacity, params, ni, nf, sc,
+                                              hkey, hnode, hver)
+    elif kind == SIEVE:  # one loop a structure: one call a request
         for t in range(t0, t1):
             reused[t] = _sieve_request(t, offsets[t], offsets[t + 1], nodes, parent, capacity,
                                        ni, sc)
@@ -750,15 +794,20 @@ def unit_hash(v, salt):
 def _score(stats, pairs, got, gamma):
     """Fold one sampled request's shadow reuse ``got[a]`` into the discounted statistics:
     ``stats[a]`` sums reuse, ``stats[-1]`` the weights, ``pairs[0, a, b]`` and
-    ``pairs[1, a, b]`` the paired differences ``got[a] - got[b]`` and their squares."""
+    ``pairs[1, a, b]`` the paired differences ``got[a] - got[b]`` and their squares. Each
+    pair is computed once, for ``a < b``: ``pairs[0, b, a]`` is its exact negation (a
+    rounding is symmetric in sign) and ``pairs[1, b, a]`` the same value; the diagonal
+    stays 0."""
     k = len(got)
     stats[k] = gamma * stats[k] + 1.0
     for a in range(k):
         stats[a] = gamma * stats[a] + got[a]
-        for b in range(k):
+        for b in range(a + 1, k):
             d = got[a] - got[b]
-            pairs[0, a, b] = gamma * pairs[0, a, b] + d
-            pairs[1, a, b] = gamma * pairs[1, a, b] + d * d
+            x = gamma * pairs[0, a, b] + d
+            y = gamma * pairs[1, a, b] + d * d
+            pairs[0, a, b], pairs[0, b, a] = x, 0.0 - x
+            pairs[1, a, b], pairs[1, b, a] = y, y
 
 
 @nb.njit(cache=True, inline="always")
@@ -804,9 +853,40 @@ def _canopy_loop(t0, t1, first, offsets, nodes, parent, depth, capacity, params,
     On the recency arm the main cache is LRU's queue (:func:`_lru_request`): its front is the
     unpinned block with the lowest recency key, a leaf, so it evicts what the recency key's
     heap would, at LRU's cost; a decayed arm evicts from the heap. A switch builds the other
-    structure once. The states are unpacked out of the loop and the hot calls made from it
-    directly: a tuple unpacked, or a call with every state passed, per request costs more
-    than a recency request."""
+    structure once. The requests run in :func:`_canopy_run`, without reference counting;
+    what allocates (the recency shadow's own copy of the main cache, the queue rebuilt from
+    the heap) runs here, between its calls."""
+    ni, sc, hkey, hnode, hver = c
+    _, _, _, _, sm, _, _, sni, ssc, _, _, _ = arms
+    t = t0
+    while t < t1:
+        t, event, arm = _canopy_run(t, t1, first, offsets, nodes, parent, depth, capacity,
+                                    params, cells, c, arms, reused)
+        if event == _UNRIDE or (event == _SWITCHED and sm[RIDES] == 1):
+            _unride(ni, sc, sm, sni, ssc)
+        if event == _SWITCHED:
+            if sc[ARM] == 0:
+                _queue_from_heap(parent, depth, ni, params, sc, hnode, hver)
+            elif arm == 0:
+                _heap_from_queue(depth, ni, cells, params, sc, hkey, hnode, hver)
+            else:
+                _heap_compact(CANOPY, None, depth, ni, cells, params, sc, hkey, hnode, hver,
+                              True)
+
+
+# what stopped :func:`_canopy_run`: the last request, the recency shadow about to leave the
+# main cache (before request ``t``), a switch of arms (after request ``t - 1``)
+_DONE, _UNRIDE, _SWITCHED = range(3)
+
+
+@nb.njit(**_BARE)
+def _canopy_run(t0, t1, first, offsets, nodes, parent, depth, capacity, params, cells, c,
+                arms, reused):
+    """:func:`_canopy_loop`'s requests from ``t0``, up to ``t1`` or the first event that needs
+    an allocation; returns the next request, the event (``_DONE``, ``_UNRIDE``, ``_SWITCHED``)
+    and the arm the main cache evicted by before a switch. The states are unpacked out of the
+    loop and the hot calls made from it directly: a tuple unpacked, or a call with every state
+    passed, per request costs more than a recency request."""
     ni, sc, hkey, hnode, hver = c
     ac, stats, pairs, got, sm, skinds, scap, sni, ssc, shkey, shnode, shver = arms
     rate, salt = ac[0], sm[SALT]
@@ -814,7 +894,7 @@ def _canopy_loop(t0, t1, first, offsets, nodes, parent, depth, capacity, params,
         lo, hi = offsets[t - first], offsets[t - first + 1]
         sampled = hi > lo and unit_hash(nodes[min(lo + 1, hi - 1)], salt) < rate
         if sm[RIDES] == 1 and not sampled:  # the recency shadow leaves the main cache
-            _unride(ni, sc, sm, sni, ssc)
+            return t, _UNRIDE, sc[ARM]
         _cells_update(lo, hi, nodes, parent, cells, sc, params)
         arm = sc[ARM]
         if arm == 0:
@@ -826,15 +906,8 @@ def _canopy_loop(t0, t1, first, offsets, nodes, parent, depth, capacity, params,
         if sampled and _shadows_step(t, lo, hi, nodes, parent, depth, params, cells, sc, ac,
                                      stats, pairs, got, sm, skinds, scap, sni, ssc, shkey,
                                      shnode, shver, reused[t - first]):
-            if sm[RIDES] == 1:
-                _unride(ni, sc, sm, sni, ssc)
-            if sc[ARM] == 0:
-                _queue_from_heap(parent, depth, ni, params, sc, hnode, hver)
-            elif arm == 0:
-                _heap_from_queue(depth, ni, cells, params, sc, hkey, hnode, hver)
-            else:
-                _heap_compact(CANOPY, None, depth, ni, cells, params, sc, hkey, hnode, hver,
-                              True)
+            return t + 1, _SWITCHED, arm
+    return t1, _DONE, sc[ARM]
 
 
 @nb.njit(cache=True)
@@ -917,7 +990,10 @@ def _shadows_step(t, lo, hi, nodes, parent, depth, params, cells, sc, ac, stats,
                                    params, sni[a], cells, ssc[a], shkey[a], shnode[a],
                                    shver[a])
     _score(stats, pairs, got, ac[1])
-    best = np.argmax(stats[:len(skinds)])
+    best = 0  # the first arm of the highest score, without a slice a request
+    for a in range(1, len(skinds)):
+        if stats[a] > stats[best]:
+            best = a
     if best != sc[ARM] and _leads(stats, pairs, best, sc[ARM], ac[2], ac[3]):
         sc[ARM] = best
         sm[SWITCHES] += 1
