@@ -38,11 +38,15 @@ def test_cells_are_boxes_halved_along_the_dimensions_in_turn():
         cells.probe((3, 0b101), rng)
     assert max(cells.played) <= 0.0  # Himmelblau_Normalized is at most 0
     assert cells.centre_value((3, 0b101)) == pytest.approx(target.f([3.75, -2.5]))
-    # a centre probe asks for the middle path's deepest cell: a point, centred along y (the
-    # dimension halved next) at the low x edge
-    span = 2**59
+    # a centre probe asks for the deepest cell holding the box's centre, a point
     noiseless = BoxCells(target, domain, 0.0)
-    value = noiseless.probe((62, 0b101 * span + span // 2), rng)
+    assert noiseless.spec.tree.dims == 2
+    value = noiseless.probe(noiseless.spec.tree.centre((3, 0b101), 62), rng)
+    assert value == pytest.approx(target.f([3.75, -2.5]))
+    # without the dimensions, the middle path's cell: centred along y (the dimension halved
+    # next) at the low x edge
+    edge = BoxCells(target, domain, 0.0, geometry=False)
+    value = edge.probe(edge.spec.tree.centre((3, 0b101), 62), rng)
     assert value == pytest.approx(target.f([2.5, -2.5]))
 
 

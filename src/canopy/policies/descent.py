@@ -137,7 +137,7 @@ class ExploredTreePolicy(Policy):
         self._ctl = ctl
         self._lazy = lazy
         # centre probes: a cell is probed through its descendant at the deepest level the
-        # tree allows whose interval holds the cell's centre (starts at it for an even arity)
+        # tree allows that holds the centre of the cell's box (LazyTree.centre)
         self._probe_level = int(depth_cap) if lazy and probe == "centre" else -1
         self._max_kids = branching
         certified = spread in ("certified", "hybrid")
@@ -281,11 +281,9 @@ class ExploredTreePolicy(Policy):
         fields = self._ist[row].tolist()
         node, level, is_leaf = fields[ex.NODE], fields[ex.LEVEL], fields[ex.ISLEAF]
         if self._lazy:
-            below = self._probe_level - level
-            if below > 0:  # centre probes
-                span = _lazy_tree(self.spec_).arity ** below
-                node, level = node * span + span // 2, self._probe_level
             node = (level, node)
+            if self._probe_level > level:  # centre probes
+                node = _lazy_tree(self.spec_).centre(node, self._probe_level)
         query = Query("leaf" if is_leaf else "probe", node)
         self._queries[row] = query
         self._row_of[query.node] = row
