@@ -129,9 +129,8 @@ def test_four_equal_maxima_fill_the_cap_and_the_split_waits():
     maxima hold the default memory bound (``2 b ceil(log_b n) + 1`` rows, two
     root-to-resolution paths) full: nothing is dominated or deeper, so the split waits and the
     second half of the run plays a few cells at a shallower depth than without the cap (seeds
-    0-1, 20k rounds: 11-13 distinct cells against 37-45, depth 7-8 against 10). At this
-    horizon the waiting pays (regret 115-178 against 218-248); at 100k it was that rule's miss
-    against VHCT (docs/descent.md)."""
+    0-1, 20k rounds, box centres: 9-16 distinct cells against 69-76, depth 6-7 against 9). At
+    this horizon the waiting pays (regret 169-175 against 267-279)."""
     cap = 2 * 2 * 15 + 1  # ceil(log2 20,000) = 15
     for seed in (0, 1):
         capped = _himmelblau_play(seed, radius="eq4")
