@@ -97,6 +97,14 @@ def test_centre_probes_and_the_balanced_memory_bound_each_decide_a_cell():
     assert balanced < 0.6 * forgetful
 
 
+def test_box_centres_cut_himmelblau_early_regret():
+    """On the 2-d Himmelblau the tree that declares its dimensions gives centre probes the box
+    centres PyXAB plays; without them the middle path's point is an edge middle, whose gap over
+    the top levels' cells is 2-7x the centre's (3 seeds at T = 1,000: 28 against 39)."""
+    assert _mean_regret("canopy-default", "Himmelblau", 1000) < 0.85 * _mean_regret(
+        "canopy-edge", "Himmelblau", 1000)
+
+
 def test_moss_radius_cuts_difficultfunc_without_losing_garland():
     """The default's radius ``c sqrt(2 ln+(t / T) / T)`` against Eq. 4's ``c sqrt(2 ln t /
     T)`` (the former default, ``canopy-eq4``), 3 seeds at T = 10,000: on DifficultFunc, whose

@@ -594,8 +594,9 @@ class MemoryBoundedDescent(ExploredTreePolicy):
       (the cell keeps bounding its subtree through ``B = min(U, ...)``). ``"eq6"``: Eq. (6)
       as written, ``T(v) >= c^2 ln t / spread(v)^2``.
     - ``probe``: ``"centre"`` probes a cell at its centre, through its descendant at the
-      deepest level the tree allows (62 for ``b = 2``) whose interval holds the centre (starts
-      at it for an even ``b``): a fixed point a cell, as X-armed bandits play. If ``f`` is
+      deepest level the tree allows (62 for ``b = 2``) that holds the centre of its box
+      (``LazyTree.centre``: the interval's middle, or with ``dims = d`` the centre of a
+      ``d``-dimensional box): a fixed point a cell, as X-armed bandits play. If ``f`` is
       Hoelder with exponent ``alpha`` around a maximum placed uniformly in the cell, the
       centre's expected gap is ``(2 + alpha) / 2^(alpha + 1)`` of a uniform point's (3/4 at
       ``alpha = 1``). ``"uniform"``: Eq. (1)'s probe, the one the data-driven spreads need.
