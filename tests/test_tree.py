@@ -101,3 +101,40 @@ def test_lazy_tree_cells_tile_the_interval():
     assert tree.n_nodes_to_level(4) == 121
     with pytest.raises(IndexError):
         tree.check_node((1, 3))
+
+
+def _box_centre_cell(arity: int, dims: int, node: tuple[int, int], level: int) -> int:
+    """The cell at ``level`` holding ``node``'s box centre, found by descending the boxes
+    (Morton order: level ``s`` splits dimension ``s % dims``; a centre on a boundary goes up)."""
+    def box(lvl: int, index: int) -> tuple[list[float], list[float]]:
+        low, width = [0.0] * dims, [1.0] * dims
+        for step in range(lvl):
+            digit = index // arity ** (lvl - 1 - step) % arity
+            width[step % dims] /= arity
+            low[step % dims] += digit * width[step % dims]
+        return low, width
+
+    low, width = box(*node)
+    centre = [lo + w / 2 for lo, w in zip(low, width, strict=True)]
+    index = node[1]
+    for step in range(node[0], level):
+        lo, w = box(step, index)
+        k = step % dims
+        index = index * arity + min(int((centre[k] - lo[k]) * arity / w[k] + 1e-9), arity - 1)
+    return index
+
+
+@pytest.mark.parametrize("arity", [2, 3, 4])
+@pytest.mark.parametrize("dims", [1, 2, 3])
+def test_lazy_tree_centre_is_the_box_centre(arity, dims):
+    tree = LazyTree(arity, dims=dims)
+    for node in [(0, 0), (1, arity - 1), (2, 1), (3, arity**3 - 2)]:
+        for level in range(node[0], node[0] + 7):
+            assert tree.centre(node, level) == (level, _box_centre_cell(arity, dims, node, level))
+    # one dimension: the middle of the interval
+    assert LazyTree(2).centre((1, 1), 4) == (4, 0b1100)
+    assert LazyTree(2, dims=2).centre((1, 1), 4) == (4, 0b1110)
+    with pytest.raises(ValueError, match="above"):
+        tree.centre((2, 0), 1)
+    with pytest.raises(ValueError, match="dims"):
+        LazyTree(2, dims=0)

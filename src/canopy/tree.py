@@ -385,10 +385,15 @@ class LazyTree:
     interval ``[index / arity**level, (index + 1) / arity**level)`` of ``[0, 1)``, so the
     leaves of an infinite tree are the points of ``[0, 1)`` and a probe draws a uniform point of
     the node's interval. Nothing is stored per node.
+
+    ``dims`` declares the cells' geometry: with ``dims = d`` the interval is the Morton code of
+    a box in ``d`` dimensions, each level splitting the box in ``arity`` along the dimensions in
+    turn; :meth:`centre` then finds the box's centre (with ``d = 1``, the interval's middle).
     """
 
     arity: int
     max_depth: int | None = None
+    dims: int = 1
 
     def __post_init__(self) -> None:
         check_count(self.arity, "arity")
@@ -396,6 +401,7 @@ class LazyTree:
             raise ValueError(f"arity must be >= 2, got {self.arity}")
         if self.max_depth is not None and self.max_depth < 0:
             raise ValueError(f"max_depth must be >= 0 or None, got {self.max_depth}")
+        check_count(self.dims, "dims")
 
     root: tuple[int, int] = (0, 0)
 
@@ -413,6 +419,22 @@ class LazyTree:
         level, index = self.check_node(node)
         width = float(self.arity) ** -level
         return index * width, (index + 1) * width
+
+    def centre(self, node: tuple[int, int], level: int) -> tuple[int, int]:
+        """The descendant of ``node`` at ``level`` whose cell holds the centre of ``node``'s
+        box (its lowest corner, for an even arity). Below the node the centre's base-``arity``
+        digits are ``arity // 2`` along each of the ``dims`` dimensions once, then ``0`` for
+        an even arity (``arity // 2`` again for an odd one); digits interleave by dimension.
+        """
+        top, index = self.check_node(node)
+        below = level - top
+        if below < 0:
+            raise ValueError(f"level {level} is above node {node!r}")
+        span = self.arity**below
+        if self.arity % 2:
+            return level, index * span + span // 2
+        rest = self.arity ** max(below - self.dims, 0)
+        return level, index * span + self.arity // 2 * (span - rest) // (self.arity - 1)
 
     def n_nodes_to_level(self, level: int) -> int:
         """Nodes in the complete tree down to ``level`` inclusive."""

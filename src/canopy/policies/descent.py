@@ -137,7 +137,7 @@ class ExploredTreePolicy(Policy):
         self._ctl = ctl
         self._lazy = lazy
         # centre probes: a cell is probed through its descendant at the deepest level the
-        # tree allows whose interval holds the cell's centre (starts at it for an even arity)
+        # tree allows that holds the centre of the cell's box (LazyTree.centre)
         self._probe_level = int(depth_cap) if lazy and probe == "centre" else -1
         self._max_kids = branching
         certified = spread in ("certified", "hybrid")
@@ -281,11 +281,9 @@ class ExploredTreePolicy(Policy):
         fields = self._ist[row].tolist()
         node, level, is_leaf = fields[ex.NODE], fields[ex.LEVEL], fields[ex.ISLEAF]
         if self._lazy:
-            below = self._probe_level - level
-            if below > 0:  # centre probes
-                span = _lazy_tree(self.spec_).arity ** below
-                node, level = node * span + span // 2, self._probe_level
             node = (level, node)
+            if self._probe_level > level:  # centre probes
+                node = _lazy_tree(self.spec_).centre(node, self._probe_level)
         query = Query("leaf" if is_leaf else "probe", node)
         self._queries[row] = query
         self._row_of[query.node] = row
@@ -596,8 +594,9 @@ class MemoryBoundedDescent(ExploredTreePolicy):
       (the cell keeps bounding its subtree through ``B = min(U, ...)``). ``"eq6"``: Eq. (6)
       as written, ``T(v) >= c^2 ln t / spread(v)^2``.
     - ``probe``: ``"centre"`` probes a cell at its centre, through its descendant at the
-      deepest level the tree allows (62 for ``b = 2``) whose interval holds the centre (starts
-      at it for an even ``b``): a fixed point a cell, as X-armed bandits play. If ``f`` is
+      deepest level the tree allows (62 for ``b = 2``) that holds the centre of its box
+      (``LazyTree.centre``: the interval's middle, or with ``dims = d`` the centre of a
+      ``d``-dimensional box): a fixed point a cell, as X-armed bandits play. If ``f`` is
       Hoelder with exponent ``alpha`` around a maximum placed uniformly in the cell, the
       centre's expected gap is ``(2 + alpha) / 2^(alpha + 1)`` of a uniform point's (3/4 at
       ``alpha = 1``). ``"uniform"``: Eq. (1)'s probe, the one the data-driven spreads need.

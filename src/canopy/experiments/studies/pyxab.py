@@ -7,15 +7,17 @@ wrapping truncated HOO, StoSOO (Valko et al. 2013) and truncated HOO (Bubeck et 
 each with PyXAB's own defaults and its binary partition (split in the middle along a random
 dimension).
 
-Canopy plays the same objectives on :class:`~canopy.tree.LazyTree` ``(2)``: the level-``l``
-cell ``(l, i)`` is the box reached by ``l`` halvings along the dimensions in turn (the bits of
-``i``, most significant first), and a probe of a cell is the objective at a uniform point of
-the box plus the noise. The default descent plays centre probes (a probe of the cell's deepest
-descendant on its middle path: the centre of a 1-d cell, PyXAB's point; on the 2-d Himmelblau
-the middle of an edge, centred along the dimension the cell is halved in next and at the low
-end of the other); ``canopy-paper`` plays the paper's uniform probe (Eq. 1) with Eq. (6)
+Canopy plays the same objectives on :class:`~canopy.tree.LazyTree` ``(2, dims=d)``: the
+level-``l`` cell ``(l, i)`` is the box reached by ``l`` halvings along the ``d`` dimensions in
+turn (the bits of ``i``, most significant first), and a probe of a cell is the objective at a
+uniform point of the box plus the noise. The default descent plays centre probes (a probe of
+the cell's deepest descendant holding its box's centre, ``LazyTree.centre``: PyXAB's point);
+``canopy-edge`` is the default on ``LazyTree(2)`` without its dimensions, whose centre is the
+middle path's point (on the 2-d Himmelblau the middle of an edge, centred along the dimension
+the cell is halved in next and at the low end of the other; the former default);
+``canopy-paper`` plays the paper's uniform probe (Eq. 1) with Eq. (6)
 and Eq. (4)'s radius and forgets any cell under the memory bound; ``canopy-eq4`` is the
-default with Eq. (4)'s radius in place of MOSS's (the former default); ``canopy-uncapped``
+default with Eq. (4)'s radius in place of MOSS's; ``canopy-uncapped``
 is the default without its memory bound (the bound's diagnostic). Regret is the realised
 one both ways, ``sum_t (f_max - f(x_t))`` over the points played (PyXAB's own ``f_max``;
 Garland's is 1, 3e-5 above its true maximum, adding at most 3 at 100k rounds). Simple regret is
@@ -83,8 +85,9 @@ UNCAPPED = {"max_nodes": 10**7}
 PAPER = "canopy-paper"
 #: Canopy's methods: label -> (policy class, keywords): the default, the paper's Eq. 1 / Eq. 6
 #: variant (the paper's rule), the default with each of its four options set back alone
-#: (Eq. 6; uniform probes; forgetting any cell; Eq. 4's radius, the former default), the
-#: default without its memory bound,
+#: (Eq. 6; uniform probes; forgetting any cell; Eq. 4's radius), the default on a tree that
+#: does not know the boxes' dimensions (``canopy-edge``, the former default), the default
+#: without its memory bound,
 #: the two data-driven spreads, and POO over its grid of L and over Grill et al.'s grid of rho
 CANOPY_METHODS: dict[str, tuple[str, dict[str, Any]]] = {
     DEFAULT: ("MemoryBoundedDescent", {}),
@@ -94,6 +97,7 @@ CANOPY_METHODS: dict[str, tuple[str, dict[str, Any]]] = {
     "canopy-uniform": ("MemoryBoundedDescent", {"probe": "uniform"}),
     "canopy-forget-any": ("MemoryBoundedDescent", {"forget": "any"}),
     "canopy-eq4": ("MemoryBoundedDescent", {"radius": "eq4"}),
+    "canopy-edge": ("MemoryBoundedDescent", {}),
     "canopy-uncapped": ("MemoryBoundedDescent", UNCAPPED),
     "canopy-certified": ("MemoryBoundedDescent", {"spread": "certified"}),
     "canopy-estimated": ("MemoryBoundedDescent", {"spread": "estimated"}),
@@ -101,6 +105,8 @@ CANOPY_METHODS: dict[str, tuple[str, dict[str, Any]]] = {
     "canopy-poo-rho": ("POO", {"schedules": "rho", "c": None}),
 }
 
+#: Canopy's methods played on a tree that does not know the boxes' dimensions
+EDGE = ("canopy-edge",)
 #: Canopy's methods beside the default, run to ``variants_max_horizon`` (CPU time is scarce)
 VARIANTS = ("canopy-certified", "canopy-estimated")
 PYXAB_METHODS = ("pyxab-HCT", "pyxab-VHCT", "pyxab-POO", "pyxab-StoSOO", "pyxab-HOO")
@@ -145,13 +151,17 @@ class BoxCells:
     """A PyXAB objective on the cells of ``LazyTree(2)`` (see the module docstring); keeps
     the cell and the noise-free value of every point it plays. A probe is at a uniform point
     of the cell (an unbiased sample of the cell's mean, Eq. 1); a policy playing centre probes
-    asks for the cell's deepest descendant on its middle path, a box a point wide."""
+    asks for the cell's deepest descendant holding its centre, a box a point wide. The tree
+    knows the boxes' dimensions (``dims``) unless ``geometry=False`` (then its centre is the
+    middle path's point)."""
 
     def __init__(self, objective: Any, domain: Sequence[tuple[float, float]],
-                 sigma: float) -> None:
+                 sigma: float, geometry: bool = True) -> None:
         self.objective = objective
         self.domain = np.asarray(domain, dtype=float)
-        self.spec = ProblemSpec(LazyTree(2), float(sigma), 1.0, 1.0)
+        dims = len(self.domain) if geometry else 1
+        self.spec = ProblemSpec(LazyTree(2, dims=dims), float(sigma), 1.0, 1.0)
+
         self.played: list[float] = []
         self.nodes: list[tuple[int, int]] = []
 
@@ -279,8 +289,9 @@ def _run_canopy(cell: dict[str, Any], seed: int) -> tuple[float, float, float | 
     target, domain = objective(cell["objective"])
     rounds = int(cell["T"])
     # a warm-up run first: the compiled kernels load once a process
-    _play(make_policy(cell), BoxCells(target, domain, cell["sigma"]), 64, seed)
-    problem = BoxCells(target, domain, cell["sigma"])
+    _play(make_policy(cell), BoxCells(target, domain, cell["sigma"], cell["geometry"]), 64,
+          seed)
+    problem = BoxCells(target, domain, cell["sigma"], cell["geometry"])
     policy = make_policy(cell)
     told = _play(policy, problem, rounds, seed)
     if len(problem.played) != rounds:
@@ -294,8 +305,8 @@ def _run_canopy(cell: dict[str, Any], seed: int) -> tuple[float, float, float | 
 
 
 def cells(params: PyXABParams) -> list[dict[str, Any]]:
-    methods = [policy_cell(name, CANOPY_METHODS[name][0], **CANOPY_METHODS[name][1])
-               for name in params.canopy]
+    methods = [{**policy_cell(name, CANOPY_METHODS[name][0], **CANOPY_METHODS[name][1]),
+                "geometry": name not in EDGE} for name in params.canopy]
     methods += [{"method": name} for name in params.pyxab]
     return [{**method, "objective": name, "T": T, "sigma": params.sigma}
             for name in params.objectives for T in params.horizons for method in methods
