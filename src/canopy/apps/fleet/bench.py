@@ -707,6 +707,7 @@ def run_bench(*, engine: str, replicas: int, routers: Sequence[str], workload: s
         "distinct_blocks": len({key for t in tokens[0] for key in _block_ids(t, block)})}
     if "canopy" in out["results"]:
         out["results"]["canopy"]["index"] = "precise" if precise else "approximate"
+        out["results"]["canopy"]["overhead_tokens"] = overhead_tokens  # None: the default
     fitted = fit_ttft(runs, tokens)
     out["calibration"] = None if calibration is None else {
         "ms_per_token": calibration[0], "overhead_ms": calibration[1],
