@@ -239,8 +239,10 @@ def bench_command(
         table.add_row(name, *cells, f"{predicted['ttft_p50_s']['mean']:.3f}",
                       f"{predicted['ttft_p90_s']['mean']:.3f}", f"{predicted['hit_rate']:.3f}")
     Console().print(table)
-    order = out["ranking"]
-    Console().print(f"by TTFT p90, live: {' < '.join(order['live'])}; simulator: "
+    order, replayed = out["ranking"], out["simulator"]
+    shared = "" if replayed["cores"] is None else f", {replayed['cores']:g} cores"
+    Console().print(f"by TTFT p90, live: {' < '.join(order['live'])}; simulator "
+                    f"({replayed['engine']} replicas{shared}): "
                     f"{' < '.join(order['simulator'])} ({'same' if order['same'] else 'differ'})")
     for name, live in out["results"].items():
         if "cached_prediction" in live:
