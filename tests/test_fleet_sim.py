@@ -214,11 +214,13 @@ def test_batching_makes_affinity_cheaper_than_the_serial_model_predicts(tmp_path
     assert ratio["batched"] < 0.9 * ratio["serial"], ratio
 
 
-def test_on_shared_cores_the_cached_tokens_win(tmp_path):
+@pytest.mark.parametrize("engine", ["serial", "batched"])
+def test_on_shared_cores_the_cached_tokens_win(tmp_path, engine):
     """Replicas that share one replica's worth of compute gain nothing from spreading the
-    load: the rule with the most hits (sglang) has the lowest p90, least_load the highest."""
+    load: the rule with the most hits (sglang) has the lowest p90, least_load the highest,
+    whether the replicas batch or not."""
     trace = load_trace(_trace_file(tmp_path, _zipf_rows()))
-    p90 = {spec.policy: _p90(trace, spec, engine="batched", cores=1.0)
+    p90 = {spec.policy: _p90(trace, spec, engine=engine, cores=1.0)
            for spec in (Spec("sglang", "approximate"), Spec("least_load", "none"))}
     assert p90["sglang"] < 0.9 * p90["least_load"], p90
 
@@ -226,7 +228,7 @@ def test_on_shared_cores_the_cached_tokens_win(tmp_path):
 def test_batched_replicas_serve_as_serial_ones_when_no_request_waits(tmp_path):
     """At a load so low that no request meets another on its replica, a batched step holds
     one request: every TTFT, replica and hit equals the serial model's; cores at least the
-    replicas' number change nothing."""
+    replicas' number change nothing, batched or serial."""
     trace = load_trace(_trace_file(tmp_path, ROWS))
     options = dict(n_replicas=3, capacity=10, load=0.001, seed=0, time_decisions=False)
     serial = simulate(trace, Spec("canopy", "precise"), **options)
@@ -239,6 +241,13 @@ def test_batched_replicas_serve_as_serial_ones_when_no_request_waits(tmp_path):
     shared = simulate(trace, Spec("sglang", "approximate"), engine="batched", cores=3.0,
                       **loaded)
     assert np.array_equal(alone.ttft, shared.ttft)
+    # serial replicas on as many cores as replicas: the step machinery, one request a step,
+    # replays the serial model
+    serial_loaded = simulate(trace, Spec("sglang", "approximate"), **loaded)
+    stepped = simulate(trace, Spec("sglang", "approximate"), cores=3.0, **loaded)
+    assert np.array_equal(serial_loaded.replica, stepped.replica)
+    assert np.allclose(serial_loaded.ttft, stepped.ttft, rtol=1e-9, atol=1e-12)
+    assert np.allclose(serial_loaded.busy, stepped.busy, rtol=1e-9)
 
 
 @pytest.mark.parametrize("cores", [None, 1.0])
@@ -269,7 +278,6 @@ def test_a_batched_step_gives_its_requests_one_first_token(tmp_path, cores):
 
 @pytest.mark.parametrize(("options", "match"), [
     ({"engine": "paged"}, "engine"),
-    ({"engine": "serial", "cores": 1.0}, "batched"),
     ({"engine": "batched", "cores": 0.0}, "cores"),
 ])
 def test_bad_engine_options_raise(tmp_path, options, match):
@@ -289,5 +297,5 @@ def test_the_command_replays_batched_replicas(tmp_path, capsys, monkeypatch):
     out = json.loads(capsys.readouterr().out)
     assert (out["engine"], out["cores"]) == ("batched", 1.0)
     monkeypatch.setenv("COLUMNS", "1000")
-    _fails_in_one_line([*argv, "--cores", "1"], capsys, ["--cores"])
+    _fails_in_one_line([*argv, "--cores", "-1"], capsys, ["--cores"])
     _fails_in_one_line([*argv, "--engine", "paged"], capsys, ["--engine", "paged"])

@@ -726,8 +726,7 @@ def run_bench(*, engine: str, replicas: int, routers: Sequence[str], workload: s
     capacity = blocks - 2 if engine == "vllm" else _llama_blocks(capacity_mb, block)
     # engines outnumbering the machine's cores saturate it: a router's replicas then share
     # a fixed part of it (the fitted line's speed) however many of them prefill at once
-    cores = 1.0 if SIM_ENGINE[engine] == "batched" and \
-        replicas * len(routers) > (os.cpu_count() or 1) else None
+    cores = 1.0 if replicas * len(routers) > (os.cpu_count() or 1) else None
     work_ms = sum(overhead + per_token * len(t) for t in tokens[0])
     load = float(np.clip(work_ms / 1000.0 / (min(replicas, cores or replicas) *
                                              max(span, 1e-3)), 0.05, 0.95))

@@ -51,8 +51,8 @@ def sim_command(
     engine: str = typer.Option("serial", help="replica prefill: serial (one request at a time, "
                                "llama.cpp) or batched (a step prefills every waiting request, "
                                "vLLM)"),
-    cores: float = typer.Option(0.0, help="batched only: replicas' worth of compute the "
-                                "replicas share (0: each its own)"),
+    cores: float = typer.Option(0.0, help="replicas' worth of compute the replicas share "
+                                "(0: each its own)"),
     ms_per_token: float = typer.Option(0.1, help="TTFT model: prefill ms per uncached token "
                                        "(the calibration of 'canopy cache live')"),
     overhead_ms: float = typer.Option(20.0, help="TTFT model: fixed ms per request"),
@@ -88,9 +88,8 @@ def sim_command(
     if engine not in ENGINES:
         raise typer.BadParameter(f"--engine must be one of {', '.join(ENGINES)}, got "
                                  f"{engine!r}")
-    if cores < 0 or (cores > 0 and engine != "batched"):
-        raise typer.BadParameter(f"--cores must be 0, or above 0 with --engine batched, got "
-                                 f"{cores:g}")
+    if cores < 0:
+        raise typer.BadParameter(f"--cores must be >= 0, got {cores:g}")
     loads = _numbers(load, "--load")
     from canopy.prefix.ttft import TTFTModel, load_calibration
 

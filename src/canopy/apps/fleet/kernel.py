@@ -1,11 +1,11 @@
 """The fleet simulator's compiled replay: N replicas, each a prefix cache evicting in vLLM's
 LRU order and serving prefills one at a time in arrival order (decode overlapped: it holds
 blocks and counts as in flight, but takes no prefill time), a TTFT of wait + overhead +
-prefill of the uncached tokens; or, ``batched`` (vLLM's continuous batching), in steps: a
+prefill of the uncached tokens; or, batched (vLLM's continuous batching), in steps: a
 step prefills together every request that waited for it, in ``overhead + ms_per_token x``
 the batch's uncached tokens, and the requests that arrive during a step join the next one
-(a request's TTFT: the rest of the running step, then its own); with ``cores`` the
-replicas share that many replicas' worth of compute (``k`` stepping at once each run at
+(a request's TTFT: the rest of the running step, then its own); with ``cores`` (either
+way) the replicas share that many replicas' worth of compute (``k`` stepping at once each run at
 ``min(1, cores / k)``: engines on shared cores, where every cached token saves all of them
 time). A gateway that routes each request by a replica policy
 (:func:`canopy.fleet.policies.decide`) over its replica index and load table, which the
@@ -187,15 +187,42 @@ def lru_state(n_rep: int, n_nodes: int) -> tuple:
 
 
 @nb.njit(cache=True)
-def advance_steps(until, clock, left, cur, pend, pend_tokens, link, arrival, out_tokens,
-                  overhead_s, per_token_s, tpot_s, cores, ttft_out, busy_out, hkey, hval,
-                  hlen):
-    """Batched replicas from ``clock[0]`` to ``until`` (s): each running step (replica
-    ``r``'s requests linked from ``cur[r]`` through ``link``, ``left[r]`` seconds of work
-    at full speed) progresses at ``min(1, cores / k)`` with ``k`` steps running; a step
-    that ends gives its requests their first token (TTFT written, first-token and finish
-    events pushed) and starts the replica's waiting batch (``pend[r]``, ``pend_tokens[r]``
-    uncached tokens) as its next step. Returns the heap's length."""
+def _next_step(r, cur, left, head, tail, link, work, queued, max_batch, overhead_s,
+               per_token_s, busy_out):
+    """Replica ``r`` starts its next step on the first ``max_batch`` requests of its queue
+    (``head[r]``..``tail[r]`` through ``link``; ``work[i]``: request ``i``'s uncached
+    tokens), or goes idle (``cur[r]`` -1) when none waits."""
+    cur[r] = head[r]
+    left[r] = 0.0
+    if head[r] < 0:
+        return
+    tokens = 0.0
+    j, last, taken = head[r], -1, 0
+    while j >= 0 and taken < max_batch:
+        tokens += work[j]
+        last, j = j, link[j]
+        taken += 1
+    link[last] = -1
+    head[r] = j
+    if j < 0:
+        tail[r] = -1
+    queued[r, 0] -= taken
+    queued[r, 1] -= tokens
+    left[r] = overhead_s + per_token_s * tokens
+    busy_out[r] += left[r]
+
+
+@nb.njit(cache=True)
+def advance_steps(until, clock, left, cur, head, tail, link, work, queued, max_batch,
+                  arrival, out_tokens, overhead_s, per_token_s, tpot_s, cores, ttft_out,
+                  busy_out, hkey, hval, hlen):
+    """Replicas prefilling in steps, from ``clock[0]`` to ``until`` (s): each running step
+    (replica ``r``'s requests linked from ``cur[r]`` through ``link``, ``left[r]`` seconds
+    of work at full speed) progresses at ``min(1, cores / k)`` with ``k`` steps running; a
+    step that ends gives its requests their first token (TTFT written, first-token and
+    finish events pushed) and the replica starts its next step on up to ``max_batch``
+    waiting requests (:func:`_next_step`; ``queued[r]``: their count and uncached tokens).
+    Returns the heap's length."""
     n_rep = left.size
     while True:
         k = 0
@@ -227,13 +254,8 @@ def advance_steps(until, clock, left, cur, pend, pend_tokens, link, arrival, out
             hlen = _heap_push(hkey, hval, hlen, t, 2 * j)
             hlen = _heap_push(hkey, hval, hlen, t + out_tokens[j] * tpot_s, 2 * j + 1)
             j = link[j]
-        cur[first] = pend[first]
-        left[first] = 0.0
-        if pend[first] >= 0:
-            left[first] = overhead_s + per_token_s * pend_tokens[first]
-            busy_out[first] += left[first]
-        pend[first] = -1
-        pend_tokens[first] = 0.0
+        _next_step(first, cur, left, head, tail, link, work, queued, max_batch, overhead_s,
+                   per_token_s, busy_out)
 
 
 @nb.njit(cache=True)
@@ -241,7 +263,7 @@ def replay(serve, held, replicas, events, offsets, nodes, n_nodes, tokens, out_t
            arrival, block_tokens, n_rep,
            capacity, ms_per_token, overhead_ms, tpot_ms, code, params, state, approximate,
            ttl, calibrate, learning, stats, chains, region_of, rule, cost_max, grid, explore,
-           batched, cores, ttft_out, hit_out, replica_out, theta_out, busy_out):
+           max_batch, cores, ttft_out, hit_out, replica_out, theta_out, busy_out):
     """Replay the trace (request ``i``: ``nodes[offsets[i]:offsets[i + 1]]`` arriving at
     ``arrival[i]`` s) through ``n_rep`` replicas of ``capacity`` blocks under policy
     ``code`` (:data:`ORACLE`: the true minimum TTFT). The replicas' caches are
@@ -249,8 +271,9 @@ def replay(serve, held, replicas, events, offsets, nodes, n_nodes, tokens, out_t
     ``events`` they feed the precise index, else it reads their tables (``held``). Writes
     per request its TTFT (s), blocks hit, replica and trade-off (``learning``: the arm's
     ``theta``), per replica its busy time (s); returns the approximate index's final TTL.
-    ``batched``: the replicas prefill in steps (:func:`advance_steps`), sharing ``cores``
-    replicas' worth of compute (``inf``: each its own)."""
+    ``max_batch`` above 0: the replicas prefill in steps of up to that many requests
+    (:func:`advance_steps`; 1 serves them one at a time), sharing ``cores`` replicas' worth
+    of compute (``inf``: each its own); 0: one at a time, each replica on its own."""
     n = offsets.size - 1
     mask = np.zeros(n_nodes, dtype=np.uint64)
     stamp = np.full(n_nodes if approximate else 0, -np.inf, dtype=np.float64)
@@ -273,17 +296,19 @@ def replay(serve, held, replicas, events, offsets, nodes, n_nodes, tokens, out_t
     clock = np.zeros(1)
     left = np.zeros(n_rep)
     cur = np.full(n_rep, -1, dtype=np.int64)
-    pend = np.full(n_rep, -1, dtype=np.int64)
-    pend_tokens = np.zeros(n_rep)
+    head = np.full(n_rep, -1, dtype=np.int64)
+    tail = np.full(n_rep, -1, dtype=np.int64)
+    queued = np.zeros((n_rep, 2))
+    work = np.zeros(n)
     link = np.full(n, -1, dtype=np.int64)
     overhead_s, per_token_s, tpot_s = overhead_ms / 1000.0, ms_per_token / 1000.0, \
         tpot_ms / 1000.0
     for i in range(n):
         now = arrival[i]
-        if batched:
-            hlen = advance_steps(now, clock, left, cur, pend, pend_tokens, link, arrival,
-                                 out_tokens, overhead_s, per_token_s, tpot_s, cores,
-                                 ttft_out, busy_out, hkey, hval, hlen)
+        if max_batch > 0:
+            hlen = advance_steps(now, clock, left, cur, head, tail, link, work, queued,
+                                 max_batch, arrival, out_tokens, overhead_s, per_token_s,
+                                 tpot_s, cores, ttft_out, busy_out, hkey, hval, hlen)
         while hlen > 0 and hkey[0] <= now:
             ev = hval[0]
             hlen = _heap_pop(hkey, hval, hlen)
@@ -313,9 +338,10 @@ def replay(serve, held, replicas, events, offsets, nodes, n_nodes, tokens, out_t
                 cached_tokens = min(matched[r] * block_tokens, req_tokens)
                 scratch[r] = max(free_at[r] - now, 0.0) + (
                     overhead_ms + ms_per_token * (req_tokens - cached_tokens)) / 1000.0
-                if batched and cur[r] >= 0:  # the running step, then the waiting batch's
-                    scratch[r] = left[r] + (overhead_ms + ms_per_token * (
-                        pend_tokens[r] + req_tokens - cached_tokens)) / 1000.0
+                if max_batch > 0 and cur[r] >= 0:  # the running step, then the queue's
+                    steps = 1.0 if max_batch > 1 else queued[r, 0] + 1.0
+                    scratch[r] = left[r] + (overhead_ms * steps + ms_per_token * (
+                        queued[r, 1] + req_tokens - cached_tokens)) / 1000.0
             best = state[0] % n_rep
             for s in range(1, n_rep):
                 r = (state[0] + s) % n_rep
@@ -351,15 +377,18 @@ def replay(serve, held, replicas, events, offsets, nodes, n_nodes, tokens, out_t
         estimate[i] = req_tokens - min(matched[r] * block_tokens, req_tokens)
         blocks = (req_tokens + out_tokens[i] + block_tokens - 1) // block_tokens
         load_module.routed(table, r, estimate[i], blocks, capacity)
-        if batched:
-            if cur[r] < 0:  # an idle replica starts a step now
-                cur[r] = i
-                left[r] = overhead_s + per_token_s * uncached
-                busy_out[r] += left[r]
+        if max_batch > 0:  # queued; an idle replica starts a step on it now
+            work[i] = uncached
+            if tail[r] >= 0:
+                link[tail[r]] = i
             else:
-                link[i] = pend[r]
-                pend[r] = i
-                pend_tokens[r] += uncached
+                head[r] = i
+            tail[r] = i
+            queued[r, 0] += 1
+            queued[r, 1] += uncached
+            if cur[r] < 0:
+                _next_step(r, cur, left, head, tail, link, work, queued, max_batch,
+                           overhead_s, per_token_s, busy_out)
             continue
         prefill = (overhead_ms + ms_per_token * uncached) / 1000.0
         first = max(now, free_at[r]) + prefill
@@ -369,8 +398,8 @@ def replay(serve, held, replicas, events, offsets, nodes, n_nodes, tokens, out_t
         hlen = _heap_push(hkey, hval, hlen, first, 2 * i)
         hlen = _heap_push(hkey, hval, hlen, first + out_tokens[i] * tpot_ms / 1000.0,
                           2 * i + 1)
-    if batched:  # the steps still running at the last arrival
-        advance_steps(np.inf, clock, left, cur, pend, pend_tokens, link, arrival, out_tokens,
-                      overhead_s, per_token_s, tpot_s, cores, ttft_out, busy_out, hkey, hval,
-                      hlen)
+    if max_batch > 0:  # the steps still running at the last arrival
+        advance_steps(np.inf, clock, left, cur, head, tail, link, work, queued, max_batch,
+                      arrival, out_tokens, overhead_s, per_token_s, tpot_s, cores, ttft_out,
+                      busy_out, hkey, hval, hlen)
     return ttl

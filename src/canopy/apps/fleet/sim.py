@@ -226,14 +226,12 @@ def simulate(trace: FleetTrace, spec: Spec, *, n_replicas: int, capacity: int, l
              tpot_ms: float = 20.0, eviction: str = "lru", time_decisions: bool = True,
              engine: str = "serial", cores: float | None = None) -> Run:
     """One replay of ``trace`` under ``spec``, the replicas evicting by ``eviction`` and
-    prefilling as ``engine`` does (:data:`ENGINES`); with ``cores`` (batched only) the
-    replicas share that many replicas' worth of compute (``None``: each its own)."""
+    prefilling as ``engine`` does (:data:`ENGINES`); with ``cores`` the replicas share that
+    many replicas' worth of compute (``None``: each its own)."""
     if engine not in ENGINES:
         raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
     if cores is not None:
         check_positive(cores, "cores")
-        if engine != "batched":
-            raise ValueError("cores applies to the batched engine only")
     from canopy.apps.fleet.kernel import ORACLE, replay
 
     t = trace.trace
@@ -269,7 +267,8 @@ def simulate(trace: FleetTrace, spec: Spec, *, n_replicas: int, capacity: int, l
            t.block_size, n_replicas, capacity, ms_per_token, overhead_ms, tpot_ms, code,
            params, state, spec.index == "approximate", 180.0, True, learning, stats, chains,
            region_of, rule, cost_max, grid, 1.0 if router is None else router.explore,
-           engine == "batched", math.inf if cores is None else float(cores),
+           n if engine == "batched" else 0 if cores is None else 1,
+           math.inf if cores is None else float(cores),
            ttft, hits, replica, theta, busy)
     seconds = time.perf_counter() - start
     if router is not None:
