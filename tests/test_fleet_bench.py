@@ -371,3 +371,25 @@ def test_the_gateway_plays_the_engines_calibrated_overhead(workers):
     data["upstreams"][0]["replica_options"] = {"colour": 1}
     with pytest.raises(ValueError):
         ProxyConfig.from_mapping(data)
+
+
+def test_prediction_on_batched_replicas_sharing_cores_ranks_the_hits_first(tmp_path):
+    """vLLM's replicas (``SIM_ENGINE``: batched) on a saturated machine: the rule with the
+    most hits ahead of least_load, the replay's engine and cores recorded."""
+    import random
+
+    assert bench.SIM_ENGINE == {"vllm": "batched", "llama": "serial"}
+    rng = random.Random(0)
+    prefixes = [[rng.randrange(10**6) for _ in range(64)] for _ in range(8)]
+    tokens = [prefixes[min(int(rng.paretovariate(1.0)) - 1, 7)] +
+              [rng.randrange(10**6) for _ in range(8)] for _ in range(400)]
+    file = bench.write_mooncake(tmp_path / "s.jsonl", tokens, [i * 0.05 for i in range(400)],
+                                block_tokens=16, output_tokens=4)
+    out = bench.predict(file, ["sglang-router"], n_replicas=2, capacity_blocks=10, load=0.9,
+                        ms_per_token=1.4, overhead_ms=300.0, tpot_ms=1.4, block_tokens=16,
+                        precise=True, seeds=2, engine="batched", cores=1.0)
+    rows = out["results"]
+    assert (out["engine"], out["cores"]) == ("batched", 1.0)
+    assert rows["sglang-router"]["hit_rate"] > rows["least_load"]["hit_rate"] + 0.1
+    assert rows["sglang-router"]["ttft_p90_s"]["mean"] < \
+        0.9 * rows["least_load"]["ttft_p90_s"]["mean"]

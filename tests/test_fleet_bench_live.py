@@ -41,6 +41,7 @@ def test_llama_replicas_behind_canopy_sglang_router_and_round_robin(tmp_path):
     # the engines did
     assert abs(sim["round-robin"]["hit_rate"] - results["round-robin"]["hit_rate"]) < 0.05
     assert len((tmp_path / "stream.jsonl").read_text().splitlines()) == 24
+    assert out["simulator"]["engine"] == "serial"
 
 
 def test_vllm_replicas_behind_a_precise_canopy_gateway_predict_cached_tokens():
@@ -61,6 +62,8 @@ def test_vllm_replicas_behind_a_precise_canopy_gateway_predict_cached_tokens():
                           requests=48, concurrency=1, repeats=1, blocks=16)
     entry = out["results"]["canopy"]
     assert entry["lost"] == 0 and entry["index"] == "precise"
+    # a batched engine: the gateway charges a queued request its tokens, no overhead
+    assert entry["overhead_tokens"] == 0.0 and out["simulator"]["engine"] == "batched"
     assert out["distinct_blocks"] > 2 * (16 - 2)  # the replicas had to evict
     assert entry["hit_rate"] > 0.2
     # the engines' counters and their per-answer reports agree

@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 
-from canopy.apps.fleet.sim import Spec, load_trace, simulate, sweep
+from canopy.apps.fleet.sim import Spec, arrivals, load_trace, simulate, sweep
 from canopy.cli import main
 from conftest import require_data
 
@@ -175,3 +175,127 @@ def test_replicas_evicting_by_canopy_serve_as_lru_while_on_its_recency_arm(tmp_p
     with pytest.raises(ValueError, match="eviction"):
         simulate(trace, Spec("canopy", "precise"), n_replicas=3, capacity=10, load=0.9, seed=0,
                  eviction="fifo")
+
+
+def _zipf_rows(n: int = 240, seed: int = 0) -> list[dict]:
+    """The live bench's zipf stream in Mooncake form: one of 4 two-block system prompts and
+    one of 6 two-block contexts each drawn with Zipf(1) popularity, then a question (a
+    partial block), a request every 250 ms."""
+    rng = np.random.default_rng(seed)
+    zipf = [np.array([1 / (k + 1) for k in range(m)]) for m in (4, 6)]
+    rows = []
+    for i in range(n):
+        s, c = (int(rng.choice(z.size, p=z / z.sum())) for z in zipf)
+        rows.append({"timestamp": 250 * i, "input_length": 2240, "output_length": 64,
+                     "hash_ids": [10 * s, 10 * s + 1, 1000 + 100 * s + 10 * c,
+                                  1001 + 100 * s + 10 * c]})
+    return rows
+
+
+def _p90(trace, spec, **options) -> float:
+    """Mean p90 TTFT over three seeds on two replicas of 14 blocks (the bench's vLLM pool)
+    with the bench's fitted line (300 ms a step, 1.4 ms a live token: 0.09 a trace token)."""
+    return float(np.mean([np.percentile(simulate(
+        trace, spec, n_replicas=2, capacity=14, load=0.9, seed=s, ms_per_token=0.09,
+        overhead_ms=300.0, tpot_ms=0.09, time_decisions=False, **options).ttft, 90)
+        for s in SEEDS]))
+
+
+def test_batching_makes_affinity_cheaper_than_the_serial_model_predicts(tmp_path):
+    """A serial replica makes the requests an affine rule piles on it wait their turn; a
+    batched one prefills them in one step, paying its overhead once: sglang's affinity
+    loses much less to least_load there."""
+    trace = load_trace(_trace_file(tmp_path, _zipf_rows()))
+    ratio = {}
+    for engine in ("serial", "batched"):
+        ratio[engine] = _p90(trace, Spec("sglang", "approximate"), engine=engine) / \
+            _p90(trace, Spec("least_load", "none"), engine=engine)
+    assert ratio["serial"] > 1.25, ratio
+    assert ratio["batched"] < 0.9 * ratio["serial"], ratio
+
+
+@pytest.mark.parametrize("engine", ["serial", "batched"])
+def test_on_shared_cores_the_cached_tokens_win(tmp_path, engine):
+    """Replicas that share one replica's worth of compute gain nothing from spreading the
+    load: the rule with the most hits (sglang) has the lowest p90, least_load the highest,
+    whether the replicas batch or not."""
+    trace = load_trace(_trace_file(tmp_path, _zipf_rows()))
+    p90 = {spec.policy: _p90(trace, spec, engine=engine, cores=1.0)
+           for spec in (Spec("sglang", "approximate"), Spec("least_load", "none"))}
+    assert p90["sglang"] < 0.9 * p90["least_load"], p90
+
+
+def test_batched_replicas_serve_as_serial_ones_when_no_request_waits(tmp_path):
+    """At a load so low that no request meets another on its replica, a batched step holds
+    one request: every TTFT, replica and hit equals the serial model's; cores at least the
+    replicas' number change nothing, batched or serial."""
+    trace = load_trace(_trace_file(tmp_path, ROWS))
+    options = dict(n_replicas=3, capacity=10, load=0.001, seed=0, time_decisions=False)
+    serial = simulate(trace, Spec("canopy", "precise"), **options)
+    batched = simulate(trace, Spec("canopy", "precise"), engine="batched", **options)
+    assert np.array_equal(serial.replica, batched.replica)
+    assert np.array_equal(serial.hits, batched.hits)
+    assert np.allclose(serial.ttft, batched.ttft, rtol=1e-9, atol=1e-12)
+    loaded = dict(options, load=0.9)
+    alone = simulate(trace, Spec("sglang", "approximate"), engine="batched", **loaded)
+    shared = simulate(trace, Spec("sglang", "approximate"), engine="batched", cores=3.0,
+                      **loaded)
+    assert np.array_equal(alone.ttft, shared.ttft)
+    # serial replicas on as many cores as replicas: the step machinery, one request a step,
+    # replays the serial model
+    serial_loaded = simulate(trace, Spec("sglang", "approximate"), **loaded)
+    stepped = simulate(trace, Spec("sglang", "approximate"), cores=3.0, **loaded)
+    assert np.array_equal(serial_loaded.replica, stepped.replica)
+    assert np.allclose(serial_loaded.ttft, stepped.ttft, rtol=1e-9, atol=1e-12)
+    assert np.allclose(serial_loaded.busy, stepped.busy, rtol=1e-9)
+
+
+@pytest.mark.parametrize("cores", [None, 1.0])
+def test_a_batched_step_gives_its_requests_one_first_token(tmp_path, cores):
+    """The requests of one step get their first token at its end; each replica's busy time
+    is its steps' overhead plus its uncached tokens' time, exactly; a request's TTFT is at
+    least its own prefill."""
+    trace = load_trace(_trace_file(tmp_path, _zipf_rows(120)))
+    ms, overhead = 0.09, 300.0
+    run = simulate(trace, Spec("sglang", "approximate"), n_replicas=2, capacity=14, load=1.5,
+                   seed=1, ms_per_token=ms, overhead_ms=overhead, time_decisions=False,
+                   engine="batched", cores=cores)
+    arrival = arrivals(trace, n_replicas=2 if cores is None else cores, load=1.5,
+                       ms_per_token=ms, overhead_ms=overhead, seed=1)
+    first = np.round(arrival + run.ttft, 9)
+    tokens = trace.trace.input_tokens
+    uncached = tokens - np.minimum(run.hits * trace.trace.block_size, tokens)
+    assert (run.ttft >= (overhead + ms * uncached) / 1000 - 1e-9).all()
+    steps = 0
+    for r in range(2):
+        mine = run.replica == r
+        n_steps = np.unique(first[mine]).size
+        assert run.busy[r] == pytest.approx((n_steps * overhead + ms * uncached[mine].sum())
+                                            / 1000, rel=1e-9)
+        steps += n_steps
+    assert steps < trace.trace.n_requests  # some steps batched several requests
+
+
+@pytest.mark.parametrize(("options", "match"), [
+    ({"engine": "paged"}, "engine"),
+    ({"engine": "batched", "cores": 0.0}, "cores"),
+])
+def test_bad_engine_options_raise(tmp_path, options, match):
+    trace = load_trace(_trace_file(tmp_path, ROWS))
+    with pytest.raises(ValueError, match=match):
+        simulate(trace, Spec("least_load", "none"), n_replicas=3, capacity=10, load=0.9,
+                 seed=0, time_decisions=False, **options)
+
+
+def test_the_command_replays_batched_replicas(tmp_path, capsys, monkeypatch):
+    file = _trace_file(tmp_path, ROWS)
+    argv = ["fleet", "sim", "--trace", str(file), "--replicas", "3", "--capacity", "10",
+            "--load", "0.9", "--policies", "sglang", "--seeds", "1", "--json"]
+    with pytest.raises(SystemExit) as done:
+        main([*argv, "--engine", "batched", "--cores", "1"])
+    assert done.value.code == 0
+    out = json.loads(capsys.readouterr().out)
+    assert (out["engine"], out["cores"]) == ("batched", 1.0)
+    monkeypatch.setenv("COLUMNS", "1000")
+    _fails_in_one_line([*argv, "--cores", "-1"], capsys, ["--cores"])
+    _fails_in_one_line([*argv, "--engine", "paged"], capsys, ["--engine", "paged"])

@@ -346,7 +346,8 @@ def make_policy(name: str, *, seed: int = 0, cache_threshold: float = 0.3,
     """The policy ``name`` with its peers' defaults (each settable). ``canopy``: learns
     ``theta`` over ``grid`` (:data:`LEARNT_GRID`) unless ``theta`` fixes it;
     ``overhead_tokens`` is the fixed per-request prefill overhead in tokens (overhead / time
-    per token of the TTFT model)."""
+    per token of the TTFT model) on an engine that serves one request at a time; 0 on one
+    that batches (vLLM: a step pays the overhead once for every request it holds)."""
     if name not in NAMES:
         raise ValueError(f"unknown replica policy {name!r}; known: {', '.join(NAMES)}")
     if name == "sglang":

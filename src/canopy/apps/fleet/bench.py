@@ -54,6 +54,9 @@ __all__ = ["ENGINES", "PEERS", "ROUTERS", "BenchError", "Front", "MissingPeer", 
            "start_replicas", "write_mooncake"]
 
 ENGINES = ("vllm", "llama")
+SIM_ENGINE = {"vllm": "batched", "llama": "serial"}
+"""How each engine prefills, in the simulator's terms (:data:`canopy.apps.fleet.sim.ENGINES`):
+vLLM batches the requests a replica holds; the llama.cpp engine serves one at a time."""
 PEERS = ("sglang-router", "vllm-router")
 CLIENT_SIDE = ("round-robin", "least-load")
 ROUTERS = ("canopy", *PEERS, *CLIENT_SIDE)
@@ -516,11 +519,13 @@ def write_mooncake(file: Path, prompt_tokens: Sequence[Sequence[int]],
 
 def predict(file: Path, routers: Sequence[str], *, n_replicas: int, capacity_blocks: int,
             load: float, ms_per_token: float, overhead_ms: float, tpot_ms: float,
-            block_tokens: int, precise: bool, seeds: int = 3) -> dict[str, Any]:
+            block_tokens: int, precise: bool, seeds: int = 3, engine: str = "serial",
+            cores: float | None = None) -> dict[str, Any]:
     """The fleet simulator on the written stream: per router its rule's TTFT p50/p90 and hit
     rate (``canopy`` on the precise index where the engine publishes KV events, else the
     approximate one), plus ``least_load`` when no router is ``least-load``. Times per live
-    token are converted to the file's 512-token unit."""
+    token are converted to the file's 512-token unit; ``engine`` and ``cores``: the
+    replicas' prefill (:func:`~canopy.apps.fleet.sim.simulate`)."""
     from canopy.apps.fleet.sim import Spec, load_trace, simulate, summarize
     from canopy.prefix.traces import MOONCAKE_BLOCK_TOKENS
 
@@ -536,12 +541,13 @@ def predict(file: Path, routers: Sequence[str], *, n_replicas: int, capacity_blo
                          capacity=max(capacity_blocks, trace.longest), load=load, seed=s,
                          ms_per_token=per_token, overhead_ms=overhead_ms,
                          tpot_ms=tpot_ms * block_tokens / MOONCAKE_BLOCK_TOKENS,
-                         time_decisions=False) for s in range(seeds)]
+                         time_decisions=False, engine=engine, cores=cores)
+                for s in range(seeds)]
         row = summarize(runs)
         rows[name] = {"policy": rule, "index": index, "ttft_p50_s": row["ttft_p50_s"],
                       "ttft_p90_s": row["ttft_p90_s"], "hit_rate": row["hit_rate"]}
     return {"load": load, "ms_per_token": ms_per_token, "overhead_ms": overhead_ms,
-            "capacity_blocks": capacity_blocks,
+            "capacity_blocks": capacity_blocks, "engine": engine, "cores": cores,
             "seeds": seeds, "results": rows}
 
 
@@ -660,7 +666,11 @@ def run_bench(*, engine: str, replicas: int, routers: Sequence[str], workload: s
             words, vocab, len(every) * CALIBRATION_PER_REPLICA, low=block,
             high=longest - max_tokens - block, bos=engine == "llama", seed=seed + repeats),
             max_tokens=1)
+        # a batched engine pays its overhead once a step, for every request the step holds:
+        # a queued request costs the gateway's rule its tokens, not another overhead
         overhead_tokens = None if calibration is None else calibration[1] / calibration[0]
+        if SIM_ENGINE[engine] == "batched":
+            overhead_tokens = 0.0
         fronts = []
         for name, reps in zip(routers, fleets, strict=True):
             predictions: Callable[[], dict[str, float]] | None = None
@@ -697,6 +707,7 @@ def run_bench(*, engine: str, replicas: int, routers: Sequence[str], workload: s
         "distinct_blocks": len({key for t in tokens[0] for key in _block_ids(t, block)})}
     if "canopy" in out["results"]:
         out["results"]["canopy"]["index"] = "precise" if precise else "approximate"
+        out["results"]["canopy"]["overhead_tokens"] = overhead_tokens  # None: the default
     fitted = fit_ttft(runs, tokens)
     out["calibration"] = None if calibration is None else {
         "ms_per_token": calibration[0], "overhead_ms": calibration[1],
@@ -712,14 +723,18 @@ def run_bench(*, engine: str, replicas: int, routers: Sequence[str], workload: s
     write_mooncake(file, tokens[0], [o.sent_s for o in first], block_tokens=block,
                    output_tokens=max_tokens)
     span = max(o.sent_s for o in first) - min(o.sent_s for o in first)
-    work_ms = sum(overhead + per_token * len(t) for t in tokens[0])
-    load = float(np.clip(work_ms / 1000.0 / (replicas * max(span, 1e-3)), 0.05, 0.95))
     capacity = blocks - 2 if engine == "vllm" else _llama_blocks(capacity_mb, block)
+    # engines outnumbering the machine's cores saturate it: a router's replicas then share
+    # a fixed part of it (the fitted line's speed) however many of them prefill at once
+    cores = 1.0 if replicas * len(routers) > (os.cpu_count() or 1) else None
+    work_ms = sum(overhead + per_token * len(t) for t in tokens[0])
+    load = float(np.clip(work_ms / 1000.0 / (min(replicas, cores or replicas) *
+                                             max(span, 1e-3)), 0.05, 0.95))
     out["trace"] = str(file)
     out["simulator"] = predict(file, routers, n_replicas=replicas, capacity_blocks=capacity,
                                load=load, ms_per_token=per_token, overhead_ms=overhead,
                                tpot_ms=per_token, block_tokens=block,
-                               precise=precise)
+                               precise=precise, engine=SIM_ENGINE[engine], cores=cores)
     out["ranking"] = ranking(out["results"], out["simulator"]["results"])
     return out
 

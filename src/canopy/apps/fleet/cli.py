@@ -48,6 +48,11 @@ def sim_command(
     policies: str = typer.Option(ALL, help="replica policies, comma-separated"),
     seeds: int = typer.Option(5, help="seeds per cell"),
     eviction: str = typer.Option("lru", help="replica eviction: lru (vLLM's order) or canopy"),
+    engine: str = typer.Option("serial", help="replica prefill: serial (one request at a time, "
+                               "llama.cpp) or batched (a step prefills every waiting request, "
+                               "vLLM)"),
+    cores: float = typer.Option(0.0, help="replicas' worth of compute the replicas share "
+                                "(0: each its own)"),
     ms_per_token: float = typer.Option(0.1, help="TTFT model: prefill ms per uncached token "
                                        "(the calibration of 'canopy cache live')"),
     overhead_ms: float = typer.Option(20.0, help="TTFT model: fixed ms per request"),
@@ -69,7 +74,7 @@ def sim_command(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
     from rich.table import Table
 
-    from canopy.apps.fleet.sim import load_trace, sweep
+    from canopy.apps.fleet.sim import ENGINES, load_trace, sweep
     from canopy.fleet.policies import NAMES
     from canopy.reporting import progress_lines
 
@@ -80,6 +85,11 @@ def sim_command(
                                  f"; known: {', '.join(NAMES)}")
     if eviction not in ("lru", "canopy"):
         raise typer.BadParameter(f"--eviction must be lru or canopy, got {eviction!r}")
+    if engine not in ENGINES:
+        raise typer.BadParameter(f"--engine must be one of {', '.join(ENGINES)}, got "
+                                 f"{engine!r}")
+    if cores < 0:
+        raise typer.BadParameter(f"--cores must be >= 0, got {cores:g}")
     loads = _numbers(load, "--load")
     from canopy.prefix.ttft import TTFTModel, load_calibration
 
@@ -103,10 +113,10 @@ def sim_command(
         rows, runs = sweep(fleet_trace, n_replicas=replicas, capacity=capacity, loads=loads,
                            names=names, seeds=seeds, ms_per_token=ms_per_token,
                            overhead_ms=overhead_ms, tpot_ms=tpot_ms, every_fixed=every_fixed,
-                           eviction=eviction,
+                           eviction=eviction, engine=engine, cores=cores or None,
                            progress=advance)
     out = {"trace": fleet_trace.name, "replicas": replicas, "capacity": capacity,
-           "seeds": seeds, "eviction": eviction,
+           "seeds": seeds, "eviction": eviction, "engine": engine, "cores": cores or None,
            "ttft_model": {"ms_per_token": ms_per_token, "overhead_ms": overhead_ms,
                           "source": str(calibration) if calibration else "options"},
            "results": rows}
@@ -228,8 +238,10 @@ def bench_command(
         table.add_row(name, *cells, f"{predicted['ttft_p50_s']['mean']:.3f}",
                       f"{predicted['ttft_p90_s']['mean']:.3f}", f"{predicted['hit_rate']:.3f}")
     Console().print(table)
-    order = out["ranking"]
-    Console().print(f"by TTFT p90, live: {' < '.join(order['live'])}; simulator: "
+    order, replayed = out["ranking"], out["simulator"]
+    shared = "" if replayed["cores"] is None else f", {replayed['cores']:g} cores"
+    Console().print(f"by TTFT p90, live: {' < '.join(order['live'])}; simulator "
+                    f"({replayed['engine']} replicas{shared}): "
                     f"{' < '.join(order['simulator'])} ({'same' if order['same'] else 'differ'})")
     for name, live in out["results"].items():
         if "cached_prediction" in live:

@@ -1,7 +1,13 @@
 """The fleet simulator's compiled replay: N replicas, each a prefix cache evicting in vLLM's
 LRU order and serving prefills one at a time in arrival order (decode overlapped: it holds
 blocks and counts as in flight, but takes no prefill time), a TTFT of wait + overhead +
-prefill of the uncached tokens, and a gateway that routes each request by a replica policy
+prefill of the uncached tokens; or, batched (vLLM's continuous batching), in steps: a
+step prefills together every request that waited for it, in ``overhead + ms_per_token x``
+the batch's uncached tokens, and the requests that arrive during a step join the next one
+(a request's TTFT: the rest of the running step, then its own); with ``cores`` (either
+way) the replicas share that many replicas' worth of compute (``k`` stepping at once each run at
+``min(1, cores / k)``: engines on shared cores, where every cached token saves all of them
+time). A gateway that routes each request by a replica policy
 (:func:`canopy.fleet.policies.decide`) over its replica index and load table, which the
 replicas' events and first tokens keep current (:mod:`canopy.fleet.index`,
 :mod:`canopy.fleet.load`). Events (first token, finish) wait in a binary heap and are
@@ -20,8 +26,8 @@ from canopy.fleet.policies import HASHED_BLOCKS, decide, learn
 from canopy.prefix.kernels import CACHED, canopy_request
 from canopy.regional import kernels
 
-__all__ = ["ORACLE", "held_canopy", "held_lru", "lru_state", "replay", "serve_canopy",
-           "serve_lru"]
+__all__ = ["ORACLE", "advance_steps", "held_canopy", "held_lru", "lru_state", "replay",
+           "serve_canopy", "serve_lru"]
 
 ORACLE = -1
 """Policy code of the reference that sees the true caches and queues (no gateway has it)."""
@@ -181,18 +187,93 @@ def lru_state(n_rep: int, n_nodes: int) -> tuple:
 
 
 @nb.njit(cache=True)
+def _next_step(r, cur, left, head, tail, link, work, queued, max_batch, overhead_s,
+               per_token_s, busy_out):
+    """Replica ``r`` starts its next step on the first ``max_batch`` requests of its queue
+    (``head[r]``..``tail[r]`` through ``link``; ``work[i]``: request ``i``'s uncached
+    tokens), or goes idle (``cur[r]`` -1) when none waits."""
+    cur[r] = head[r]
+    left[r] = 0.0
+    if head[r] < 0:
+        return
+    tokens = 0.0
+    j, last, taken = head[r], -1, 0
+    while j >= 0 and taken < max_batch:
+        tokens += work[j]
+        last, j = j, link[j]
+        taken += 1
+    link[last] = -1
+    head[r] = j
+    if j < 0:
+        tail[r] = -1
+    queued[r, 0] -= taken
+    queued[r, 1] -= tokens
+    left[r] = overhead_s + per_token_s * tokens
+    busy_out[r] += left[r]
+
+
+@nb.njit(cache=True)
+def advance_steps(until, clock, left, cur, head, tail, link, work, queued, max_batch,
+                  arrival, out_tokens, overhead_s, per_token_s, tpot_s, cores, ttft_out,
+                  busy_out, hkey, hval, hlen):
+    """Replicas prefilling in steps, from ``clock[0]`` to ``until`` (s): each running step
+    (replica ``r``'s requests linked from ``cur[r]`` through ``link``, ``left[r]`` seconds
+    of work at full speed) progresses at ``min(1, cores / k)`` with ``k`` steps running; a
+    step that ends gives its requests their first token (TTFT written, first-token and
+    finish events pushed) and the replica starts its next step on up to ``max_batch``
+    waiting requests (:func:`_next_step`; ``queued[r]``: their count and uncached tokens).
+    Returns the heap's length."""
+    n_rep = left.size
+    while True:
+        k = 0
+        first = -1
+        for r in range(n_rep):
+            if cur[r] >= 0:
+                k += 1
+                if first < 0 or left[r] < left[first]:
+                    first = r
+        if k == 0:
+            clock[0] = max(clock[0], until)
+            return hlen
+        rate = min(1.0, cores / k)
+        dt = max(left[first], 0.0) / rate
+        if clock[0] + dt > until:
+            for r in range(n_rep):
+                if cur[r] >= 0:
+                    left[r] -= (until - clock[0]) * rate
+            clock[0] = until
+            return hlen
+        clock[0] += dt
+        for r in range(n_rep):
+            if cur[r] >= 0:
+                left[r] -= dt * rate
+        t = clock[0]
+        j = cur[first]
+        while j >= 0:
+            ttft_out[j] = t - arrival[j]
+            hlen = _heap_push(hkey, hval, hlen, t, 2 * j)
+            hlen = _heap_push(hkey, hval, hlen, t + out_tokens[j] * tpot_s, 2 * j + 1)
+            j = link[j]
+        _next_step(first, cur, left, head, tail, link, work, queued, max_batch, overhead_s,
+                   per_token_s, busy_out)
+
+
+@nb.njit(cache=True)
 def replay(serve, held, replicas, events, offsets, nodes, n_nodes, tokens, out_tokens,
            arrival, block_tokens, n_rep,
            capacity, ms_per_token, overhead_ms, tpot_ms, code, params, state, approximate,
            ttl, calibrate, learning, stats, chains, region_of, rule, cost_max, grid, explore,
-           ttft_out, hit_out, replica_out, theta_out, busy_out):
+           max_batch, cores, ttft_out, hit_out, replica_out, theta_out, busy_out):
     """Replay the trace (request ``i``: ``nodes[offsets[i]:offsets[i + 1]]`` arriving at
     ``arrival[i]`` s) through ``n_rep`` replicas of ``capacity`` blocks under policy
     ``code`` (:data:`ORACLE`: the true minimum TTFT). The replicas' caches are
     ``replicas``, served by ``serve`` (:func:`serve_lru`, :func:`serve_canopy`); with
     ``events`` they feed the precise index, else it reads their tables (``held``). Writes
     per request its TTFT (s), blocks hit, replica and trade-off (``learning``: the arm's
-    ``theta``), per replica its busy time (s); returns the approximate index's final TTL."""
+    ``theta``), per replica its busy time (s); returns the approximate index's final TTL.
+    ``max_batch`` above 0: the replicas prefill in steps of up to that many requests
+    (:func:`advance_steps`; 1 serves them one at a time), sharing ``cores`` replicas' worth
+    of compute (``inf``: each its own); 0: one at a time, each replica on its own."""
     n = offsets.size - 1
     mask = np.zeros(n_nodes, dtype=np.uint64)
     stamp = np.full(n_nodes if approximate else 0, -np.inf, dtype=np.float64)
@@ -212,8 +293,22 @@ def replay(serve, held, replicas, events, offsets, nodes, n_nodes, tokens, out_t
     est = np.empty((k_arms, 3))
     index = np.empty(k_arms)
     z = np.zeros(k_arms)
+    clock = np.zeros(1)
+    left = np.zeros(n_rep)
+    cur = np.full(n_rep, -1, dtype=np.int64)
+    head = np.full(n_rep, -1, dtype=np.int64)
+    tail = np.full(n_rep, -1, dtype=np.int64)
+    queued = np.zeros((n_rep, 2))
+    work = np.zeros(n)
+    link = np.full(n, -1, dtype=np.int64)
+    overhead_s, per_token_s, tpot_s = overhead_ms / 1000.0, ms_per_token / 1000.0, \
+        tpot_ms / 1000.0
     for i in range(n):
         now = arrival[i]
+        if max_batch > 0:
+            hlen = advance_steps(now, clock, left, cur, head, tail, link, work, queued,
+                                 max_batch, arrival, out_tokens, overhead_s, per_token_s,
+                                 tpot_s, cores, ttft_out, busy_out, hkey, hval, hlen)
         while hlen > 0 and hkey[0] <= now:
             ev = hval[0]
             hlen = _heap_pop(hkey, hval, hlen)
@@ -243,6 +338,10 @@ def replay(serve, held, replicas, events, offsets, nodes, n_nodes, tokens, out_t
                 cached_tokens = min(matched[r] * block_tokens, req_tokens)
                 scratch[r] = max(free_at[r] - now, 0.0) + (
                     overhead_ms + ms_per_token * (req_tokens - cached_tokens)) / 1000.0
+                if max_batch > 0 and cur[r] >= 0:  # the running step, then the queue's
+                    steps = 1.0 if max_batch > 1 else queued[r, 0] + 1.0
+                    scratch[r] = left[r] + (overhead_ms * steps + ms_per_token * (
+                        queued[r, 1] + req_tokens - cached_tokens)) / 1000.0
             best = state[0] % n_rep
             for s in range(1, n_rep):
                 r = (state[0] + s) % n_rep
@@ -274,17 +373,33 @@ def replay(serve, held, replicas, events, offsets, nodes, n_nodes, tokens, out_t
             send_nodes(mask, stamp, path, r, now, ttl)
         hit_out[i] = hit
         uncached = req_tokens - min(hit * block_tokens, req_tokens)
-        prefill = (overhead_ms + ms_per_token * uncached) / 1000.0
-        start = max(now, free_at[r])
-        first = start + prefill
-        free_at[r] = first
-        busy_out[r] += prefill
-        ttft_out[i] = first - now
         replica_out[i] = r
         estimate[i] = req_tokens - min(matched[r] * block_tokens, req_tokens)
         blocks = (req_tokens + out_tokens[i] + block_tokens - 1) // block_tokens
         load_module.routed(table, r, estimate[i], blocks, capacity)
+        if max_batch > 0:  # queued; an idle replica starts a step on it now
+            work[i] = uncached
+            if tail[r] >= 0:
+                link[tail[r]] = i
+            else:
+                head[r] = i
+            tail[r] = i
+            queued[r, 0] += 1
+            queued[r, 1] += uncached
+            if cur[r] < 0:
+                _next_step(r, cur, left, head, tail, link, work, queued, max_batch,
+                           overhead_s, per_token_s, busy_out)
+            continue
+        prefill = (overhead_ms + ms_per_token * uncached) / 1000.0
+        first = max(now, free_at[r]) + prefill
+        free_at[r] = first
+        busy_out[r] += prefill
+        ttft_out[i] = first - now
         hlen = _heap_push(hkey, hval, hlen, first, 2 * i)
         hlen = _heap_push(hkey, hval, hlen, first + out_tokens[i] * tpot_ms / 1000.0,
                           2 * i + 1)
+    if max_batch > 0:  # the steps still running at the last arrival
+        advance_steps(np.inf, clock, left, cur, head, tail, link, work, queued, max_batch,
+                      arrival, out_tokens, overhead_s, per_token_s, tpot_s, cores, ttft_out,
+                      busy_out, hkey, hval, hlen)
     return ttl

@@ -2,7 +2,8 @@
 each replica policy, at several loads and seeds (the compiled loop: :mod:`.kernel`).
 
 ``load`` is the prefill work of every prompt token, as if nothing were cached, over the
-fleet's capacity: the trace's timestamps are scaled so that ``sum(prefill time of every whole
+fleet's capacity (N replicas' worth, or ``cores`` where the replicas share fewer): the
+trace's timestamps are scaled so that ``sum(prefill time of every whole
 prompt) / (N x span) = load``. Each seed jitters the arrival times (an exponential delay of
 half the mean gap, so neighbours may swap) and seeds the policies' own random choices.
 """
@@ -26,7 +27,7 @@ from canopy.prefix.traces import TRACE_FILES, Trace, load_mooncake
 from canopy.stats import mean_ci
 from canopy.validation import check_count, check_number, check_positive
 
-__all__ = ["FleetTrace", "Run", "Spec", "best_fixed", "load_trace", "simulate", "specs",
+__all__ = ["ENGINES", "FleetTrace", "Run", "Spec", "best_fixed", "load_trace", "simulate", "specs",
            "summarize", "sweep"]
 
 DEFAULT_OUTPUT_TOKENS = 256
@@ -127,9 +128,10 @@ class Run:
     seconds: float
 
 
-def arrivals(trace: FleetTrace, *, n_replicas: int, load: float, ms_per_token: float,
+def arrivals(trace: FleetTrace, *, n_replicas: float, load: float, ms_per_token: float,
              overhead_ms: float, seed: int) -> np.ndarray:
-    """Arrival times (s) scaled to ``load`` and jittered by ``seed`` (sorted)."""
+    """Arrival times (s) scaled to ``load`` of ``n_replicas`` replicas' worth of compute and
+    jittered by ``seed`` (sorted)."""
     t = trace.trace
     work_s = (overhead_ms * t.n_requests + ms_per_token * float(t.input_tokens.sum())) / 1e3
     span_s = work_s / (n_replicas * load)
@@ -194,6 +196,10 @@ def _time_decisions(policy: pol.ReplicaPolicy, spec: Spec, trace: FleetTrace,
 
 
 EVICTIONS = ("lru", "canopy")
+ENGINES = ("serial", "batched")
+"""How a replica prefills (:mod:`.kernel`): ``serial``, one request at a time in arrival
+order (llama.cpp's server, one slot); ``batched``, in steps that prefill together every
+request that waited (vLLM's continuous batching)."""
 
 
 def _replicas(trace: Trace, n_replicas: int, capacity: int, eviction: str) -> tuple:
@@ -217,14 +223,24 @@ def _replicas(trace: Trace, n_replicas: int, capacity: int, eviction: str) -> tu
 
 def simulate(trace: FleetTrace, spec: Spec, *, n_replicas: int, capacity: int, load: float,
              seed: int, ms_per_token: float = 0.1, overhead_ms: float = 20.0,
-             tpot_ms: float = 20.0, eviction: str = "lru", time_decisions: bool = True
-             ) -> Run:
-    """One replay of ``trace`` under ``spec``, the replicas evicting by ``eviction``."""
+             tpot_ms: float = 20.0, eviction: str = "lru", time_decisions: bool = True,
+             engine: str = "serial", cores: float | None = None) -> Run:
+    """One replay of ``trace`` under ``spec``, the replicas evicting by ``eviction`` and
+    prefilling as ``engine`` does (:data:`ENGINES`); with ``cores`` the replicas share that
+    many replicas' worth of compute (``None``: each its own)."""
+    if engine not in ENGINES:
+        raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
+    if cores is not None:
+        check_positive(cores, "cores")
     from canopy.apps.fleet.kernel import ORACLE, replay
 
     t = trace.trace
-    policy = _policy(spec, seed=seed, overhead_tokens=overhead_ms / max(ms_per_token, 1e-12))
-    arrival = arrivals(trace, n_replicas=n_replicas, load=load, ms_per_token=ms_per_token,
+    # a queued request costs a serial replica its overhead; a batched one pays the overhead
+    # once a step, for the whole batch: there a queued request costs its tokens only
+    policy = _policy(spec, seed=seed, overhead_tokens=0.0 if engine == "batched" else
+                     overhead_ms / max(ms_per_token, 1e-12))
+    arrival = arrivals(trace, n_replicas=n_replicas if cores is None else
+                       min(n_replicas, cores), load=load, ms_per_token=ms_per_token,
                        overhead_ms=overhead_ms, seed=seed)
     n = t.n_requests
     ttft, hits = np.zeros(n), np.zeros(n, dtype=np.int64)
@@ -251,6 +267,8 @@ def simulate(trace: FleetTrace, spec: Spec, *, n_replicas: int, capacity: int, l
            t.block_size, n_replicas, capacity, ms_per_token, overhead_ms, tpot_ms, code,
            params, state, spec.index == "approximate", 180.0, True, learning, stats, chains,
            region_of, rule, cost_max, grid, 1.0 if router is None else router.explore,
+           n if engine == "batched" else 0 if cores is None else 1,
+           math.inf if cores is None else float(cores),
            ttft, hits, replica, theta, busy)
     seconds = time.perf_counter() - start
     if router is not None:
@@ -301,13 +319,14 @@ def sweep(trace: FleetTrace, *, n_replicas: int, capacity: int, loads: Sequence[
           names: Sequence[str], seeds: int, ms_per_token: float = 0.1,
           overhead_ms: float = 20.0, tpot_ms: float = 20.0,
           grid: Sequence[float] = pol.DEFAULT_GRID, reference: bool = True,
-          every_fixed: bool = False, eviction: str = "lru",
-          progress: Callable[[int, int], None] | None = None
+          every_fixed: bool = False, eviction: str = "lru", engine: str = "serial",
+          cores: float | None = None, progress: Callable[[int, int], None] | None = None
           ) -> tuple[list[dict], dict[tuple[str, str, float], list[Run]]]:
     """Every (policy row, load, seed) replay, summarized: ``--json``'s ``results`` rows and
     the runs behind them. With ``reference``, ``best_fixed`` (Canopy's score at each
     ``theta`` of ``grid``, the best per load in hindsight) and ``oracle``; with
-    ``every_fixed``, also a ``fixed`` row per ``theta`` (the trade-off curve)."""
+    ``every_fixed``, also a ``fixed`` row per ``theta`` (the trade-off curve). ``engine``
+    and ``cores``: the replicas' prefill (:func:`simulate`)."""
     check_count(n_replicas, "n_replicas")
     check_count(seeds, "seeds")
     check_count(capacity, "capacity")
@@ -331,7 +350,8 @@ def sweep(trace: FleetTrace, *, n_replicas: int, capacity: int, loads: Sequence[
     for done, (spec, load, seed) in enumerate(plan, 1):
         run = simulate(trace, spec, n_replicas=n_replicas, capacity=capacity, load=load,
                        seed=seed, ms_per_token=ms_per_token, overhead_ms=overhead_ms,
-                       tpot_ms=tpot_ms, eviction=eviction, time_decisions=seed == 0)
+                       tpot_ms=tpot_ms, eviction=eviction, time_decisions=seed == 0,
+                       engine=engine, cores=cores)
         runs.setdefault((spec.label, spec.index, load), []).append(run)
         if progress is not None:
             progress(done, len(plan))
