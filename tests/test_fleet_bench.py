@@ -8,6 +8,7 @@ import json
 import shutil
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -22,10 +23,12 @@ BLOCK = 4
 class Worker:
     """An OpenAI-compatible completions worker on loopback: a prompt of space-separated words
     is cached in blocks of ``BLOCK`` words (an unbounded prefix cache); every streamed answer
-    carries the cached tokens in its usage; ``fail`` makes it answer 500."""
+    carries the cached tokens in its usage; ``fail`` makes it answer 500; ``s_per_token``
+    delays the first token by that much a prompt token (an engine's prefill)."""
 
     def __init__(self, fail: bool = False) -> None:
         self.fail = fail
+        self.s_per_token = 0.0
         self.cached: set[tuple[str, ...]] = set()
         self.prompts: list[str] = []
         self.hits = self.queries = 0
@@ -64,6 +67,7 @@ class Worker:
                     worker.most_in_flight = max(worker.most_in_flight, worker.in_flight)
                 worker.release.wait(10)
                 cached = worker.serve(body["prompt"])
+                time.sleep(worker.s_per_token * len(body["prompt"].split()))
                 chunks = [{"choices": [{"index": 0, "text": "x"}]},
                           {"choices": [], "usage": {"prompt_tokens": len(
                               body["prompt"].split()), "prompt_tokens_details": {
@@ -338,6 +342,8 @@ def test_fit_recovers_a_line_and_refuses_too_few_points():
 
 def test_calibration_sends_each_prompt_once_one_at_a_time_over_every_replica(workers):
     replicas = [w.replica for w in workers[:2]]
+    for worker in workers[:2]:
+        worker.s_per_token = 0.002  # 16-136 ms a prompt: a slope no machine load hides
     prompts = [list(range(k * 1000, k * 1000 + n)) for k, n in enumerate(range(8, 72, 4))]
     fitted = bench.calibrate(replicas, prompts, max_tokens=1)
     assert fitted is not None and fitted[0] > 0
