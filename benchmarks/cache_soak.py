@@ -4,7 +4,8 @@ A request stream with no end in sight is fed, one request at a time, to the poli
 engine hosts it, with no model: ``llama`` (the llama.cpp prompt cache,
 ``canopy.engines.llama_cache.PolicyStateCache``, asked for each prompt as llama-cpp-python asks
 it), ``sglang`` (SGLang's own radix cache with Canopy's backend, served as its scheduler
-serves a request: ``canopy.apps.cache.sglang_replay.serve_request``) and ``vllm`` (vLLM's own
+serves a request, KV indices from a pool of the cache's size:
+``canopy.apps.cache.sglang_replay.serve_request``) and ``vllm`` (vLLM's own
 ``KVCacheManager`` with the plugin installed, as ``tests/vllm_pool_driver.py`` drives it).
 The stream: shared prefixes (``--prefixes``, default four a block of capacity: 4,096 at
 1,024 blocks) of 2-8 blocks drawn by a Zipf(1.1) law whose ranking rotates every 50,000
@@ -80,7 +81,7 @@ def _sglang(policy: str, capacity: int) -> Callable[[list[int]], int]:
 
     api = sglang_api()
     cache = api.simulated("canopy", {"policy": policy, "capacity_blocks": capacity},
-                          exact=True)
+                          exact=True, size=capacity)
     return lambda keys: serve_request(api, cache, keys, capacity)
 
 
@@ -175,7 +176,7 @@ def plot(files: list[str], out: str) -> None:
     ax.set_xlabel("requests served (log scale)")
     ax.set_ylabel("resident memory (MiB)")
     ax.set_title(f"{run['policy']}: resident memory")
-    ax.legend()
+    ax.legend(loc="lower right", bbox_to_anchor=(1, 0.15))  # between the flat curves
     fig.tight_layout()
     fig.savefig(out, dpi=100)
 

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
+from canopy.apps.cache.sglang_replay import KVPool
 from canopy.integrations.sglang import PageExact
 
 
@@ -97,10 +98,7 @@ class Node:
     lock_ref: int = 0
     hit_count: int = 0
     last_access_time: int = 0
-
-    @property
-    def value(self) -> list:
-        return self.key.token_ids
+    value: list = field(default_factory=list)  # the KV indices of the key's tokens
 
 
 class LRU:
@@ -120,9 +118,10 @@ STRATEGIES: dict[str, Any] = {"lru": LRU, "lfu": LFU}
 class RadixCache:
     page_size = 1
     disable = False
-    token_to_kv_pool_allocator = SimpleNamespace(free_segment=lambda value, start_pos=0: None)
 
-    def __init__(self, eviction_policy: str = "lru", config: dict | None = None) -> None:
+    def __init__(self, eviction_policy: str = "lru", config: dict | None = None,
+                 size: int | None = None) -> None:
+        self.token_to_kv_pool_allocator = KVPool(size)
         self.eviction_strategy = STRATEGIES[eviction_policy](**(config or {}))
         self.root = Node(lock_ref=1)
         self._clock = itertools.count(1)
@@ -145,9 +144,10 @@ class RadixCache:
 
     def _split(self, node: Node, at: int) -> Node:
         upper = Node(key=node.key[:at], parent=node.parent, lock_ref=node.lock_ref,
-                     hit_count=node.hit_count, last_access_time=node.last_access_time)
+                     hit_count=node.hit_count, last_access_time=node.last_access_time,
+                     value=node.value[:at])
         upper.parent.children[upper.key[0]] = upper
-        node.key = node.key[at:]
+        node.key, node.value = node.key[at:], node.value[at:]
         node.parent = upper
         upper.children[node.key[0]] = node
         return upper
@@ -181,8 +181,10 @@ class RadixCache:
         now = next(self._clock)
         done, node = self._walk(tokens, now, params.inserted_len)
         if done < len(tokens):
+            value = tokens if params.value is None else params.value  # SGLang: tokens
             leaf = Node(key=params.key[done:], parent=node, last_access_time=now,
-                        hit_count=int(len(tokens) > params.inserted_len))
+                        hit_count=int(len(tokens) > params.inserted_len),
+                        value=list(value[done:len(tokens)]))
             node.children[tokens[done]] = leaf
             self._evictable += len(leaf.key)
             node = leaf
@@ -200,6 +202,7 @@ class RadixCache:
         freed = 0
         while freed < params.num_tokens and heap:
             *_, node = heapq.heappop(heap)
+            self.token_to_kv_pool_allocator.free_segment(node.value, start_pos=0)
             self._delete_leaf(node)
             freed += len(node.key)
             if self._evictable_leaf(node.parent):
@@ -244,8 +247,8 @@ class ExactRadixCache(PageExact, RadixCache):
 
 
 def simulated(policy: str = "lru", config: dict | None = None, *,
-              exact: bool = False) -> RadixCache:
-    return (ExactRadixCache if exact else RadixCache)(policy, config)
+              exact: bool = False, size: int | None = None) -> RadixCache:
+    return (ExactRadixCache if exact else RadixCache)(policy, config, size)
 
 
 api = SimpleNamespace(RadixKey=RadixKey, MatchPrefixParams=MatchPrefixParams,

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 import sglang_standin as standin
-from canopy.apps.cache.sglang_replay import drive, sweep
+from canopy.apps.cache.sglang_replay import KVPool, drive, serve_request, sweep
 from canopy.cli import app
 from canopy.integrations.sglang import (
     CanopyEviction,
@@ -164,6 +164,58 @@ def test_online_canopy_beats_sglangs_lru_and_lfu_on_the_conversation_trace():
            for r in sweep(trace, policies=["lru", "lfu", "canopy"], capacities=[256],
                           api=standin.api)}
     assert got["canopy"] > 1.01 * max(got["lru"], got["lfu"]), got
+
+
+def _largest_kv_index(api, capacity: int = 64, requests: int = 20_000, *,
+                      size: int | None = None) -> int:
+    """The largest KV index SGLang's tree holds (each page's index is the engine block
+    Canopy's tables are sized by), every 500 requests of a stream whose requests each end
+    with a block of their own, so new token ids never stop arriving (as the soak's,
+    ``benchmarks/cache_soak.py``); the pool sized ``size`` (``None``: as the cache needs)."""
+    cache = api.simulated("canopy", {"capacity_blocks": capacity}, exact=True,
+                          **({} if size is None else {"size": size}))
+    rng = np.random.default_rng(0)
+    largest = 0
+    for i, p in enumerate(rng.integers(256, size=requests).tolist()):
+        serve_request(api, cache, [1 + 16 * p + j for j in range(2 + p % 7)] + [4096 + i],
+                      capacity)
+        if i % 500 == 0:
+            stack = list(cache.root_node.children.values())
+            while stack:
+                node = stack.pop()
+                largest = max(largest, int(max(node.value)))
+                stack.extend(node.children.values())
+    return largest
+
+
+def test_kv_indices_come_from_a_pool_of_the_caches_size():
+    """SGLang's scheduler takes a request's KV indices from its token pool and the tree
+    frees them when it evicts: over 20,000 requests of ever new tokens at 64 blocks, no
+    index passes the pool's size, so neither do Canopy's per-block tables."""
+    assert _largest_kv_index(standin.api) <= 64
+
+
+@pytest.mark.sglang
+def test_kv_indices_come_from_a_pool_of_the_caches_size_in_sglang():
+    """:func:`test_kv_indices_come_from_a_pool_of_the_caches_size` in SGLang's own tree."""
+    api = real_sglang()
+    assert _largest_kv_index(api) <= 64
+    assert _largest_kv_index(api, size=64) <= 64
+
+
+def test_kv_pool_hands_out_indices_as_sglangs_token_pool():
+    """Sized, SGLang's order: ``1..size`` first, then the indices in the order freed, none
+    when too few are free; unsized, a new index only when none is free."""
+    pool = KVPool(4)
+    assert pool.alloc(3) == [1, 2, 3] and pool.alloc(2) is None
+    pool.free_segment([3, 1])
+    assert pool.alloc(3) == [4, 3, 1] and pool.available_size() == 0
+    grown = KVPool()
+    assert grown.alloc(2) == [1, 2]
+    grown.free_segment([1])
+    assert grown.alloc(2) == [1, 3] and grown.size is None
+    with pytest.raises(ValueError, match="size"):
+        KVPool(0)
 
 
 def test_strategy_refuses_bad_configuration():
