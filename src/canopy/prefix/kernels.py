@@ -43,6 +43,7 @@ sampling among its leaves, ``_sampled_request``, or the heap), see
 from __future__ import annotations
 
 from collections import namedtuple
+from typing import Any
 
 import numba as nb
 import numpy as np
@@ -103,7 +104,7 @@ SLOT, DRAW, EPOCH = PREV, CLOCK, SEQN
 RHO, DMAX, PERIOD, LAM0 = range(4)
 
 
-_BARE = {"cache": True, "_nrt": False}
+_BARE: dict[str, Any] = {"cache": True, "_nrt": False}
 """Compile options of the kernels a replay calls once a request: without numba's reference
 counting, which costs an atomic increment and decrement of every array argument a call and
 of every array an inlined helper takes (half of a decayed main cache's time, measured). They
@@ -111,6 +112,8 @@ allocate nothing (the compiler refuses one that does), and what they call is com
 are unless it names its own options: what allocates runs between their calls
 (:func:`_canopy_loop`), and a policy's own key function goes through counted kernels
 (:func:`_heap_request_counted`, :func:`_heap_compact`)."""
+_COUNTED: dict[str, Any] = {"cache": True, "_nrt": True}
+"""Compile options of a kernel reached from counted and uncounted callers alike."""
 
 
 @nb.njit(cache=True)
@@ -365,7 +368,7 @@ def _recency(v, depth, ni, dmax):
     return ni[v, LAST] * (dmax + 1.0) + dmax - depth[v]
 
 
-@nb.njit(cache=True, _nrt=True)  # counted, from any caller: a policy's key may allocate
+@nb.njit(**_COUNTED)  # counted, from any caller: a policy's key may allocate
 def _heap_compact(kind, key, depth, ni, nf, params, sc, hkey, hnode, hver, rekey):
     """Drop dead entries (when the heap array is full: rare, pushes are O(1) per request);
     with ``rekey``, also recompute every key (when ``CANOPY`` switches arms). In place, with
