@@ -221,7 +221,7 @@ def advance_steps(until, clock, left, cur, head, tail, link, work, queued, max_b
     of work at full speed) progresses at ``min(1, cores / k)`` with ``k`` steps running; a
     step that ends gives its requests their first token (TTFT written, first-token and
     finish events pushed) and the replica starts its next step on up to ``max_batch``
-    waiting requests (:func:`_next_step`; ``queued[r]``: their count and uncached tokens).
+    waiting requests (``_next_step``; ``queued[r]``: their count and uncached tokens).
     Returns the heap's length."""
     n_rep = left.size
     while True:
