@@ -879,3 +879,46 @@ def test_request_ids_are_unique_across_proxies_without_a_random_draw_per_request
                               ).json()["canopy"]["request_id"])
     assert len(set(ids)) == 20 and all(i.startswith("req-") for i in ids)
     assert drawn == []
+
+
+def test_a_lean_answer_s_bookkeeping_runs_once_it_is_written():
+    """An answer of a lean route may carry ``after`` (its handler's bookkeeping): the
+    protocol calls it once the answer is written, off the client's path, before the
+    connection's next request is read; a failing ``after`` is logged, the answer stands."""
+    from fastapi import FastAPI
+
+    from canopy.apps.routing.proxy.connections import LeanRoutes
+    from canopy.apps.routing.proxy.web import JSONAnswer
+
+    received = threading.Event()
+    seen: list[object] = []
+
+    def after() -> None:
+        seen.append(received.wait(10))  # the client has the answer while this runs
+
+    def broken() -> None:
+        raise RuntimeError("a bug in the bookkeeping")
+
+    async def handler(headers, body):
+        answer = JSONAnswer({"n": len(seen)})
+        answer.after = broken if seen else after
+        return answer
+
+    app = FastAPI()
+    app.lean_routes = LeanRoutes({b"/lean": handler}, 1024)
+    with serve_in_thread(app) as url, httpx.Client(base_url=url, timeout=30) as c:
+        assert c.post("/lean", json={}).json() == {"n": 0}
+        received.set()
+        assert c.post("/lean", json={}).json() == {"n": 1}  # read after the first's after
+        assert c.post("/lean", json={}).json() == {"n": 1}  # the failing after: answered
+    assert seen == [True]
+
+
+def test_an_answer_header_with_a_line_break_is_refused_by_name():
+    from canopy.apps.routing.proxy.connections import _head
+
+    head = _head(200, [(b"content-type", b"application/json"), (b"x-a", b"1")])
+    assert b"".join(head) == b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nx-a: 1\r\n"
+    for bad in (b"1\r\nset-cookie: x", b"1\nx"):
+        with pytest.raises(ValueError, match="b'x-b' holds a line break"):
+            _head(200, [(b"x-a", b"1"), (b"x-b", bad)])

@@ -128,6 +128,11 @@ def _reason(error: LLMError) -> str:
     return "unreachable" if isinstance(error, LLMConnectionError) else "bad response"
 
 
+def _usage(raw: Any) -> Any:
+    """An answer's ``usage`` (``None`` when it is not an object's)."""
+    return raw.get("usage") if isinstance(raw, dict) else None
+
+
 @dataclass(frozen=True)
 class _Call:
     """One routed request: its endpoint, the body forwarded, the chat-shaped view the router
@@ -210,8 +215,7 @@ class _Proxy:
         the store: past that the call is stored in the background), so a rating through any
         process sharing the store finds it; a store only this process reads is not waited
         for (a rating of a call still queued waits for it)."""
-        stored = self.service.record(Call(request_id, region, model, cost, time.time(),
-                                          episode))
+        stored = self._keep(request_id, region, model, cost, episode)
         if not self.service.shared_store:
             return
         try:
@@ -220,6 +224,20 @@ class _Proxy:
         except (asyncio.TimeoutError, StoreBusy) as error:
             log.warning("request %s: its call is not stored yet (%s)", request_id,
                         type(error).__name__)
+
+    def _keep(self, request_id: str, region: str, model: str, cost: float,
+              episode: str | None) -> Any:
+        """Hand an answered call to the service (:meth:`RoutingService.record`)."""
+        return self.service.record(Call(request_id, region, model, cost, time.time(), episode))
+
+    def _settle(self, served: _Served, raw: Any, call: _Call, model: str, cost: float
+                ) -> None:
+        """A whole answer's bookkeeping once it is written (``after``, :class:`LeanRoutes`):
+        its replica's load and index, and, on a store only this process reads (nobody waits
+        on it), the call kept for its rating, before the server reads another request."""
+        served.finished(_usage(raw))
+        if not self.service.shared_store:
+            self._keep(call.request_id, call.region, model, cost, call.episode)
 
     def _route(self, headers: Any, view: dict[str, Any], asked: str,
                preferences: Preferences) -> Route:
@@ -285,23 +303,29 @@ class _Proxy:
         if isinstance(answered, JSONResponse):
             return answered
         model, answer, attempts, upstream_s, served = answered
-        served.finished(answer.raw.get("usage") if isinstance(answer.raw, dict) else None)
-        prompt, completion, usage = sane_usage(view, len(answer.text), answer.raw,
-                                               answer.prompt_tokens, answer.completion_tokens)
-        cost = self.config.prices.cost(model, prompt, completion)
-        await self._record(call.request_id, region, model, cost, episode)
-        overhead_ms = (time.perf_counter() - started - upstream_s) * 1000.0
-        out = dict(answer.raw)
-        out["model"] = model
-        out["canopy"] = {"request_id": call.request_id, "model": model, "region": region,
-                         "episode": episode, "cost": cost, "usage": usage,
-                         "failed_attempts": [{"model": a["model"], "reason": a["reason"]}
-                                             for a in attempts],
-                         "upstream_ms": upstream_s * 1000.0, "overhead_ms": overhead_ms}
-        return JSONAnswer(out, headers={"X-Canopy-Model": model,
-                                        "X-Canopy-Request-Id": call.request_id,
-                                        "X-Canopy-Usage": usage,
-                                        "X-Canopy-Overhead-Ms": f"{overhead_ms:.3f}"})
+        try:
+            prompt, completion, usage = sane_usage(view, len(answer.text), answer.raw,
+                                                   answer.prompt_tokens, answer.completion_tokens)
+            cost = self.config.prices.cost(model, prompt, completion)
+            if self.service.shared_store:  # stored (or waited for) before the answer
+                await self._record(call.request_id, region, model, cost, episode)
+            overhead_ms = (time.perf_counter() - started - upstream_s) * 1000.0
+            out = dict(answer.raw)
+            out["model"] = model
+            out["canopy"] = {"request_id": call.request_id, "model": model, "region": region,
+                             "episode": episode, "cost": cost, "usage": usage,
+                             "failed_attempts": [{"model": a["model"], "reason": a["reason"]}
+                                                 for a in attempts],
+                             "upstream_ms": upstream_s * 1000.0, "overhead_ms": overhead_ms}
+            reply = JSONAnswer(out, headers={"X-Canopy-Model": model,
+                                             "X-Canopy-Request-Id": call.request_id,
+                                             "X-Canopy-Usage": usage,
+                                             "X-Canopy-Overhead-Ms": f"{overhead_ms:.3f}"})
+            reply.after = functools.partial(self._settle, served, answer.raw, call, model, cost)
+        except BaseException:  # never answered: its replica is released now
+            served.finished(_usage(answer.raw))
+            raise
+        return reply
 
     @staticmethod
     async def _ask(client: AsyncPassthrough, call: _Call, budget: float) -> Any:
@@ -603,11 +627,22 @@ def create_app(config: ProxyConfig, *, insecure_no_auth: bool = False,
         await proxy.close()
 
     async def answered(headers: Any, body: Any, problem: Response | None, endpoint: str,
-                       started: float) -> Response:
+                       started: float, *, lean: bool = False) -> Response:
+        """The chat's answer; its bookkeeping (``after``, then the metrics) done now, or, on
+        the lean path, set as the answer's ``after``: once it is written."""
         answer = problem or await proxy.chat(headers, body, endpoint)
-        proxy.metrics.chat(answer.status_code, answer.headers.get("X-Canopy-Model"),
-                           time.perf_counter() - started)
+        settle = functools.partial(_settled, answer, getattr(answer, "after", None),
+                                   time.perf_counter() - started)
+        if lean and isinstance(answer, JSONAnswer):
+            answer.after = settle
+        else:
+            settle()
         return answer
+
+    def _settled(answer: Response, after: Callable[[], None] | None, seconds: float) -> None:
+        if after is not None:
+            after()
+        proxy.metrics.chat(answer.status_code, answer.headers.get("X-Canopy-Model"), seconds)
 
     async def routed(request: Request, endpoint: str) -> Any:
         started = time.perf_counter()
@@ -620,7 +655,7 @@ def create_app(config: ProxyConfig, *, insecure_no_auth: bool = False,
         started = time.perf_counter()
         headers = RawHeaders(raw_headers)
         body, problem = checked_json(keys, headers, raw, admin=False, limit=limit)
-        return await _or_500(answered(headers, body, problem, endpoint, started),
+        return await _or_500(answered(headers, body, problem, endpoint, started, lean=True),
                              f"/v1/{endpoint}")
 
     app = _ProxyApp(title="Canopy routing proxy", lifespan=lifespan)
