@@ -46,9 +46,8 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import httpx
 from fastapi import FastAPI, Request
@@ -133,10 +132,10 @@ def _usage(raw: Any) -> Any:
     return raw.get("usage") if isinstance(raw, dict) else None
 
 
-@dataclass(frozen=True)
-class _Call:
+class _Call(NamedTuple):
     """One routed request: its endpoint, the body forwarded, the chat-shaped view the router
-    reads (:func:`completion_view` for text completions), and its bookkeeping."""
+    reads (:func:`completion_view` for text completions), and its bookkeeping (a tuple: made
+    once a chat, it costs less than a frozen dataclass)."""
 
     endpoint: str
     body: dict[str, Any]
@@ -147,8 +146,7 @@ class _Call:
     deadline: float  # time.perf_counter() at which it ends, streams included
 
 
-@dataclass(frozen=True)
-class _Served:
+class _Served(NamedTuple):
     """Which replica of which pool answers a call (its bookkeeping when it ends)."""
 
     pool: UpstreamPool | None

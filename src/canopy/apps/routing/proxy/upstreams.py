@@ -142,8 +142,8 @@ class UpstreamPool:
         matched = view.matched(keys).copy()
         up = self.up
         alive = [r for r in range(len(up)) if up[r]] or list(range(len(up)))
-        inflight = self.load.table[INFLIGHT]
-        rest = sorted((r for r in alive if r != chosen), key=lambda r: inflight[r])
+        inflight = self.load.table[INFLIGHT].tolist()
+        rest = sorted((r for r in alive if r != chosen), key=inflight.__getitem__)
         order = [chosen, *rest] if chosen in alive else rest
         if chosen not in alive and self.metrics is not None:
             self.metrics.count(self.metrics.replica_fallbacks, self.config.model,
