@@ -222,8 +222,17 @@ class GuardedHttpToolsProtocol(_Guarded, HttpToolsProtocol):
         self.lean: LeanRoutes | None = getattr(self.app, "lean_routes", None)
 
     def on_message_begin(self) -> None:
-        super().on_message_begin()
+        # uvicorn's own, less its ASGI scope: made only for a request it serves (_scope)
+        self.url, self.headers, self.expect_100_continue = b"", [], False
+        self.scope = None  # type: ignore[assignment]
         self._header_bytes = 0
+
+    def _scope(self) -> None:
+        """uvicorn's ASGI scope of the request being parsed (its headers and URL kept)."""
+        url, headers, expect = self.url, self.headers, self.expect_100_continue
+        super().on_message_begin()
+        self.url, self.headers, self.expect_100_continue = url, headers, expect
+        self.scope["headers"] = headers
 
     def _count(self, size: int) -> None:
         self._header_bytes += size
@@ -245,6 +254,7 @@ class GuardedHttpToolsProtocol(_Guarded, HttpToolsProtocol):
         if lean is None or handler is None or self.parser.get_method() != b"POST" or \
                 self.expect_100_continue or self.parser.should_upgrade() or \
                 (self.cycle is not None and not self.cycle.response_complete):
+            self._scope()
             super().on_headers_complete()
             return
         declared = next((v for n, v in self.headers if n == b"content-length"), b"")
