@@ -266,6 +266,18 @@ class TradeoffRouter(RegionalRouter):
         scores = self.scores(region)
         return int(np.argmax(scores))
 
+    def played(self) -> dict[str, float]:
+        """The ``theta`` each region's arm of the highest index is now, by region path (the
+        root as ``"/"``): what :meth:`arm` plays there (UCB's index; no draw is made)."""
+        k = len(self.models)
+        z, est, out = np.zeros(k), np.empty((k, 3)), np.empty(k)
+        played = {}
+        for node, path in enumerate(self.regions.paths):
+            kernels.scores(self._stats, self._chains[node], self._kind, self._rule,
+                           self.explore, z, est, out)
+            played[path or "/"] = float(self.grid[int(np.argmax(out))])
+        return played
+
     def scoring(self, node: int) -> tuple[np.ndarray, np.ndarray, int, np.ndarray, np.ndarray]:
         """What :func:`choose_keys` reads to score the arms at region ``node`` (from
         :meth:`node`): ``(stats, chain, kind, rule, z)``, ``z`` drawn as :meth:`scores`

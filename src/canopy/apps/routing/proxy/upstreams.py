@@ -291,10 +291,17 @@ class UpstreamPool:
             self.report()
 
     def report(self) -> None:
-        """Refresh the pool's gauges (index size, event lag)."""
+        """Refresh the pool's gauges (index size, event lag, the trade-off played)."""
         if self.metrics is None or not self.fleet:
             return
         self.metrics.index_blocks.labels(model=self.config.model).set(self.index.n_blocks)
+        router = self.policy.router
+        if router is not None:
+            with contextlib.nullcontext() if self.shared is None else self.shared.reading():
+                played = router.played()
+            for region, theta in played.items():
+                self.metrics.replica_tradeoff.labels(model=self.config.model,
+                                                     region=region).set(theta)
         if self.subscriber is not None:
             for replica, lag in self.subscriber.lag_s.items():
                 self.metrics.event_lag.labels(model=self.config.model,
