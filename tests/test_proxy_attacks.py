@@ -922,3 +922,46 @@ def test_an_answer_header_with_a_line_break_is_refused_by_name():
     for bad in (b"1\r\nset-cookie: x", b"1\nx"):
         with pytest.raises(ValueError, match="b'x-b' holds a line break"):
             _head(200, [(b"x-a", b"1"), (b"x-b", bad)])
+
+
+def test_the_lean_client_calls_written_once_the_request_is_out_or_the_call_failed():
+    """``post(..., written=f)``: ``f`` runs once the request is written, before its answer
+    is awaited (the caller's bookkeeping overlaps the upstream's work), once a call, and,
+    when the call fails before any write (nothing listens), before the failure is raised."""
+    import asyncio
+
+    from canopy.llm.client import LLMConnectionError
+    from canopy.llm.http1 import Http1Pool
+
+    seen: list[str] = []
+
+    async def serve(reader, writer):
+        while await _read_request(reader) is not None:
+            seen.append("served")
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
+            await writer.drain()
+
+    async def run():
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        pool = Http1Pool(f"http://127.0.0.1:{port}/v1")
+        answer = await pool.post("/ok", b"{}", {}, timeout=10, cap=1000,
+                                 written=lambda: seen.append("written"))
+        server.close()
+        await server.wait_closed()
+        import socket
+
+        with socket.socket() as sock:  # a port nothing listens on
+            sock.bind(("127.0.0.1", 0))
+            free = sock.getsockname()[1]
+        dead = Http1Pool(f"http://127.0.0.1:{free}/v1")
+        try:
+            await dead.post("/ok", b"{}", {}, timeout=10, cap=1000,
+                            written=lambda: seen.append("failed"))
+        except LLMConnectionError:
+            seen.append("raised")
+        pool.close()
+        return answer
+
+    assert asyncio.run(run()) == (200, b"{}")
+    assert seen == ["written", "served", "failed", "raised"]

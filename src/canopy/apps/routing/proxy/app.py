@@ -87,6 +87,7 @@ from canopy.llm.client import (
     LLMServerError,
     LLMTimeoutError,
 )
+from canopy.llm.http1 import Once
 from canopy.llm.passthrough import AnswerTooLarge, AsyncPassthrough
 from canopy.regional.outcomes import Outcomes
 from canopy.regional.service import Route, RoutingService
@@ -326,14 +327,20 @@ class _Proxy:
         return reply
 
     @staticmethod
-    async def _ask(client: AsyncPassthrough, call: _Call, budget: float) -> Any:
-        """One upstream's whole answer."""
-        return await client.chat(call.body, timeout=budget, endpoint=call.endpoint)
+    async def _ask(client: AsyncPassthrough, call: _Call, budget: float,
+                   written: Callable[[], None]) -> Any:
+        """One upstream's whole answer; ``written`` once the request is out (the lean client
+        calls it after its write: the send's bookkeeping overlaps the upstream's work)."""
+        return await client.chat(call.body, timeout=budget, endpoint=call.endpoint,
+                                 written=written)
 
     @staticmethod
-    async def _open_stream(client: AsyncPassthrough, call: _Call, budget: float
+    async def _open_stream(client: AsyncPassthrough, call: _Call, budget: float,
+                           written: Callable[[], None]
                            ) -> tuple[Any, AsyncIterator[bytes], bytes]:
-        """One upstream's event stream, up to its first byte (closed if that never comes)."""
+        """One upstream's event stream, up to its first byte (closed if that never comes);
+        ``written`` first."""
+        written()
         response = await client.open_stream(call.body, timeout=budget, endpoint=call.endpoint)
         try:
             chunks = response.aiter_raw()
@@ -346,7 +353,8 @@ class _Proxy:
             raise
 
     async def _first(self, call: _Call, ranking: Sequence[str],
-                     attempt: Callable[[AsyncPassthrough, _Call, float], Awaitable[_T]]
+                     attempt: Callable[[AsyncPassthrough, _Call, float, Callable[[], None]],
+                                       Awaitable[_T]]
                      ) -> tuple[str, _T, list[dict[str, Any]], float, _Served] | JSONResponse:
         """The failover of chats and streams alike: ``attempt`` on each model of
         ``ranking`` in turn (on the replica its upstream names), each within its timeout and
@@ -365,13 +373,14 @@ class _Proxy:
                     break
                 budget = min(remaining, upstream.timeout_s)
                 t0 = time.perf_counter()
-                upstream.sent(pick, replica)
+                written = Once(functools.partial(upstream.sent, pick, replica))
                 client = upstream.client(replica)
                 try:  # the deadline holds for the whole call, not per read
-                    result = await (attempt(client, call, budget) if not streaming and
-                                    client.whole_deadline else
-                                    _within(attempt(client, call, budget), budget))
+                    result = await (attempt(client, call, budget, written) if not streaming
+                                    and client.whole_deadline else
+                                    _within(attempt(client, call, budget, written), budget))
                 except _UPSTREAM_FAILURES as error:
+                    written()  # (called already unless it failed before its write)
                     status = getattr(error, "status", None)
                     upstream.failed(pick, replica, down=not client_fault(status) and not
                                     isinstance(error, (asyncio.TimeoutError,
@@ -381,6 +390,7 @@ class _Proxy:
                         breaker=replica == pick.order[-1] or not upstream.fleet))
                     continue
                 finally:
+                    written()
                     upstream_s += time.perf_counter() - t0
                 upstream.first_token(pick, replica, learn=streaming)
                 self.service.outcome(model, ok=True)
