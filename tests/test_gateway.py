@@ -167,6 +167,30 @@ def test_the_canopy_policy_keeps_a_prefix_where_it_is_cached(replicas):
     assert len(set(first)) == 1
 
 
+def test_metrics_show_the_tradeoff_the_canopy_policy_plays_in_each_region(replicas):
+    """``/metrics`` gains, per region the ``canopy`` policy has met, the ``theta`` it plays
+    there now (the arm of its highest index): outcomes whose TTFT is lowest under one theta
+    move that region's gauge to it."""
+    from canopy.fleet.policies import region_path
+
+    app = create_app(ProxyConfig.from_mapping(config(
+        replicas, policy="canopy", index={"mode": "approximate", "block_size": 4})))
+    pool = app.state.proxy.upstreams["fleet"]
+    prompt = "a system prompt whose region learns " * 4
+    keys, _ = pool.tokenizer.keys({"messages": [{"role": "user", "content": prompt}]},
+                                  pool.block_size)
+    region = region_path(keys)
+    with serve_in_thread(app, startup_timeout=120) as url:
+        for _ in range(40):  # the trade-off 3 answers fastest here
+            with pool.shared.reading() as router:
+                for theta in LEARNT_GRID:
+                    router.update(region, f"{theta:g}", 0.0, 0.1 if theta == 3.0 else 1.0)
+        metrics = httpx.get(f"{url}/metrics", headers=ADMIN).text
+    gauges = {line.split("region=")[1].split('"')[1]: float(line.rsplit(" ", 1)[1])
+              for line in metrics.splitlines() if line.startswith("canopy_replica_tradeoff{")}
+    assert gauges[region] == 3.0 and set(gauges) >= {"/", region}
+
+
 def test_a_replica_killed_mid_run_loses_no_request_and_leaves_the_index(replicas):
     app = create_app(ProxyConfig.from_mapping(config(
         replicas, policy="least_load", index={"mode": "approximate", "block_size": 4})))

@@ -879,3 +879,89 @@ def test_request_ids_are_unique_across_proxies_without_a_random_draw_per_request
                               ).json()["canopy"]["request_id"])
     assert len(set(ids)) == 20 and all(i.startswith("req-") for i in ids)
     assert drawn == []
+
+
+def test_a_lean_answer_s_bookkeeping_runs_once_it_is_written():
+    """An answer of a lean route may carry ``after`` (its handler's bookkeeping): the
+    protocol calls it once the answer is written, off the client's path, before the
+    connection's next request is read; a failing ``after`` is logged, the answer stands."""
+    from fastapi import FastAPI
+
+    from canopy.apps.routing.proxy.connections import LeanRoutes
+    from canopy.apps.routing.proxy.web import JSONAnswer
+
+    received = threading.Event()
+    seen: list[object] = []
+
+    def after() -> None:
+        seen.append(received.wait(10))  # the client has the answer while this runs
+
+    def broken() -> None:
+        raise RuntimeError("a bug in the bookkeeping")
+
+    async def handler(headers, body):
+        answer = JSONAnswer({"n": len(seen)})
+        answer.after = broken if seen else after
+        return answer
+
+    app = FastAPI()
+    app.lean_routes = LeanRoutes({b"/lean": handler}, 1024)
+    with serve_in_thread(app) as url, httpx.Client(base_url=url, timeout=30) as c:
+        assert c.post("/lean", json={}).json() == {"n": 0}
+        received.set()
+        assert c.post("/lean", json={}).json() == {"n": 1}  # read after the first's after
+        assert c.post("/lean", json={}).json() == {"n": 1}  # the failing after: answered
+    assert seen == [True]
+
+
+def test_an_answer_header_with_a_line_break_is_refused_by_name():
+    from canopy.apps.routing.proxy.connections import _head
+
+    head = _head(200, [(b"content-type", b"application/json"), (b"x-a", b"1")])
+    assert b"".join(head) == b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nx-a: 1\r\n"
+    for bad in (b"1\r\nset-cookie: x", b"1\nx"):
+        with pytest.raises(ValueError, match="b'x-b' holds a line break"):
+            _head(200, [(b"x-a", b"1"), (b"x-b", bad)])
+
+
+def test_the_lean_client_calls_written_once_the_request_is_out_or_the_call_failed():
+    """``post(..., written=f)``: ``f`` runs once the request is written, before its answer
+    is awaited (the caller's bookkeeping overlaps the upstream's work), once a call, and,
+    when the call fails before any write (nothing listens), before the failure is raised."""
+    import asyncio
+
+    from canopy.llm.client import LLMConnectionError
+    from canopy.llm.http1 import Http1Pool
+
+    seen: list[str] = []
+
+    async def serve(reader, writer):
+        while await _read_request(reader) is not None:
+            seen.append("served")
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
+            await writer.drain()
+
+    async def run():
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        pool = Http1Pool(f"http://127.0.0.1:{port}/v1")
+        answer = await pool.post("/ok", b"{}", {}, timeout=10, cap=1000,
+                                 written=lambda: seen.append("written"))
+        server.close()
+        await server.wait_closed()
+        import socket
+
+        with socket.socket() as sock:  # a port nothing listens on
+            sock.bind(("127.0.0.1", 0))
+            free = sock.getsockname()[1]
+        dead = Http1Pool(f"http://127.0.0.1:{free}/v1")
+        try:
+            await dead.post("/ok", b"{}", {}, timeout=10, cap=1000,
+                            written=lambda: seen.append("failed"))
+        except LLMConnectionError:
+            seen.append("raised")
+        pool.close()
+        return answer
+
+    assert asyncio.run(run()) == (200, b"{}")
+    assert seen == ["written", "served", "failed", "raised"]

@@ -35,7 +35,7 @@ from canopy.prefix.hashindex import KeyTree
 from canopy.validation import check_count, check_positive
 
 __all__ = ["MAX_REPLICAS", "MODES", "ReplicaIndex", "calibrate_ttl", "match_keys", "match_nodes",
-           "send_nodes"]
+           "send_keys", "send_nodes"]
 
 MODES = ("precise", "approximate")
 MAX_REPLICAS = 64
@@ -93,6 +93,17 @@ def send_nodes(mask: np.ndarray, stamp: np.ndarray, nodes: np.ndarray, replica: 
         else:
             mask[v] |= bit
         stamp[v] = now
+
+
+@nb.njit(cache=True)
+def send_keys(slots: np.ndarray, key: np.ndarray, parent: np.ndarray, state: np.ndarray,
+              by_parent: bool, mask: np.ndarray, stamp: np.ndarray, keys: np.ndarray,
+              replica: int, now: float, ttl: float, nodes: np.ndarray) -> None:
+    """:func:`send_nodes` for a chain of folded block keys (a root chain), its nodes made in
+    the key index's columns first (``nodes``: scratch of their size; the caller leaves room,
+    :meth:`~canopy.prefix.hashindex.KeyTree.reserve`): one compiled call per send."""
+    hashindex.insert_chain(slots, key, parent, state, keys, -1, by_parent, nodes)
+    send_nodes(mask, stamp, nodes, replica, now, ttl)
 
 
 @nb.njit(cache=True)
@@ -196,17 +207,12 @@ class ReplicaIndex:
             raise ValueError(f"replica must be in 0..{self.n_replicas - 1}, got {replica}")
         return np.uint64(1) << np.uint64(replica)
 
-    def _add(self, replica: int, keys: np.ndarray, parent: int, *, mark: bool = True
-             ) -> np.ndarray:
-        """The nodes of ``keys`` (a chain under node ``parent``), ``replica``'s bit set
-        (unless not ``mark``: the caller sets it)."""
+    def _add(self, replica: int, keys: np.ndarray, parent: int) -> None:
+        """The nodes of ``keys`` (a chain under node ``parent``), ``replica``'s bit set."""
         bit = self._bit(replica)
         self._room(keys.size)
-        nodes = self.tree.chain(keys, parent)
-        if mark:
-            self.mask[nodes] |= bit
+        self.mask[self.tree.chain(keys, parent)] |= bit
         self.version += 1
-        return nodes
 
     # -- precise: the engines' KV events -----------------------------------------------
     def sequence(self, replica: int, seq: int) -> bool:
@@ -248,8 +254,13 @@ class ReplicaIndex:
         """A request whose blocks are ``keys`` was sent to ``replica`` at ``now`` (s)."""
         if self.mode != "approximate":
             raise ValueError("sent() feeds an approximate index; a precise one takes events")
-        nodes = self._add(replica, self._keys_of(keys), -1, mark=False)  # (its version bump)
-        send_nodes(self.mask, self.stamp, nodes, replica, now, self.ttl_s)  # bits and stamps
+        arr = self._keys_of(keys)
+        self._bit(replica)
+        self._room(arr.size)
+        tree = self.tree
+        send_keys(tree.slots, tree.key, tree.parent, tree.state, tree.by_parent, self.mask,
+                  self.stamp, arr, replica, now, self.ttl_s, self.scratch(arr.size)[:arr.size])
+        self.version += 1
 
     def reported(self, predicted_blocks: int, cached_blocks: int) -> None:
         """An engine reported ``cached_blocks`` cached where the index predicted
@@ -276,12 +287,16 @@ class ReplicaIndex:
         arr = self._keys_of(keys)
         if out is None:
             out = np.zeros(self.n_replicas, dtype=np.int64)
-        if self._scratch.size < arr.size:
-            self._scratch = np.empty(2 * arr.size, dtype=np.int64)
         tree = self.tree
         match_keys(tree.slots, tree.key, tree.parent, self.mask, self.stamp, arr, now,
-                   self.ttl_s, self._scratch, out)
+                   self.ttl_s, self.scratch(arr.size), out)
         return out
+
+    def scratch(self, blocks: int) -> np.ndarray:
+        """Node scratch for a chain of ``blocks`` keys (:func:`match_keys`' ``nodes``)."""
+        if self._scratch.size < blocks:
+            self._scratch = np.empty(2 * blocks, dtype=np.int64)
+        return self._scratch
 
     def holders(self, key: int) -> list[int]:
         """Replicas holding the block ``key``."""

@@ -40,6 +40,7 @@ import numba as nb
 import numpy as np
 
 from canopy import sharing as sharing_module
+from canopy.fleet import index as index_module
 from canopy.fleet import load as load_module
 from canopy.fleet.index import ReplicaIndex
 from canopy.fleet.load import Load
@@ -48,9 +49,8 @@ from canopy.regional.router import RegionalRouter
 from canopy.validation import check_count, check_nonnegative, check_number, check_positive
 
 __all__ = ["CANOPY", "DEFAULT_GRID", "LEARNT_GRID", "NAMES", "PEERS", "ReplicaPolicy", "Request",
-           "TradeoffRouter", "View", "decide", "hash_key", "learn", "make_policy",
-           "region_buckets",
-           "region_path"]
+           "TradeoffRouter", "View", "choose_keys", "decide", "hash_key", "learn",
+           "make_policy", "region_buckets", "region_path"]
 
 ROUND_ROBIN, LEAST_LOAD, POWER_OF_TWO, PREFIX_HASH, SGLANG, DYNAMO, LLMD, CANOPY = range(8)
 NAMES = {"round_robin": ROUND_ROBIN, "least_load": LEAST_LOAD, "power_of_two": POWER_OF_TWO,
@@ -177,6 +177,37 @@ def decide(code: int, params: np.ndarray, state: np.ndarray, matched: np.ndarray
 
 
 @nb.njit(cache=True)
+def choose_keys(code: int, params: np.ndarray, state: np.ndarray, slots: np.ndarray,
+                key: np.ndarray, parent: np.ndarray, mask: np.ndarray, stamp: np.ndarray,
+                keys: np.ndarray, now: float, ttl: float, nodes: np.ndarray,
+                matched: np.ndarray, req_tokens: int, block_tokens: int, load: np.ndarray,
+                scratch: np.ndarray, stats: np.ndarray, chain: np.ndarray, kind: int,
+                rule: np.ndarray, explore: float, z: np.ndarray, est: np.ndarray,
+                arm_scores: np.ndarray, grid: np.ndarray) -> tuple[int, int]:
+    """A gateway's whole choice in one compiled call: the blocks of ``keys`` each replica
+    holds into ``matched`` (:func:`~canopy.fleet.index.match_keys` on the index's columns,
+    ``nodes`` its scratch), then, when ``grid`` is not empty, the trade-off: the arm of the
+    best index (:func:`canopy.regional.kernels.scores` at the region's ``chain``, the first
+    best as ``np.argmax``) sets ``params[0]``; then :func:`decide`. ``(replica, arm)``; the
+    arm is -1 without a grid."""
+    index_module.match_keys(slots, key, parent, mask, stamp, keys, now, ttl, nodes, matched)
+    arm = -1
+    if grid.size:
+        kernels.scores(stats, chain, kind, rule, explore, z, est, arm_scores)
+        arm = 0
+        for m in range(1, arm_scores.size):  # np.argmax: the first best, a NaN first
+            if np.isnan(arm_scores[arm]):
+                break
+            if arm_scores[m] > arm_scores[arm] or np.isnan(arm_scores[m]):
+                arm = m
+        params[0] = grid[arm]
+    hashed = keys[min(HASHED_BLOCKS, keys.size) - 1] if keys.size else 0
+    replica = decide(code, params, state, matched, keys.size, req_tokens, block_tokens,
+                     hashed, load, scratch)
+    return replica, arm
+
+
+@nb.njit(cache=True)
 def learn(stats: np.ndarray, chain: np.ndarray, arm: int, ttft: float, rule: np.ndarray,
           cost_max: np.ndarray) -> None:
     """The regional router's update with reward ``-ttft`` (quality 0, cost ``ttft``,
@@ -235,6 +266,26 @@ class TradeoffRouter(RegionalRouter):
         scores = self.scores(region)
         return int(np.argmax(scores))
 
+    def played(self) -> dict[str, float]:
+        """The ``theta`` each region's arm of the highest index is now, by region path (the
+        root as ``"/"``): what :meth:`arm` plays there (UCB's index; no draw is made)."""
+        k = len(self.models)
+        z, est, out = np.zeros(k), np.empty((k, 3)), np.empty(k)
+        played = {}
+        for node, path in enumerate(self.regions.paths):
+            kernels.scores(self._stats, self._chains[node], self._kind, self._rule,
+                           self.explore, z, est, out)
+            played[path or "/"] = float(self.grid[int(np.argmax(out))])
+        return played
+
+    def scoring(self, node: int) -> tuple[np.ndarray, np.ndarray, int, np.ndarray, np.ndarray]:
+        """What :func:`choose_keys` reads to score the arms at region ``node`` (from
+        :meth:`node`): ``(stats, chain, kind, rule, z)``, ``z`` drawn as :meth:`scores`
+        draws it (Thompson sampling's normals; zeros for UCB)."""
+        k = len(self.models)
+        z = self.rng.standard_normal(k) if self._kind == kernels.THOMPSON else np.zeros(k)
+        return self._stats, self._chains[node], self._kind, self._rule, z
+
 
 @dataclass(frozen=True)
 class Request:
@@ -274,11 +325,19 @@ class View:
         of = (self.now, index, index.version)
         if keys is self._keys and of == self._of:
             return self._matched  # type: ignore[return-value]
-        if self._matched is None or self._matched.size != index.n_replicas:
-            self._matched = np.zeros(index.n_replicas, dtype=np.int64)
-        index.match(keys, self.now, self._matched)
+        index.match(keys, self.now, self.buffer())
         self._keys, self._of = keys, of
+        return self._matched  # type: ignore[return-value]
+
+    def buffer(self) -> np.ndarray:
+        """The buffer :meth:`matched` fills (one slot per replica)."""
+        if self._matched is None or self._matched.size != self.index.n_replicas:
+            self._matched = np.zeros(self.index.n_replicas, dtype=np.int64)
         return self._matched
+
+    def matching(self, keys: np.ndarray) -> None:
+        """:meth:`buffer` now holds the match of ``keys`` (made by a compiled caller)."""
+        self._keys, self._of = keys, (self.now, self.index, self.index.version)
 
 
 class ReplicaPolicy:
@@ -303,6 +362,11 @@ class ReplicaPolicy:
         self.index_mode = PRODUCTION_INDEX.get(name, "precise")
         self._pending: OrderedDict[int, tuple[str, int]] = OrderedDict()
         self._scratch = np.zeros(1)
+        self._est, self._arm_scores = np.empty((0, 3)), np.empty(0)
+        self._idle = (np.zeros((1, 1, 3)), np.full(1, -1, dtype=np.int64), 0, np.zeros(4),
+                      np.zeros(1))  # what the compiled choice is handed without a router
+        self._regions: dict[tuple[int, int], tuple[str, int]] = {}
+        self._regions_of: object = None
 
     @property
     def learns(self) -> bool:
@@ -310,20 +374,61 @@ class ReplicaPolicy:
 
     def choose(self, request: Request, view: View) -> int:
         """The replica to send ``request`` to."""
-        keys = request.keys
-        matched = view.matched(keys)
+        return self.choose_keys(request.keys, request.tokens, request.rid, view)
+
+    def choose_keys(self, keys: np.ndarray, tokens: int, rid: int, view: View) -> int:
+        """:meth:`choose` for a request given by its parts, already checked (``keys`` an
+        int64 array, ``tokens`` >= 0): a gateway's hot path, one compiled call
+        (:func:`choose_keys`); ``view.matched(keys)`` then reads the match it made."""
+        index = view.index
+        matched = view.buffer()
         if self._scratch.size != matched.size:
             self._scratch = np.zeros(matched.size)
-        if self.router is not None:
-            region = region_path(keys)
-            arm = self.router.arm(region)
-            self.params[0] = self.router.grid[arm]
-            self._pending[request.rid] = (region, arm)
+        router = self.router
+        if router is None:
+            stats, chain, kind, rule, z = self._idle
+            grid = _NO_GRID
+        else:
+            region, node = self._region(keys)
+            stats, chain, kind, rule, z = router.scoring(node)
+            grid = router.grid
+            if self._est.shape[0] != grid.size:
+                self._est, self._arm_scores = np.empty((grid.size, 3)), np.empty(grid.size)
+        tree = index.tree
+        replica, arm = choose_keys(self.code, self.params, self.state, tree.slots, tree.key,
+                                   tree.parent, index.mask, index.stamp, keys, view.now,
+                                   index.ttl_s, index.scratch(keys.size), matched, tokens,
+                                   view.block_tokens, view.load.table, self._scratch, stats,
+                                   chain, kind, rule, self._explore(), z, self._est,
+                                   self._arm_scores, grid)
+        view.matching(keys)
+        if router is not None:
+            self._pending[rid] = (region, arm)
             if len(self._pending) > self.PENDING:
                 self._pending.popitem(last=False)
-        return int(decide(self.code, self.params, self.state, matched, keys.size,
-                          request.tokens, view.block_tokens,
-                          hash_key(keys), view.load.table, self._scratch))
+        return int(replica)
+
+    def _explore(self) -> float:
+        return 0.0 if self.router is None else self.router.explore
+
+    def _region(self, keys: np.ndarray) -> tuple[str, int]:
+        """``(region path, its node in the router)`` of a request, the node made once per
+        region (:data:`REGION_BUCKETS` squared at most), again when the router's region
+        tree is replaced."""
+        router = self.router
+        assert router is not None
+        if self._regions_of is not router.regions:
+            self._regions.clear()
+            self._regions_of = router.regions
+        if keys.size == 0:
+            buckets: tuple[int, int] = (-1, -1)
+        else:
+            buckets = region_buckets(int(keys[0]), int(keys[min(REGION_DEPTH, keys.size) - 1]))
+        found = self._regions.get(buckets)
+        if found is None:
+            region = region_path(keys)
+            found = self._regions[buckets] = (region, router.node(region))
+        return found
 
     def observe(self, request: Request, replica: int, ttft_s: float) -> None:
         """The first token of ``request`` came back from ``replica`` after ``ttft_s``."""
@@ -335,6 +440,9 @@ class ReplicaPolicy:
             region, arm = pending
             update = self.router.update if self.report is None else self.report
             update(region, self.router.models[arm], 0.0, ttft_s)
+
+
+_NO_GRID = np.zeros(0)
 
 
 def make_policy(name: str, *, seed: int = 0, cache_threshold: float = 0.3,

@@ -16,6 +16,7 @@ origin closed while idle is replaced once, before any of its answer arrived.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from urllib.parse import urlsplit
 
 import httptools
@@ -27,7 +28,21 @@ from canopy.llm.client import (
     LLMTimeoutError,
 )
 
-__all__ = ["Answer", "Http1Pool"]
+__all__ = ["Answer", "Http1Pool", "Once"]
+
+
+class Once:
+    """A callback called at most once (``None``: nothing)."""
+
+    __slots__ = ("_call",)
+
+    def __init__(self, call: Callable[[], None] | None) -> None:
+        self._call = call
+
+    def __call__(self) -> None:
+        call, self._call = self._call, None
+        if call is not None:
+            call()
 
 
 class _Cut(Exception):
@@ -131,9 +146,12 @@ class Http1Pool:
         self._slots = asyncio.Semaphore(max_connections)
 
     async def post(self, path: str, body: bytes, headers: dict[str, str], *, timeout: float,
-                   cap: int) -> Answer:
+                   cap: int, written: Callable[[], None] | None = None) -> Answer:
         """POST ``body`` (JSON) to ``path``; the answer's status and body (at most ``cap``
-        bytes), within ``timeout`` seconds for the whole call."""
+        bytes), within ``timeout`` seconds for the whole call. ``written`` is called once:
+        when the request is written, before its answer is awaited (the caller's bookkeeping
+        overlaps the origin's work), or, when the call fails before, as it fails."""
+        once = Once(written)
         head = [b"POST ", path.encode("ascii"), b" HTTP/1.1\r\nHost: ", self._host,
                 b"\r\nContent-Type: application/json\r\nContent-Length: ",
                 str(len(body)).encode("ascii"), b"\r\n"]
@@ -149,9 +167,9 @@ class Http1Pool:
                 await self._slots.acquire()
             try:
                 try:
-                    return await self._exchange(request, cap, deadline, reused=True)
+                    return await self._exchange(request, cap, deadline, once, reused=True)
                 except _Cut:  # a kept-alive connection the origin had closed: once more
-                    return await self._exchange(request, cap, deadline, reused=False)
+                    return await self._exchange(request, cap, deadline, once, reused=False)
             finally:
                 self._slots.release()
         except asyncio.TimeoutError:
@@ -159,9 +177,11 @@ class Http1Pool:
         except _Cut:
             raise LLMConnectionError("the upstream closed the connection before answering"
                                      ) from None
+        finally:
+            once()  # failed before any write: the caller's bookkeeping still runs, first
 
-    async def _exchange(self, request: bytes, cap: int, deadline: float, *, reused: bool
-                        ) -> Answer:
+    async def _exchange(self, request: bytes, cap: int, deadline: float, written: Once, *,
+                        reused: bool) -> Answer:
         loop = asyncio.get_running_loop()
         conn = None
         while reused and self._idle:
@@ -181,6 +201,7 @@ class Http1Pool:
                 conn.transport.write(request)
             except RuntimeError:  # closed under us before its connection_lost ran (uvloop)
                 raise _Cut from None
+            written()
             answer = await conn.answer
         except BaseException:
             conn.close()  # failed, timed out or cancelled: never reused

@@ -17,7 +17,7 @@ import contextlib
 import os
 import threading
 import urllib.request
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import httpx
@@ -78,13 +78,15 @@ class AsyncPassthrough:
         return self._lean is not None
 
     async def chat(self, body: Mapping[str, Any], *, timeout: float,
-                   endpoint: str = "chat/completions") -> LLMResponse:
+                   endpoint: str = "chat/completions",
+                   written: Callable[[], None] | None = None) -> LLMResponse:
         """POST ``body`` (with ``model`` replaced) to ``endpoint`` (``chat/completions`` or
         ``completions``) and parse the answer; raises :class:`~canopy.llm.client.LLMError`
-        subclasses on failure, ``ValueError`` for a streaming request or a bad timeout."""
+        subclasses on failure, ``ValueError`` for a streaming request or a bad timeout.
+        ``written``: as :meth:`post` calls it."""
         if body.get("stream"):
             raise ValueError("stream=True is not supported by the pass-through")
-        raw = await self.post(endpoint, body, timeout=timeout)
+        raw = await self.post(endpoint, body, timeout=timeout, written=written)
         try:
             result = _parse(endpoint, raw, cached=False)
         except LLMResponseError:
@@ -96,23 +98,29 @@ class AsyncPassthrough:
             self.usage.completion_tokens += result.completion_tokens
         return result
 
-    async def post(self, endpoint: str, body: Mapping[str, Any], *, timeout: float
-                   ) -> dict[str, Any]:
+    async def post(self, endpoint: str, body: Mapping[str, Any], *, timeout: float,
+                   written: Callable[[], None] | None = None) -> dict[str, Any]:
         """POST ``body`` (with ``model`` replaced) to ``endpoint``; the answer's JSON object,
-        read up to ``max_answer_bytes``."""
+        read up to ``max_answer_bytes``. ``written`` (the caller's bookkeeping of the send)
+        is called once: by the lean client once the request is written or the call failed
+        before (:meth:`~canopy.llm.http1.Http1Pool.post`), through ``httpx`` before it is
+        sent."""
         timeout = check_number(timeout, "timeout", low=0.0, low_open=True)
         url = f"{self.base_url}/{endpoint}"
         if self._lean is not None:
             try:
                 status, content = await self._lean.post(
                     f"{self._root}/{endpoint}", orjson.dumps({**body, "model": self.model}),
-                    self._headers(), timeout=timeout, cap=self.max_answer_bytes)
+                    self._headers(), timeout=timeout, cap=self.max_answer_bytes,
+                    written=written)
                 if status >= 400:
                     raise _server_error(url, status, content)
                 return _json_body(url, content, orjson.loads)
             except LLMError:
                 self._count_error()
                 raise
+        if written is not None:
+            written()
         request = self._http.build_request("POST", url, json={**body, "model": self.model},
                                            headers=self._headers(),
                                            timeout=httpx.Timeout(timeout))

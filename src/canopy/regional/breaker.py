@@ -25,6 +25,8 @@ class Breaker:
     def order(self, models: list[str]) -> list[str]:
         """``models`` with the ejected ones moved to the end (tried only when the rest
         failed and time remains)."""
+        if not self._open_until:  # none ejected (the usual case): no clock, no lock
+            return list(models)
         now = time.monotonic()
         with self._lock:
             closed = [m for m in models if self._open_until.get(m, 0.0) <= now]

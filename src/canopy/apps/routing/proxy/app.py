@@ -46,9 +46,8 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import httpx
 from fastapi import FastAPI, Request
@@ -88,6 +87,7 @@ from canopy.llm.client import (
     LLMServerError,
     LLMTimeoutError,
 )
+from canopy.llm.http1 import Once
 from canopy.llm.passthrough import AnswerTooLarge, AsyncPassthrough
 from canopy.regional.outcomes import Outcomes
 from canopy.regional.service import Route, RoutingService
@@ -128,10 +128,15 @@ def _reason(error: LLMError) -> str:
     return "unreachable" if isinstance(error, LLMConnectionError) else "bad response"
 
 
-@dataclass(frozen=True)
-class _Call:
+def _usage(raw: Any) -> Any:
+    """An answer's ``usage`` (``None`` when it is not an object's)."""
+    return raw.get("usage") if isinstance(raw, dict) else None
+
+
+class _Call(NamedTuple):
     """One routed request: its endpoint, the body forwarded, the chat-shaped view the router
-    reads (:func:`completion_view` for text completions), and its bookkeeping."""
+    reads (:func:`completion_view` for text completions), and its bookkeeping (a tuple: made
+    once a chat, it costs less than a frozen dataclass)."""
 
     endpoint: str
     body: dict[str, Any]
@@ -142,8 +147,7 @@ class _Call:
     deadline: float  # time.perf_counter() at which it ends, streams included
 
 
-@dataclass(frozen=True)
-class _Served:
+class _Served(NamedTuple):
     """Which replica of which pool answers a call (its bookkeeping when it ends)."""
 
     pool: UpstreamPool | None
@@ -210,8 +214,7 @@ class _Proxy:
         the store: past that the call is stored in the background), so a rating through any
         process sharing the store finds it; a store only this process reads is not waited
         for (a rating of a call still queued waits for it)."""
-        stored = self.service.record(Call(request_id, region, model, cost, time.time(),
-                                          episode))
+        stored = self._keep(request_id, region, model, cost, episode)
         if not self.service.shared_store:
             return
         try:
@@ -220,6 +223,20 @@ class _Proxy:
         except (asyncio.TimeoutError, StoreBusy) as error:
             log.warning("request %s: its call is not stored yet (%s)", request_id,
                         type(error).__name__)
+
+    def _keep(self, request_id: str, region: str, model: str, cost: float,
+              episode: str | None) -> Any:
+        """Hand an answered call to the service (:meth:`RoutingService.record`)."""
+        return self.service.record(Call(request_id, region, model, cost, time.time(), episode))
+
+    def _settle(self, served: _Served, raw: Any, call: _Call, model: str, cost: float
+                ) -> None:
+        """A whole answer's bookkeeping once it is written (``after``, :class:`LeanRoutes`):
+        its replica's load and index, and, on a store only this process reads (nobody waits
+        on it), the call kept for its rating, before the server reads another request."""
+        served.finished(_usage(raw))
+        if not self.service.shared_store:
+            self._keep(call.request_id, call.region, model, cost, call.episode)
 
     def _route(self, headers: Any, view: dict[str, Any], asked: str,
                preferences: Preferences) -> Route:
@@ -285,33 +302,45 @@ class _Proxy:
         if isinstance(answered, JSONResponse):
             return answered
         model, answer, attempts, upstream_s, served = answered
-        served.finished(answer.raw.get("usage") if isinstance(answer.raw, dict) else None)
-        prompt, completion, usage = sane_usage(view, len(answer.text), answer.raw,
-                                               answer.prompt_tokens, answer.completion_tokens)
-        cost = self.config.prices.cost(model, prompt, completion)
-        await self._record(call.request_id, region, model, cost, episode)
-        overhead_ms = (time.perf_counter() - started - upstream_s) * 1000.0
-        out = dict(answer.raw)
-        out["model"] = model
-        out["canopy"] = {"request_id": call.request_id, "model": model, "region": region,
-                         "episode": episode, "cost": cost, "usage": usage,
-                         "failed_attempts": [{"model": a["model"], "reason": a["reason"]}
-                                             for a in attempts],
-                         "upstream_ms": upstream_s * 1000.0, "overhead_ms": overhead_ms}
-        return JSONAnswer(out, headers={"X-Canopy-Model": model,
-                                        "X-Canopy-Request-Id": call.request_id,
-                                        "X-Canopy-Usage": usage,
-                                        "X-Canopy-Overhead-Ms": f"{overhead_ms:.3f}"})
+        try:
+            prompt, completion, usage = sane_usage(view, len(answer.text), answer.raw,
+                                                   answer.prompt_tokens, answer.completion_tokens)
+            cost = self.config.prices.cost(model, prompt, completion)
+            if self.service.shared_store:  # stored (or waited for) before the answer
+                await self._record(call.request_id, region, model, cost, episode)
+            overhead_ms = (time.perf_counter() - started - upstream_s) * 1000.0
+            out = dict(answer.raw)
+            out["model"] = model
+            out["canopy"] = {"request_id": call.request_id, "model": model, "region": region,
+                             "episode": episode, "cost": cost, "usage": usage,
+                             "failed_attempts": [{"model": a["model"], "reason": a["reason"]}
+                                                 for a in attempts],
+                             "upstream_ms": upstream_s * 1000.0, "overhead_ms": overhead_ms}
+            reply = JSONAnswer(out, headers={"X-Canopy-Model": model,
+                                             "X-Canopy-Request-Id": call.request_id,
+                                             "X-Canopy-Usage": usage,
+                                             "X-Canopy-Overhead-Ms": f"{overhead_ms:.3f}"})
+            reply.after = functools.partial(self._settle, served, answer.raw, call, model, cost)
+        except BaseException:  # never answered: its replica is released now
+            served.finished(_usage(answer.raw))
+            raise
+        return reply
 
     @staticmethod
-    async def _ask(client: AsyncPassthrough, call: _Call, budget: float) -> Any:
-        """One upstream's whole answer."""
-        return await client.chat(call.body, timeout=budget, endpoint=call.endpoint)
+    async def _ask(client: AsyncPassthrough, call: _Call, budget: float,
+                   written: Callable[[], None]) -> Any:
+        """One upstream's whole answer; ``written`` once the request is out (the lean client
+        calls it after its write: the send's bookkeeping overlaps the upstream's work)."""
+        return await client.chat(call.body, timeout=budget, endpoint=call.endpoint,
+                                 written=written)
 
     @staticmethod
-    async def _open_stream(client: AsyncPassthrough, call: _Call, budget: float
+    async def _open_stream(client: AsyncPassthrough, call: _Call, budget: float,
+                           written: Callable[[], None]
                            ) -> tuple[Any, AsyncIterator[bytes], bytes]:
-        """One upstream's event stream, up to its first byte (closed if that never comes)."""
+        """One upstream's event stream, up to its first byte (closed if that never comes);
+        ``written`` first."""
+        written()
         response = await client.open_stream(call.body, timeout=budget, endpoint=call.endpoint)
         try:
             chunks = response.aiter_raw()
@@ -324,7 +353,8 @@ class _Proxy:
             raise
 
     async def _first(self, call: _Call, ranking: Sequence[str],
-                     attempt: Callable[[AsyncPassthrough, _Call, float], Awaitable[_T]]
+                     attempt: Callable[[AsyncPassthrough, _Call, float, Callable[[], None]],
+                                       Awaitable[_T]]
                      ) -> tuple[str, _T, list[dict[str, Any]], float, _Served] | JSONResponse:
         """The failover of chats and streams alike: ``attempt`` on each model of
         ``ranking`` in turn (on the replica its upstream names), each within its timeout and
@@ -343,13 +373,14 @@ class _Proxy:
                     break
                 budget = min(remaining, upstream.timeout_s)
                 t0 = time.perf_counter()
-                upstream.sent(pick, replica)
+                written = Once(functools.partial(upstream.sent, pick, replica))
                 client = upstream.client(replica)
                 try:  # the deadline holds for the whole call, not per read
-                    result = await (attempt(client, call, budget) if not streaming and
-                                    client.whole_deadline else
-                                    _within(attempt(client, call, budget), budget))
+                    result = await (attempt(client, call, budget, written) if not streaming
+                                    and client.whole_deadline else
+                                    _within(attempt(client, call, budget, written), budget))
                 except _UPSTREAM_FAILURES as error:
+                    written()  # (called already unless it failed before its write)
                     status = getattr(error, "status", None)
                     upstream.failed(pick, replica, down=not client_fault(status) and not
                                     isinstance(error, (asyncio.TimeoutError,
@@ -359,6 +390,7 @@ class _Proxy:
                         breaker=replica == pick.order[-1] or not upstream.fleet))
                     continue
                 finally:
+                    written()
                     upstream_s += time.perf_counter() - t0
                 upstream.first_token(pick, replica, learn=streaming)
                 self.service.outcome(model, ok=True)
@@ -603,11 +635,22 @@ def create_app(config: ProxyConfig, *, insecure_no_auth: bool = False,
         await proxy.close()
 
     async def answered(headers: Any, body: Any, problem: Response | None, endpoint: str,
-                       started: float) -> Response:
+                       started: float, *, lean: bool = False) -> Response:
+        """The chat's answer; its bookkeeping (``after``, then the metrics) done now, or, on
+        the lean path, set as the answer's ``after``: once it is written."""
         answer = problem or await proxy.chat(headers, body, endpoint)
-        proxy.metrics.chat(answer.status_code, answer.headers.get("X-Canopy-Model"),
-                           time.perf_counter() - started)
+        settle = functools.partial(_settled, answer, getattr(answer, "after", None),
+                                   time.perf_counter() - started)
+        if lean and isinstance(answer, JSONAnswer):
+            answer.after = settle
+        else:
+            settle()
         return answer
+
+    def _settled(answer: Response, after: Callable[[], None] | None, seconds: float) -> None:
+        if after is not None:
+            after()
+        proxy.metrics.chat(answer.status_code, answer.headers.get("X-Canopy-Model"), seconds)
 
     async def routed(request: Request, endpoint: str) -> Any:
         started = time.perf_counter()
@@ -620,7 +663,7 @@ def create_app(config: ProxyConfig, *, insecure_no_auth: bool = False,
         started = time.perf_counter()
         headers = RawHeaders(raw_headers)
         body, problem = checked_json(keys, headers, raw, admin=False, limit=limit)
-        return await _or_500(answered(headers, body, problem, endpoint, started),
+        return await _or_500(answered(headers, body, problem, endpoint, started, lean=True),
                              f"/v1/{endpoint}")
 
     app = _ProxyApp(title="Canopy routing proxy", lifespan=lifespan)

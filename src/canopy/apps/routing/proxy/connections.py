@@ -165,7 +165,10 @@ Handler = Callable[[list[tuple[bytes, bytes]], "bytes | None"], Awaitable[Any]]
 class LeanRoutes:
     """``POST`` paths the protocol answers itself (an app's ``lean_routes``): each handler
     takes the request's headers (lower-case names, as parsed) and its body (``None`` when
-    it passed ``max_body_bytes``) and returns a Starlette response."""
+    it passed ``max_body_bytes``) and returns a Starlette response. A whole answer's
+    ``after`` (when set: a callable of no arguments) is called once the answer is written
+    (or its client has gone), before the connection's next request is read: the handler's
+    bookkeeping, off the client's path."""
 
     handlers: Mapping[bytes, Handler]
     max_body_bytes: int
@@ -199,9 +202,11 @@ def _head(status: int, headers: Any) -> list[bytes]:
     that would split the answer."""
     content = [STATUS_LINE[status]]
     for name, value in headers:
-        if b"\r" in value or b"\n" in value:
-            raise ValueError(f"the header {name!r} holds a line break")
         content += [name, b": ", value, b"\r\n"]
+    values = b"".join(content[3::4])  # every value, checked at once
+    if b"\r" in values or b"\n" in values:
+        name = next(n for n, v in headers if b"\r" in v or b"\n" in v)
+        raise ValueError(f"the header {name!r} holds a line break")
     return content
 
 
@@ -217,8 +222,17 @@ class GuardedHttpToolsProtocol(_Guarded, HttpToolsProtocol):
         self.lean: LeanRoutes | None = getattr(self.app, "lean_routes", None)
 
     def on_message_begin(self) -> None:
-        super().on_message_begin()
+        # uvicorn's own, less its ASGI scope: made only for a request it serves (_scope)
+        self.url, self.headers, self.expect_100_continue = b"", [], False
+        self.scope = None  # type: ignore[assignment]
         self._header_bytes = 0
+
+    def _scope(self) -> None:
+        """uvicorn's ASGI scope of the request being parsed (its headers and URL kept)."""
+        url, headers, expect = self.url, self.headers, self.expect_100_continue
+        super().on_message_begin()
+        self.url, self.headers, self.expect_100_continue = url, headers, expect
+        self.scope["headers"] = headers
 
     def _count(self, size: int) -> None:
         self._header_bytes += size
@@ -240,6 +254,7 @@ class GuardedHttpToolsProtocol(_Guarded, HttpToolsProtocol):
         if lean is None or handler is None or self.parser.get_method() != b"POST" or \
                 self.expect_100_continue or self.parser.should_upgrade() or \
                 (self.cycle is not None and not self.cycle.response_complete):
+            self._scope()
             super().on_headers_complete()
             return
         declared = next((v for n, v in self.headers if n == b"content-length"), b"")
@@ -275,12 +290,14 @@ class GuardedHttpToolsProtocol(_Guarded, HttpToolsProtocol):
         self.tasks.add(task)
 
     async def _lean_run(self, cycle: _LeanCycle) -> None:
+        after = None
         try:
             answer = await cycle.handler(cycle.headers,
                                          None if cycle.too_large else bytes(cycle.body))
             if not isinstance(getattr(answer, "body", None), bytes):  # a stream: uvicorn's
                 await self._hand_over(cycle, answer)
                 return
+            after = getattr(answer, "after", None)
             content = _head(answer.status_code,
                             (*self.server_state.default_headers, *answer.raw_headers))
             body = answer.body
@@ -290,16 +307,24 @@ class GuardedHttpToolsProtocol(_Guarded, HttpToolsProtocol):
             content = _head(500, [(b"content-type", b"text/plain; charset=utf-8"),
                                   (b"content-length", b"21")])
             body = b"Internal Server Error"
-        if cycle.disconnected:
-            return
-        if not cycle.keep_alive:
-            content.append(b"connection: close\r\n")
-        content += [b"\r\n", body]
-        self.transport.write(b"".join(content))
-        cycle.response_complete = True
-        if not cycle.keep_alive:
-            self.transport.close()
-        self.on_response_complete()
+        try:
+            if cycle.disconnected:
+                return
+            if not cycle.keep_alive:
+                content.append(b"connection: close\r\n")
+            content += [b"\r\n", body]
+            self.transport.write(b"".join(content))
+            cycle.response_complete = True
+            if not cycle.keep_alive:
+                self.transport.close()
+            self.on_response_complete()
+        finally:
+            if after is not None:  # the handler's bookkeeping, off the client's path
+                try:
+                    after()
+                except Exception:
+                    logging.getLogger("canopy.proxy").exception(
+                        "the proxy's bookkeeping failed after an answer")
 
     async def _hand_over(self, cycle: _LeanCycle, answer: Any) -> None:
         """Send ``answer`` (an ASGI response: a stream) through a uvicorn cycle."""

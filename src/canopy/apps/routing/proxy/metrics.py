@@ -1,8 +1,9 @@
 """The proxy's Prometheus metrics (``GET /metrics``, admin key): requests by status,
 failed upstream attempts by model, whole-request latency, the model that answered, and
 feedback by kind and status; for models with replicas, picks and fallbacks per replica,
-the replica index's size, the KV events' lag, the event messages dropped, and how the
-index's prediction of a request's cached tokens compared with what the engine reported.
+the replica index's size, the KV events' lag, the event messages dropped, how the
+index's prediction of a request's cached tokens compared with what the engine reported, and
+the trade-off a learning replica policy plays in each region.
 One registry per app, so several proxies in one process (tests,
 ``serve_in_thread``) never share counters; with ``--workers N`` each worker reports its own
 (scrape each, or sum them). Per-request counts reach the registry in batches
@@ -56,6 +57,10 @@ class ProxyMetrics:
                                "applied", ["model", "replica"], registry=self.registry)
         self.events_dropped = Counter("canopy_events_dropped", "KV-event messages dropped, by "
                                       "reason", ["model", "reason"], registry=self.registry)
+        self.replica_tradeoff = Gauge(
+            "canopy_replica_tradeoff", "The trade-off theta a learning replica policy plays "
+            "now, by model and region of the prefix tree", ["model", "region"],
+            registry=self.registry)
         self.cache_predictions = Counter(
             "canopy_cache_predictions", "Answers whose engine reported its cached prompt "
             "tokens, by how the index's prediction compared (exact, over, under)",

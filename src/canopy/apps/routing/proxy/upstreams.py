@@ -32,6 +32,7 @@ import httpx
 import numpy as np
 
 from canopy.apps.routing.proxy.config import Upstream
+from canopy.fleet import load as load_module
 from canopy.fleet.load import INFLIGHT, QUEUED, QUEUED_TOKENS
 from canopy.llm.passthrough import AsyncPassthrough
 from canopy.regional.service import RoutingService
@@ -133,20 +134,21 @@ class UpstreamPool:
         if not self.fleet:
             return Pick([0], _NO_KEYS, 0, _NO_KEYS, 0)
         keys, tokens = self.tokenizer.keys(body, self.block_size)
-        now = time.monotonic()
-        self.view.now = now
-        request = self._request(keys, tokens, next(self._rid))
+        view = self.view
+        view.now = time.monotonic()
+        rid = next(self._rid)
         with contextlib.nullcontext() if self.shared is None else self.shared.reading():
-            chosen = self.policy.choose(request, self.view)
-        matched = self.view.matched(keys).copy()
-        alive = [r for r in range(len(self.up)) if self.up[r]] or list(range(len(self.up)))
-        rest = sorted((r for r in alive if r != chosen),
-                      key=lambda r: self.load.table[INFLIGHT, r])
+            chosen = self.policy.choose_keys(keys, tokens, rid, view)
+        matched = view.matched(keys).copy()
+        up = self.up
+        alive = [r for r in range(len(up)) if up[r]] or list(range(len(up)))
+        inflight = self.load.table[INFLIGHT].tolist()
+        rest = sorted((r for r in alive if r != chosen), key=inflight.__getitem__)
         order = [chosen, *rest] if chosen in alive else rest
         if chosen not in alive and self.metrics is not None:
             self.metrics.count(self.metrics.replica_fallbacks, self.config.model,
                                self.urls[chosen])
-        return Pick(order, keys, tokens, matched, request.rid)
+        return Pick(order, keys, tokens, matched, rid)
 
     def sent(self, pick: Pick, replica: int) -> None:
         """``pick``'s request goes to ``replica``."""
@@ -157,7 +159,8 @@ class UpstreamPool:
             self.metrics.count(self.metrics.replica_picks, self.config.model,
                                self.urls[replica])
         cached = min(int(pick.matched[replica]) * self.block_size, pick.tokens)
-        self.load.routed(replica, pick.tokens - cached, float(pick.keys.size))
+        load_module.routed(self.load.table, replica, float(pick.tokens - cached),  # checked
+                           float(pick.keys.size), float(self.load.capacity_blocks))
         if self.index.mode == "approximate":
             self.index.sent(replica, pick.keys, time.monotonic())
 
@@ -169,7 +172,7 @@ class UpstreamPool:
         pick.first = True
         ttft = time.perf_counter() - pick.sent
         cached = min(int(pick.matched[replica]) * self.block_size, pick.tokens)
-        self.load.first_token(replica, pick.tokens - cached, ttft)
+        load_module.first_token(self.load.table, replica, float(pick.tokens - cached), ttft)
         if learn and self.policy.learns:
             self.policy.observe(self._request(pick.keys, pick.tokens, pick.rid), replica, ttft)
 
@@ -178,7 +181,8 @@ class UpstreamPool:
         engine reports them) calibrate an approximate index."""
         if not self.fleet:
             return
-        self.load.finished(replica, float(pick.keys.size))
+        load_module.finished(self.load.table, replica, float(pick.keys.size),
+                             float(self.load.capacity_blocks))
         details = (usage or {}).get("prompt_tokens_details")
         cached = details.get("cached_tokens") if isinstance(details, Mapping) else None
         if isinstance(cached, int) and not isinstance(cached, bool) and cached >= 0:
@@ -287,10 +291,17 @@ class UpstreamPool:
             self.report()
 
     def report(self) -> None:
-        """Refresh the pool's gauges (index size, event lag)."""
+        """Refresh the pool's gauges (index size, event lag, the trade-off played)."""
         if self.metrics is None or not self.fleet:
             return
         self.metrics.index_blocks.labels(model=self.config.model).set(self.index.n_blocks)
+        router = self.policy.router
+        if router is not None:
+            with contextlib.nullcontext() if self.shared is None else self.shared.reading():
+                played = router.played()
+            for region, theta in played.items():
+                self.metrics.replica_tradeoff.labels(model=self.config.model,
+                                                     region=region).set(theta)
         if self.subscriber is not None:
             for replica, lag in self.subscriber.lag_s.items():
                 self.metrics.event_lag.labels(model=self.config.model,

@@ -30,7 +30,10 @@ log = logging.getLogger("canopy.proxy")
 
 class JSONAnswer(JSONResponse):
     """A JSON answer written by orjson (several times faster than the standard library's
-    encoder on an answer relayed whole)."""
+    encoder on an answer relayed whole). ``after``: the bookkeeping a lean route's protocol
+    does once it is written (:class:`~canopy.apps.routing.proxy.connections.LeanRoutes`)."""
+
+    after: Callable[[], None] | None = None
 
     def render(self, content: Any) -> bytes:
         return orjson.dumps(content)
