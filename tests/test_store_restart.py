@@ -2,7 +2,8 @@
 cache (no persistence) killed with ``-9`` and started again on the same port, and a SQLite
 file deleted and re-created under them. What the proxies learnt comes back (every rating
 acknowledged before the outage, none counted twice, later ratings added, a call made before
-the outage still rated); during the outage the chat path makes no store call."""
+the outage still rated, a call rated through the other proxy before it not rated again);
+during the outage the chat path makes no store call."""
 
 from __future__ import annotations
 
@@ -24,8 +25,8 @@ from test_proxy_store import ADMIN, ASK, _mapping, keys  # noqa: F401  (the keys
 
 SYNC_THREAD = "canopy-service-sync"
 PROBE_THREAD = "canopy-store-probe"
-METHODS = ("add_calls", "calls", "episode", "rate", "changes", "expire", "counts", "ping",
-           "reseed", "check_meta")
+METHODS = ("add_calls", "calls", "episode", "rate", "changes", "rated_since", "expire", "counts",
+           "ping", "reseed", "check_meta")
 
 
 class _Counted:
@@ -83,23 +84,36 @@ def _wait_counts(client: httpx.Client, urls: list[str], want: float) -> list[flo
     return seen
 
 
-def _before(client: httpx.Client, urls: list[str]) -> str:
-    """30 ratings acknowledged through both proxies, seen by both; and one call made before
-    the outage, left to be rated after it."""
+def _before(client: httpx.Client, urls: list[str]) -> tuple[str, str]:
+    """A call made through the first proxy and rated through the second, then 30 ratings
+    acknowledged through both proxies, seen by both; and one call made before the outage,
+    left to be rated after it. The two calls' ids."""
+    elsewhere = _chat(client, urls[0])
+    _rate(client, urls[1], elsewhere)
     for i in range(30):
         url = urls[i % 2]
         _rate(client, url, _chat(client, url))
-    assert _wait_counts(client, urls, 30.0) == [30.0, 30.0]
-    return _chat(client, urls[0])
+    assert _wait_counts(client, urls, 31.0) == [31.0, 31.0]
+    return _chat(client, urls[0]), elsewhere
 
 
-def _after(client: httpx.Client, urls: list[str], pending: str) -> None:
-    """The call made before the outage and 9 new ones rated: both proxies count 40."""
+def _after(client: httpx.Client, urls: list[str], pending: str, elsewhere: str) -> None:
+    """The call made before the outage and 9 new ones rated; the call rated before it is
+    refused (unknown: the process that made it did not store it again) through either
+    proxy: both proxies count 41."""
     _rate(client, urls[1], pending)
+    for url in urls:
+        deadline = time.monotonic() + 60
+        while (again := client.post(url + "/v1/feedback",
+                                    json={"request_id": elsewhere, "quality": 0.5})
+               ).status_code == 503:
+            assert time.monotonic() < deadline, "the rating was never answered"
+            time.sleep(0.1)
+        assert again.status_code == 404, again.text
     for i in range(9):
         url = urls[i % 2]
         _rate(client, url, _chat(client, url))
-    assert _wait_counts(client, urls, 40.0) == [40.0, 40.0]
+    assert _wait_counts(client, urls, 41.0) == [41.0, 41.0]
 
 
 def test_redis_restarted_empty_under_two_proxies(tmp_path, upstreams, monkeypatch):
@@ -114,7 +128,7 @@ def test_redis_restarted_empty_under_two_proxies(tmp_path, upstreams, monkeypatc
         with serve_in_thread(apps[0]) as one, serve_in_thread(apps[1]) as two, \
                 httpx.Client(headers=ADMIN, timeout=30) as client:
             urls = [one, two]
-            pending = _before(client, urls)
+            pending, elsewhere = _before(client, urls)
             server.kill()  # -9: everything it held is gone
             server.wait(timeout=30)
             # ratings answer 503 with Retry-After; once both circuits are open, 20 chats
@@ -132,7 +146,7 @@ def test_redis_restarted_empty_under_two_proxies(tmp_path, upstreams, monkeypatc
                 _chat(client, urls[i % 2])
             assert counted.outside_background() == calls_before
             server, _ = start_redis(tmp_path / "redis", port=port, persist=False)
-            _after(client, urls, pending)
+            _after(client, urls, pending, elsewhere)
     finally:
         server.kill()
         server.wait(timeout=30)
@@ -144,10 +158,10 @@ def test_sqlite_deleted_and_recreated_under_two_proxies(tmp_path, upstreams):
     with serve_in_thread(create_app(cfg)) as one, serve_in_thread(create_app(cfg)) as two, \
             httpx.Client(headers=ADMIN, timeout=30) as client:
         urls = [one, two]
-        pending = _before(client, urls)
+        pending, elsewhere = _before(client, urls)
         for name in (path.name, path.name + "-wal", path.name + "-shm"):
             (path.parent / name).unlink(missing_ok=True)
         # a third proxy starting on the path re-creates the file, empty
         with serve_in_thread(create_app(cfg)) as three:
-            _after(client, urls, pending)
-            assert _wait_counts(client, [three], 40.0) == [40.0]
+            _after(client, urls, pending, elsewhere)
+            assert _wait_counts(client, [three], 41.0) == [41.0]
