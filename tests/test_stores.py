@@ -109,6 +109,50 @@ def test_episodes_and_expiry(store):
     assert store.counts()["requests"] == 2
 
 
+def test_the_ids_each_rating_marked_are_kept_for_rated_kept_versions(store):
+    store.rated_kept = 3
+    store.add_calls([_call(f"k{i}") for i in range(5)], 60)
+    start = store.changes(0).version
+    assert store.rated_since(start) == []
+    assert store.rate(["k0"], 0.5, _inc(0.49), 0.01)
+    first = store.changes(0).version
+    assert store.rate(["k1", "k2"], 0.5, _inc(0.49) * 2, 0.01)
+    assert sorted(store.rated_since(start)) == ["k0", "k1", "k2"]
+    assert sorted(store.rated_since(first)) == ["k1", "k2"]
+    assert not store.rate(["k1"], 0.5, _inc(0.49), 0.01)  # refused: nothing marked
+    assert store.rate(["k3"], 0.5, _inc(0.49), 0.01)
+    assert store.rate(["k4"], 0.5, _inc(0.49), 0.01)
+    assert store.rated_since(start) is None  # k0's version is no longer kept
+    assert sorted(store.rated_since(first)) == ["k1", "k2", "k3", "k4"]
+
+
+def test_calls_rated_through_another_ledger_are_not_stored_again(store):
+    """What a ledger stores again after a reset (:meth:`FeedbackLedger.restore`) leaves out
+    the calls rated through another ledger, read from the store's marks at a pull, or, when
+    the store no longer keeps them all, looked up one by one."""
+    ledgers = [FeedbackLedger(store, reward=lambda q, c: q, chain=lambda r: [r],
+                              wait_s=30.0) for _ in range(2)]
+    mine, other = ledgers
+    try:
+        since = store.changes(0).version
+        for n in range(4):
+            mine.record(_call(f"m{n}")).result(timeout=30)
+        other.rate("m0", 0.5)
+        mine.rate("m1", 0.5)
+        now = store.changes(0).version
+        mine.forget_rated(since)
+        assert mine.restore() == 2  # m2 and m3 still await a rating
+        store.rated_kept = 1
+        other.rate("m2", 0.5)
+        store.rate([], 0.0, _inc(0.5), 0.01)
+        assert store.rated_since(now) is None
+        mine.forget_rated(now)
+        assert mine.restore() == 1
+    finally:
+        for ledger in ledgers:
+            ledger.close(timeout=30.0)
+
+
 def test_a_locked_sqlite_store_is_busy_within_its_wait(tmp_path):
     import sqlite3
 

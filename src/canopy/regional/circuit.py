@@ -132,6 +132,9 @@ class StoreCircuit:
     def changes(self, since: int) -> Changes:
         return self._call(self.store.changes, since)
 
+    def rated_since(self, version: int) -> list[str] | None:
+        return self._call(self.store.rated_since, version)
+
     def expire(self, older_than: float) -> int:
         return self._call(self.store.expire, older_than)
 

@@ -9,10 +9,11 @@ an episode's terminal reward is credited to every open call of the episode (pape
 E). Calls are written by one background thread, in batches, so a caller never waits on the
 store longer than it chooses; a busy store raises
 :class:`~canopy.regional.store.StoreBusy` on a rating (retry later) and never loses a call
-it holds in its queue. The calls this process stored and has not seen rated are also kept
+it holds in its queue. The calls this process stores and has not seen rated (through itself,
+or through another process: :meth:`FeedbackLedger.forget_rated`, at each pull) are also kept
 here (the most recent ``max_queued``), so a store restarted empty gets them back
-(:meth:`FeedbackLedger.restore`) and a rating for a call made before the outage still
-counts. An outcome that needs no rating (a gateway's
+(:meth:`FeedbackLedger.restore`), a rating for a call made before the outage still counts and
+a call rated before it cannot be rated again. An outcome that needs no rating (a gateway's
 time to first token: :meth:`FeedbackLedger.observe`) is credited the same way, with no call
 kept: observations wait here, at most ``max_queued`` of them, until the next
 :meth:`FeedbackLedger.flush` adds them in one atomic step. Every refusal is a
@@ -117,7 +118,7 @@ class FeedbackLedger:
             queue.Queue(maxsize=max_queued)
         self._queued: dict[str, tuple[Call, concurrent.futures.Future[None]]] = {}
         self._queued_lock = threading.Lock()
-        self._pending: OrderedDict[str, Call] = OrderedDict()  # stored, not seen rated
+        self._pending: OrderedDict[str, Call] = OrderedDict()  # (being) stored, not seen rated
         self._max_pending = max_queued
         self._observed: deque[tuple[list[Increment], float]] = deque()
         self._closing = threading.Event()
@@ -169,6 +170,11 @@ class FeedbackLedger:
                     self._queue.put(None)  # stop after this batch
                     break
                 batch.append(more)
+            with self._queued_lock:  # kept before it is stored: rated, it can be forgotten
+                for call, _ in batch:
+                    self._pending[call.id] = call
+                while len(self._pending) > self._max_pending:
+                    self._pending.popitem(last=False)
             while True:
                 try:
                     self.store.add_calls([c for c, _ in batch], self.window_s)
@@ -185,9 +191,6 @@ class FeedbackLedger:
             with self._queued_lock:
                 for call, _ in batch:
                     self._queued.pop(call.id, None)
-                    self._pending[call.id] = call
-                while len(self._pending) > self._max_pending:
-                    self._pending.popitem(last=False)
             for _, done in batch:
                 done.set_result(None)
 
@@ -241,6 +244,28 @@ class FeedbackLedger:
         for start in range(0, len(calls), 512):
             self.store.add_calls(calls[start:start + 512], self.window_s)
         return len(calls)
+
+    def forget_rated(self, since: int) -> None:
+        """Forget the calls kept for :meth:`restore` that were rated (through any process)
+        at a store version after ``since``
+        (:meth:`~canopy.regional.store.Store.rated_since`; past what the store keeps, each
+        kept call is looked up), so a store restarted empty gets back only calls still
+        awaiting a rating. Raises ``StoreBusy``."""
+        with self._queued_lock:
+            if not self._pending:
+                return
+        rated = self.store.rated_since(since)
+        if rated is None:
+            with self._queued_lock:
+                kept = list(self._pending)
+            rated = [one for start in range(0, len(kept), 512)
+                     for one, call in zip(kept[start:start + 512],
+                                          self.store.calls(kept[start:start + 512]),
+                                          strict=True)
+                     if call is not None and call.quality is not None]
+        with self._queued_lock:
+            for one in rated:
+                self._pending.pop(one, None)
 
     def rate(self, call_id: str, quality: float) -> Call:
         """Credit ``quality`` to one call; the call, rated. Raises :class:`InvalidRating`,

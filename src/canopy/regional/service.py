@@ -20,7 +20,9 @@ The store sits behind a circuit (:class:`~canopy.regional.circuit.StoreCircuit`)
 that is down fails at once and is probed in the background. A store found restarted empty or
 replaced (:class:`~canopy.regional.store.StoreReset`) is re-seeded from the sums this process
 last read (one process does it, under the store's lock; the others adopt it), and the calls
-awaiting a rating are stored again: at most the ratings of the last ``sync_s`` are lost.
+awaiting a rating are stored again (those rated through another process are forgotten at each
+pull): at most the ratings of the last ``sync_s`` are lost, and a call rated through another
+process in that last ``sync_s`` could be rated once more.
 
 The service chooses a *model*; which replica of that model's upstream serves the call is the
 adapter's to ask of the upstream, after the choice (the proxy's
@@ -112,6 +114,7 @@ class RoutingService:
         self._reading = _Held(self._lock, router)
         self._prior = self._sums()
         self._version = 0
+        self._rated_from = 0  # the version after which ratings elsewhere are to be read
         self._cells: dict[tuple[str, str], np.ndarray] = {}  # the store's sums, as last read
         self._cost_max = 0.0
         self._grace = max(5.0, 8 * sync_s)  # after a re-seed: the others store their calls
@@ -125,6 +128,7 @@ class RoutingService:
                                       else 0.0)
         self._breaker = Breaker(breaker_failures, breaker_cooldown_s)
         self._sync_quietly()
+        self._rated_from = self._version  # every call here is stored (and rated) after it
         self._stop = threading.Event()
         self._thread = None
         if expire_every_s is None:
@@ -302,7 +306,19 @@ class RoutingService:
     def sync(self) -> int:
         """Add the outcomes waiting to be stored (:meth:`observe`), then read the cells
         changed in the store since the last read into the router; how many. A store
-        restarted empty or replaced is re-seeded first (``_reseed``). Raises ``StoreBusy``."""
+        restarted empty or replaced is re-seeded first (``_reseed``). Then forget the calls
+        awaiting a rating here that another process rated since the last pull
+        (:meth:`FeedbackLedger.forget_rated`). Raises ``StoreBusy``."""
+        read = self._pull()
+        with self._sync_lock:
+            if self._version > self._rated_from:
+                upto = self._version
+                self._ledger.forget_rated(self._rated_from)
+                self._rated_from = upto
+        return read
+
+    def _pull(self) -> int:
+        """:meth:`sync` but for the calls rated elsewhere (what a rating's own read skips)."""
         with self._sync_lock:
             try:
                 self._ledger.flush()
@@ -325,6 +341,8 @@ class RoutingService:
                     self._set_moments(key, changes.cost_max)
             self._cost_max = max(self._cost_max, changes.cost_max)
             self._version = changes.version if reset else max(self._version, changes.version)
+            if reset:  # the new store's ratings, from its first
+                self._rated_from = 0
             return len(changes.cells)
 
     def _set_moments(self, key: tuple[str, str], cost_max: float) -> None:
@@ -350,7 +368,7 @@ class RoutingService:
 
     def _sync_quietly(self) -> None:
         try:
-            self.sync()
+            self._pull()
         except StoreBusy as error:  # stored: the background pull will bring it
             log.info("reading the store after a rating: %s", error)
 

@@ -18,6 +18,11 @@ A store keeps a *generation* marker: ``fresh:<token>`` when a process found it e
 empty (Redis run without persistence) or replaced (a SQLite file deleted and re-created)
 has lost or changed its marker; every read and rating then raises :class:`StoreReset` until
 the process re-seeds it or adopts the re-seeded one.
+
+A store also keeps, for the last :data:`RATED_KEPT` versions, the ids of the calls each
+rating marked (:meth:`Store.rated_since`): how a process learns, at its pull, which of the
+calls it made were rated through another process, so that after a reset it stores again
+only the calls still awaiting a rating.
 """
 
 from __future__ import annotations
@@ -29,8 +34,13 @@ from typing import Protocol, runtime_checkable
 
 from canopy._lazy import deprecated_aliases
 
-__all__ = ["Call", "Cell", "Changes", "Increment", "Store", "StoreBusy", "StoreReset",
-           "StoreUnreachable", "moments", "new_marker", "seeded"]
+__all__ = ["RATED_KEPT", "Call", "Cell", "Changes", "Increment", "Store", "StoreBusy",
+           "StoreReset", "StoreUnreachable", "moments", "new_marker", "seeded"]
+
+RATED_KEPT = 10_000
+"""How many versions back a store keeps the ids its ratings marked (each rating is one
+version, so at most this many ratings' ids): a process whose last pull is older looks its
+calls up one by one instead."""
 
 
 class StoreBusy(Exception):
@@ -153,6 +163,11 @@ class Store(Protocol):
 
     def changes(self, since: int) -> Changes:
         """The cells written after version ``since`` (0: all)."""
+
+    def rated_since(self, version: int) -> list[str] | None:
+        """The ids of the calls marked rated at a version after ``version``; ``None`` when
+        ``version`` is more than :data:`RATED_KEPT` versions behind the store's (their ids
+        are no longer all kept)."""
 
     def expire(self, older_than: float) -> int:
         """Forget calls created before ``older_than`` (epoch seconds); how many."""

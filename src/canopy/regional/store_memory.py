@@ -4,16 +4,28 @@ for tests, one-process services and LiteLLM routers that need not persist."""
 from __future__ import annotations
 
 import threading
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import replace
 
-from canopy.regional.store import Call, Cell, Changes, Increment, new_marker, seeded
+from canopy.regional.store import (
+    RATED_KEPT,
+    Call,
+    Cell,
+    Changes,
+    Increment,
+    new_marker,
+    seeded,
+)
 
 __all__ = ["MemoryStore"]
 
 
 class MemoryStore:
-    """Everything in dictionaries behind one lock; nothing survives the process."""
+    """Everything in dictionaries behind one lock; nothing survives the process.
+    ``rated_kept``: how many versions back the ids marked rated are kept."""
+
+    rated_kept = RATED_KEPT
 
     def __init__(self, *, namespace: str = "") -> None:
         self.url = "memory"
@@ -24,6 +36,7 @@ class MemoryStore:
         self._cells: dict[tuple[str, str], tuple[float, float, float, int]] = {}
         self._version = 0
         self._cost_max = 0.0
+        self._rated: deque[tuple[int, str]] = deque()  # (version, id) of each call rated
         self._marker = new_marker(False)
         self.generation: str | None = self._marker
 
@@ -72,9 +85,12 @@ class MemoryStore:
             calls = [self._calls.get(one) for one in ids]
             if any(c is None or c.quality is not None for c in calls):
                 return False
+            self._version += 1
             for call in calls:
                 self._calls[call.id] = replace(call, quality=quality)
-            self._version += 1
+                self._rated.append((self._version, call.id))
+            while self._rated and self._rated[0][0] <= self._version - self.rated_kept:
+                self._rated.popleft()
             for inc in increments:
                 n, s, q, _ = self._cells.get((inc.region, inc.model), (0.0, 0.0, 0.0, 0))
                 self._cells[(inc.region, inc.model)] = (
@@ -88,6 +104,12 @@ class MemoryStore:
             cells = tuple(Cell(region, model, n, s, q)
                           for (region, model), (n, s, q, v) in self._cells.items() if v > since)
             return Changes(self._version, cells, self._cost_max)
+
+    def rated_since(self, version: int) -> list[str] | None:
+        with self._lock:
+            if version < self._version - self.rated_kept:
+                return None
+            return [one for at, one in self._rated if at > version]
 
     def expire(self, older_than: float) -> int:
         with self._lock:

@@ -4,12 +4,13 @@ worker processes on many machines (``redis-py``, part of the ``serve`` extra).
 Keys under ``canopy:<namespace>:``: ``call:<id>`` (a hash per call, expiring with the
 feedback window), ``calls`` and ``rated`` (ids by creation time), ``episode:<id>``,
 ``cells`` (the sums, three fields per region and model), ``changed`` (cells by the version
-that last wrote them), ``version``, ``meta`` and ``generation`` (the marker a restart without
-persistence loses). A rating is one Lua script, so Redis runs it atomically: the marker is
-checked, every call is checked and marked and every cell added, or nothing; so is a re-seed. Every
-operation waits at most ``wait_s`` (then :class:`~canopy.regional.store.StoreBusy`); how
-durable an acknowledged rating is follows the server's persistence settings (``appendonly
-yes`` with ``appendfsync always`` or ``everysec``).
+that last wrote them), ``marked`` (the ids each rating marked, by its version, those of the
+last ``rated_kept`` versions), ``version``, ``meta`` and ``generation`` (the marker a
+restart without persistence loses). A rating is one Lua script, so Redis runs it atomically:
+the marker is checked, every call is checked and marked and every cell added, or nothing; so
+is a re-seed. Every operation waits at most ``wait_s`` (then
+:class:`~canopy.regional.store.StoreBusy`); how durable an acknowledged rating is follows the
+server's persistence settings (``appendonly yes`` with ``appendfsync always`` or ``everysec``).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import contextlib
 from collections.abc import Iterator, Sequence
 
 from canopy.regional.store import (
+    RATED_KEPT,
     Call,
     Cell,
     Changes,
@@ -46,6 +48,8 @@ for j = 0, tonumber(ARGV[c]) - 1 do
   redis.call('ZADD', p .. 'changed', version, cell)
 end
 """
+# A rating: ARGV = namespace prefix, generation, k, k ids, quality, cost_max, cells (as
+# above), and last how many versions back ``marked`` keeps the ids rated.
 _RATE = """
 local p, k = ARGV[1], tonumber(ARGV[3])
 if redis.call('GET', p .. 'generation') ~= ARGV[2] then return -1 end
@@ -63,6 +67,8 @@ for i = 1, k do
 end
 local m, c = at + 1, at + 2
 """ + _ADD + """
+for i = 1, k do redis.call('ZADD', p .. 'marked', version, ARGV[3 + i]) end
+redis.call('ZREMRANGEBYSCORE', p .. 'marked', '-inf', version - tonumber(ARGV[#ARGV]))
 return version
 """
 _RESEED = """
@@ -77,7 +83,10 @@ return ARGV[2]
 
 
 class RedisStore:
-    """A Redis server as the store; safe across threads, processes and machines."""
+    """A Redis server as the store; safe across threads, processes and machines.
+    ``rated_kept``: how many versions back the ids marked rated are kept."""
+
+    rated_kept = RATED_KEPT
 
     def __init__(self, url: str, *, namespace: str = "", wait_s: float = 1.0) -> None:
         try:
@@ -177,6 +186,7 @@ class RedisStore:
         for i in increments:
             args += [i.region + _SEP + i.model, repr(i.weight), repr(i.weight * i.reward),
                      repr(i.weight * i.reward * i.reward)]
+        args.append(str(self.rated_kept))
         with self._busy():
             version = int(self._rate(args=args))
         if version < 0:
@@ -197,6 +207,15 @@ class RedisStore:
             n, s, q = (float(v or 0.0) for v in values[3 * i:3 * i + 3])
             cells.append(Cell(region, model, n, s, q))
         return Changes(version, tuple(cells), cost_max)
+
+    def rated_since(self, version: int) -> list[str] | None:
+        with self._busy(), self._redis.pipeline(transaction=True) as pipe:
+            pipe.get(self._p + "generation")
+            pipe.get(self._p + "version")
+            pipe.zrangebyscore(self._p + "marked", f"({version}", "+inf")
+            marker, now, ids = pipe.execute()
+        self._check(marker)
+        return None if version < int(now or 0) - self.rated_kept else list(ids)
 
     def expire(self, older_than: float) -> int:
         with self._busy():

@@ -21,6 +21,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from canopy.regional.store import (
+    RATED_KEPT,
     Call,
     Cell,
     Changes,
@@ -49,6 +50,9 @@ CREATE TABLE IF NOT EXISTS canopy_calls (
 CREATE INDEX IF NOT EXISTS canopy_calls_created ON canopy_calls (ns, created);
 CREATE INDEX IF NOT EXISTS canopy_calls_episode ON canopy_calls (ns, episode)
     WHERE episode IS NOT NULL;
+CREATE TABLE IF NOT EXISTS canopy_marked (
+    ns TEXT NOT NULL, version INTEGER NOT NULL, id TEXT NOT NULL,
+    PRIMARY KEY (ns, version, id)) WITHOUT ROWID;
 """
 class _Refused(Exception):
     """A call of a rating is already rated or gone: the transaction is rolled back."""
@@ -59,7 +63,10 @@ _BUSY_CODES = (5, 6)  # SQLITE_BUSY, SQLITE_LOCKED (named in sqlite3 from Python
 
 
 class SqliteStore:
-    """One SQLite file; safe across threads and processes."""
+    """One SQLite file; safe across threads and processes. ``rated_kept``: how many
+    versions back the ids marked rated are kept (table ``canopy_marked``)."""
+
+    rated_kept = RATED_KEPT
 
     def __init__(self, path: str | Path, *, namespace: str = "", wait_s: float = 1.0) -> None:
         self.path = Path(path)
@@ -237,6 +244,10 @@ class SqliteStore:
                 if marked != len(ids):
                     raise _Refused
                 version = _next_version(db, ns)
+                db.executemany("INSERT INTO canopy_marked VALUES (?, ?, ?)",
+                               [(ns, version, one) for one in ids])
+                db.execute("DELETE FROM canopy_marked WHERE ns = ? AND version <= ?",
+                           (ns, version - self.rated_kept))
                 db.executemany(_ADD_CELL, [(ns, i.region, i.model, i.weight,
                                             i.weight * i.reward,
                                             i.weight * i.reward * i.reward, version)
@@ -246,21 +257,37 @@ class SqliteStore:
             return False
         return True
 
-    def changes(self, since: int) -> Changes:
+    @contextlib.contextmanager
+    def _snapshot(self) -> Iterator[sqlite3.Connection]:
+        """This thread's connection, reading one snapshot of the store this process knows
+        (``StoreReset`` if it is another)."""
         db = self._db()
         with self._busy():
-            db.execute("BEGIN")  # one snapshot: the version and the cells agree
+            db.execute("BEGIN")
             try:
                 self._check(db)
-                meta = dict(db.execute("SELECT key, value FROM canopy_meta WHERE ns = ? AND "
-                                       "key IN ('version', 'cost_max')",
-                                       (self.namespace,)).fetchall())
-                rows = db.execute("SELECT region, model, n, s, q FROM canopy_cells WHERE "
-                                  "ns = ? AND version > ?", (self.namespace, since)).fetchall()
+                yield db
             finally:
                 db.execute("COMMIT")
+
+    def changes(self, since: int) -> Changes:
+        with self._snapshot() as db:  # the version and the cells agree
+            meta = dict(db.execute("SELECT key, value FROM canopy_meta WHERE ns = ? AND "
+                                   "key IN ('version', 'cost_max')",
+                                   (self.namespace,)).fetchall())
+            rows = db.execute("SELECT region, model, n, s, q FROM canopy_cells WHERE "
+                              "ns = ? AND version > ?", (self.namespace, since)).fetchall()
         return Changes(int(meta.get("version", 0)), tuple(Cell(*row) for row in rows),
                        float(meta.get("cost_max", 0.0)))
+
+    def rated_since(self, version: int) -> list[str] | None:
+        with self._snapshot() as db:  # the version and the ids agree
+            now = db.execute("SELECT value FROM canopy_meta WHERE ns = ? AND key = 'version'",
+                             (self.namespace,)).fetchone()
+            ids = [row[0] for row in db.execute(
+                "SELECT id FROM canopy_marked WHERE ns = ? AND version > ?",
+                (self.namespace, version))]
+        return None if version < int(now[0] if now else 0) - self.rated_kept else ids
 
     def expire(self, older_than: float) -> int:
         with self._write() as db:
