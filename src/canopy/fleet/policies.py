@@ -268,7 +268,7 @@ class TradeoffRouter(RegionalRouter):
 
     def played(self) -> dict[str, float]:
         """The ``theta`` each region's arm of the highest index is now, by region path (the
-        root as ``"/"``): what :meth:`arm` plays there (UCB's index; no draw is made)."""
+        root as ``"/"``): what ``arm`` plays there (UCB's index; no draw is made)."""
         k = len(self.models)
         z, est, out = np.zeros(k), np.empty((k, 3)), np.empty(k)
         played = {}
@@ -280,8 +280,9 @@ class TradeoffRouter(RegionalRouter):
 
     def scoring(self, node: int) -> tuple[np.ndarray, np.ndarray, int, np.ndarray, np.ndarray]:
         """What :func:`choose_keys` reads to score the arms at region ``node`` (from
-        :meth:`node`): ``(stats, chain, kind, rule, z)``, ``z`` drawn as :meth:`scores`
-        draws it (Thompson sampling's normals; zeros for UCB)."""
+        :meth:`node`): ``(stats, chain, kind, rule, z)``, ``z`` drawn as
+        ``RegionalRouter.scores`` draws it (Thompson sampling's normals;
+        zeros for UCB)."""
         k = len(self.models)
         z = self.rng.standard_normal(k) if self._kind == kernels.THOMPSON else np.zeros(k)
         return self._stats, self._chains[node], self._kind, self._rule, z

@@ -82,8 +82,9 @@ class MemoryStore:
     def rate(self, ids: Sequence[str], quality: float, increments: Sequence[Increment],
              cost_max: float) -> bool:
         with self._lock:
-            calls = [self._calls.get(one) for one in ids]
-            if any(c is None or c.quality is not None for c in calls):
+            found = [self._calls.get(one) for one in ids]
+            calls = [c for c in found if c is not None and c.quality is None]
+            if len(calls) < len(found):
                 return False
             self._version += 1
             for call in calls:
