@@ -177,6 +177,12 @@ def decide(code: int, params: np.ndarray, state: np.ndarray, matched: np.ndarray
 
 
 @nb.njit(cache=True)
+def hash_key(keys: np.ndarray) -> int:
+    """The key ``prefix_hash`` hashes: the :data:`HASHED_BLOCKS`-th block's (0: no blocks)."""
+    return keys[min(HASHED_BLOCKS, keys.size) - 1] if keys.size else 0
+
+
+@nb.njit(cache=True)
 def choose_keys(code: int, params: np.ndarray, state: np.ndarray, slots: np.ndarray,
                 key: np.ndarray, parent: np.ndarray, mask: np.ndarray, stamp: np.ndarray,
                 keys: np.ndarray, now: float, ttl: float, nodes: np.ndarray,
@@ -194,16 +200,10 @@ def choose_keys(code: int, params: np.ndarray, state: np.ndarray, slots: np.ndar
     arm = -1
     if grid.size:
         kernels.scores(stats, chain, kind, rule, explore, z, est, arm_scores)
-        arm = 0
-        for m in range(1, arm_scores.size):  # np.argmax: the first best, a NaN first
-            if np.isnan(arm_scores[arm]):
-                break
-            if arm_scores[m] > arm_scores[arm] or np.isnan(arm_scores[m]):
-                arm = m
+        arm = np.argmax(arm_scores)
         params[0] = grid[arm]
-    hashed = keys[min(HASHED_BLOCKS, keys.size) - 1] if keys.size else 0
     replica = decide(code, params, state, matched, keys.size, req_tokens, block_tokens,
-                     hashed, load, scratch)
+                     hash_key(keys), load, scratch)
     return replica, arm
 
 
@@ -218,9 +218,6 @@ def learn(stats: np.ndarray, chain: np.ndarray, arm: int, ttft: float, rule: np.
         rule[sharing_module.RANGE] = 1.0 + ttft
 
 
-def hash_key(keys: np.ndarray) -> int:
-    """The key ``prefix_hash`` hashes: the :data:`HASHED_BLOCKS`-th block's (0: no blocks)."""
-    return int(keys[min(HASHED_BLOCKS, keys.size) - 1]) if keys.size else 0
 
 
 def region_buckets(first_key: int, deep_key: int, buckets: int = REGION_BUCKETS

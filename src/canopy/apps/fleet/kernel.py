@@ -22,7 +22,7 @@ import numpy as np
 
 from canopy.fleet import load as load_module
 from canopy.fleet.index import calibrate_ttl, match_nodes, send_nodes
-from canopy.fleet.policies import HASHED_BLOCKS, decide, learn
+from canopy.fleet.policies import decide, hash_key, learn
 from canopy.prefix.kernels import CACHED, canopy_request
 from canopy.regional import kernels
 
@@ -359,8 +359,7 @@ def replay(serve, held, replicas, events, offsets, nodes, n_nodes, tokens, out_t
                 arm_of[i] = arm
                 params[0] = grid[arm]
             r = decide(code, params, state, matched, path.size, req_tokens, block_tokens,
-                       path[min(HASHED_BLOCKS, path.size) - 1] if path.size else 0, table,
-                       scratch)
+                       hash_key(path), table, scratch)
         theta_out[i] = params[0]
         predicted[i] = matched[r]
         bit = np.uint64(1) << np.uint64(r)
