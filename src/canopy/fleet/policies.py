@@ -200,7 +200,7 @@ def choose_keys(code: int, params: np.ndarray, state: np.ndarray, slots: np.ndar
     arm = -1
     if grid.size:
         kernels.scores(stats, chain, kind, rule, explore, z, est, arm_scores)
-        arm = np.argmax(arm_scores)
+        arm = int(np.argmax(arm_scores))
         params[0] = grid[arm]
     replica = decide(code, params, state, matched, keys.size, req_tokens, block_tokens,
                      hash_key(keys), load, scratch)
