@@ -138,6 +138,13 @@ class RadixCache:
     def root_node(self) -> Node:
         return self.root
 
+    def path_device_indices(self, node: Node) -> list[int]:
+        parts = []
+        while node is not self.root:
+            parts.append(node.value)
+            node = node.parent
+        return [i for part in reversed(parts) for i in part]
+
     @property
     def evictable_leaves(self) -> list[Node]:
         return [n for n in self._nodes() if self._evictable_leaf(n)]

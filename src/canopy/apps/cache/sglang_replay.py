@@ -153,7 +153,7 @@ def serve_request(api: Any, cache: Any, path: Sequence[int], capacity: int, *,
     if new is None:
         raise RuntimeError(f"SGLang's tree holds {used} of {capacity} blocks, its pool has "
                            f"{pool.available_size()} free: the two disagree")
-    values = pool.vector(_path_indices(cache, node)[:hit] + new)
+    values = pool.vector(list(map(int, cache.path_device_indices(node)))[:hit] + new)
     # the finished request is inserted whole even when all of it was cached (that counts
     # its hits); SGLang counts a request once, so later chunks pass what was inserted
     ends = list(range(hit + 1, keep + 1)) if per_block and keep > hit else [keep]
@@ -166,15 +166,6 @@ def serve_request(api: Any, cache: Any, path: Sequence[int], capacity: int, *,
         inserted = owned = end
     cache.dec_lock_ref(node)
     return int(hit)
-
-
-def _path_indices(cache: Any, node: Any) -> list[int]:
-    """The KV indices of the tokens from the root to ``node``."""
-    parts = []
-    while node is not cache.root_node:
-        parts.append(node.value.tolist() if hasattr(node.value, "tolist") else node.value)
-        node = node.parent
-    return [int(i) for part in reversed(parts) for i in part]
 
 
 def sweep(trace: Trace, *, policies: Sequence[str | EvictionPolicy], capacities: Sequence[int],
