@@ -205,7 +205,7 @@ class ReplicaIndex:
     def _bit(self, replica: int) -> np.uint64:
         if not 0 <= replica < self.n_replicas:
             raise ValueError(f"replica must be in 0..{self.n_replicas - 1}, got {replica}")
-        return np.uint64(1) << np.uint64(replica)
+        return np.uint64(1 << replica)  # one numpy scalar (replica < 64)
 
     def _add(self, replica: int, keys: np.ndarray, parent: int) -> None:
         """The nodes of ``keys`` (a chain under node ``parent``), ``replica``'s bit set."""

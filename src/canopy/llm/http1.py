@@ -142,6 +142,7 @@ class Http1Pool:
             raise ValueError(f"the lean client speaks plain http://, got {base_url!r}")
         self.host, self.port = parts.hostname, parts.port or 80
         self._host = parts.netloc.encode("ascii")
+        self._heads: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[bytes, bytes]] = {}
         self._idle: list[_Connection] = []
         self._slots = asyncio.Semaphore(max_connections)
 
@@ -152,12 +153,8 @@ class Http1Pool:
         when the request is written, before its answer is awaited (the caller's bookkeeping
         overlaps the origin's work), or, when the call fails before, as it fails."""
         once = Once(written)
-        head = [b"POST ", path.encode("ascii"), b" HTTP/1.1\r\nHost: ", self._host,
-                b"\r\nContent-Type: application/json\r\nContent-Length: ",
-                str(len(body)).encode("ascii"), b"\r\n"]
-        for name, value in headers.items():
-            head += [name.encode("latin-1"), b": ", value.encode("latin-1"), b"\r\n"]
-        request = b"".join([*head, b"\r\n", body])
+        start, end = self._head(path, headers)
+        request = b"%s%d%s%s" % (start, len(body), end, body)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         try:
@@ -167,9 +164,11 @@ class Http1Pool:
                 await self._slots.acquire()
             try:
                 try:
-                    return await self._exchange(request, cap, deadline, once, reused=True)
+                    return await self._exchange(loop, request, cap, deadline, once,
+                                                reused=True)
                 except _Cut:  # a kept-alive connection the origin had closed: once more
-                    return await self._exchange(request, cap, deadline, once, reused=False)
+                    return await self._exchange(loop, request, cap, deadline, once,
+                                                reused=False)
             finally:
                 self._slots.release()
         except asyncio.TimeoutError:
@@ -180,9 +179,23 @@ class Http1Pool:
         finally:
             once()  # failed before any write: the caller's bookkeeping still runs, first
 
-    async def _exchange(self, request: bytes, cap: int, deadline: float, written: Once, *,
-                        reused: bool) -> Answer:
-        loop = asyncio.get_running_loop()
+    def _head(self, path: str, headers: dict[str, str]) -> tuple[bytes, bytes]:
+        """A request's head around its ``Content-Length`` value: made once per path and
+        headers (a few: the endpoints and the key), then reused."""
+        key = (path, tuple(headers.items()))
+        found = self._heads.get(key)
+        if found is None:
+            lines = b"".join(name.encode("latin-1") + b": " + value.encode("latin-1") + b"\r\n"
+                             for name, value in headers.items())
+            found = (b"POST " + path.encode("ascii") + b" HTTP/1.1\r\nHost: " + self._host
+                     + b"\r\nContent-Type: application/json\r\nContent-Length: ",
+                     b"\r\n" + lines + b"\r\n")
+            if len(self._heads) < 64:
+                self._heads[key] = found
+        return found
+
+    async def _exchange(self, loop: asyncio.AbstractEventLoop, request: bytes, cap: int,
+                        deadline: float, written: Once, *, reused: bool) -> Answer:
         conn = None
         while reused and self._idle:
             conn = self._idle.pop()

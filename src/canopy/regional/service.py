@@ -58,6 +58,8 @@ T = TypeVar("T")
 PRIVATE_LINGER_S = 0.05
 """How long the ledger's writer gathers calls into one batch for a store only this process
 reads (one wake-up of its thread per batch instead of one per call)."""
+_ONE_MODEL = np.zeros(1)  # a one-model router's scores (read only)
+_ONE_MODEL.flags.writeable = False
 
 
 class Route(NamedTuple):
@@ -161,7 +163,7 @@ class RoutingService:
             region = self.regions.bound(path, self.router.regions)
             if len(self.models) == 1:  # nothing to rank: only the region's node is made
                 self.router.chain(region)
-                scores = np.zeros(1)
+                scores = _ONE_MODEL
             else:
                 scores = self.router.scores(region)
         return Route(region, self._order(scores, allowed, lam, costs, max_cost))

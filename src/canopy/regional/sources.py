@@ -121,6 +121,8 @@ class RegionSource:
     def _raw(self, given: str | None, body: dict[str, Any]) -> str:
         if given:
             return given
+        if not self.config.rules and self.classifier is None and self.centroids is None:
+            return self.config.default  # nothing reads the body
         text = user_text(body)
         for pattern, region in self.config.rules:
             if pattern.search(text):

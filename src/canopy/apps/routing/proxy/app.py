@@ -650,7 +650,9 @@ def create_app(config: ProxyConfig, *, insecure_no_auth: bool = False,
     def _settled(answer: Response, after: Callable[[], None] | None, seconds: float) -> None:
         if after is not None:
             after()
-        proxy.metrics.chat(answer.status_code, answer.headers.get("X-Canopy-Model"), seconds)
+        model = next((value.decode("latin-1") for name, value in answer.raw_headers
+                      if name == b"x-canopy-model"), None)  # no Headers object made
+        proxy.metrics.chat(answer.status_code, model, seconds)
 
     async def routed(request: Request, endpoint: str) -> Any:
         started = time.perf_counter()

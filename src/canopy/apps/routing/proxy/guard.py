@@ -4,6 +4,7 @@ here, is the routing service's: :meth:`~canopy.regional.service.RoutingService.o
 
 from __future__ import annotations
 
+import functools
 import hmac
 import json
 import os
@@ -22,6 +23,7 @@ __all__ = ["Keys", "Preferences", "SseUsage", "check_chat_body",
            "redact", "sane_usage"]
 
 MAX_TOKENS_PER_CALL = 2_000_000  # beyond any context window: such a usage report is wrong
+PLAUSIBLE_PROMPT = 4096  # a reported prompt over 50 x its estimate + this is clamped
 MAX_SSE_LINE = 1 << 20  # an event line longer than this is skipped, not buffered
 
 _SECRET = re.compile(r"(?i)(bearer\s+|api[_-]?key[\"'=:\s]+|\bsk-)[A-Za-z0-9._~+/=-]+")
@@ -67,19 +69,25 @@ class Keys:
     def secrets(self) -> tuple[str, ...]:
         return tuple(k for k in (self.client, self.admin) if k)
 
-    def _matches(self, authorization: str | None, key: str | None) -> bool:
-        scheme, _, token = (authorization or "").partition(" ")
-        return key is not None and scheme.lower() == "bearer" and bool(token) and \
-            hmac.compare_digest(token.encode(), key.encode())
+    @functools.cached_property
+    def _encoded(self) -> tuple[bytes | None, bytes | None]:
+        """The admin and client keys as bytes (compared in constant time)."""
+        return (None if self.admin is None else self.admin.encode(),
+                None if self.client is None else self.client.encode())
 
     def refusal(self, authorization: str | None, *, admin: bool) -> int | None:
         """``None`` when the header opens the route; else 401 (no or a wrong key) or 403 (the
         client key on an admin route)."""
         if self.client is None and self.admin is None:
             return None  # only with --insecure-no-auth
-        if self._matches(authorization, self.admin):
+        scheme, _, token = (authorization or "").partition(" ")
+        if scheme.lower() != "bearer" or not token:
+            return 401
+        given = token.encode()
+        admin_key, client_key = self._encoded
+        if admin_key is not None and hmac.compare_digest(given, admin_key):
             return None
-        if self._matches(authorization, self.client):
+        if client_key is not None and hmac.compare_digest(given, client_key):
             return 403 if admin else None
         return 401
 
@@ -179,7 +187,7 @@ class Preferences:
         why they are malformed."""
         given = body.pop("canopy", None)
         if given is None:
-            return cls()
+            return _NO_PREFERENCES
         if not isinstance(given, dict) or set(given) - {"lam", "max_cost"}:
             return "'canopy' must be an object with optional 'lam' and 'max_cost'"
         for name in ("lam", "max_cost"):
@@ -189,6 +197,9 @@ class Preferences:
             if problem:
                 return problem
         return cls(given.get("lam"), given.get("max_cost"))
+
+
+_NO_PREFERENCES = Preferences()
 
 
 def expected_tokens(body: dict[str, Any]) -> tuple[int, int]:
@@ -217,15 +228,13 @@ def sane_usage(body: dict[str, Any], answer_chars: int, raw: dict[str, Any],
     """Token counts to bill: the upstream's report, an estimate when it sent none
     (``"estimated"``), or the estimate in place of an absurd report (negative, not a count,
     or far too large: ``"clamped"``). ``answer_chars``: the answer's length in characters."""
-    prompt_guess = expected_tokens(body)[0]
-    completion_guess = estimate_tokens(answer_chars)
     if not isinstance(raw.get("usage"), dict):
-        return prompt_guess, completion_guess, "estimated"
+        return expected_tokens(body)[0], estimate_tokens(answer_chars), "estimated"
     prompt, completion = _count(prompt_tokens), _count(completion_tokens)
-    if prompt is None or completion is None or \
-            prompt > min(MAX_TOKENS_PER_CALL, 50 * prompt_guess + 4096) or \
-            completion > MAX_TOKENS_PER_CALL:
-        return prompt_guess, completion_guess, "clamped"
+    if prompt is None or completion is None or completion > MAX_TOKENS_PER_CALL or \
+            (prompt > PLAUSIBLE_PROMPT and  # the estimate read only past that
+             prompt > min(MAX_TOKENS_PER_CALL, 50 * expected_tokens(body)[0] + PLAUSIBLE_PROMPT)):
+        return expected_tokens(body)[0], estimate_tokens(answer_chars), "clamped"
     return prompt, completion, "reported"
 
 

@@ -9,7 +9,7 @@ with 503 and ``Retry-After``."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import orjson
@@ -34,6 +34,23 @@ class JSONAnswer(JSONResponse):
     does once it is written (:class:`~canopy.apps.routing.proxy.connections.LeanRoutes`)."""
 
     after: Callable[[], None] | None = None
+
+    def __init__(self, content: Any, status_code: int = 200,
+                 headers: Mapping[str, str] | None = None, **options: Any) -> None:
+        names = () if headers is None else [name.lower() for name in headers]
+        if options or "content-length" in names or "content-type" in names or \
+                status_code < 200 or status_code in (204, 304):
+            super().__init__(content, status_code, headers, **options)
+            return
+        # Starlette's own headers for a JSON body (given ones first, then its length and
+        # type), made without its general case: a chat's answer is one of these
+        self.status_code, self.background = status_code, None
+        self.body = body = orjson.dumps(content)
+        self.raw_headers = [] if headers is None else [
+            (name.encode("latin-1"), value.encode("latin-1"))
+            for name, value in zip(names, headers.values(), strict=True)]
+        self.raw_headers += [(b"content-length", b"%d" % len(body)),
+                             (b"content-type", b"application/json")]
 
     def render(self, content: Any) -> bytes:
         return orjson.dumps(content)
