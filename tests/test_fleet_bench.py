@@ -194,6 +194,19 @@ def test_ranking_compares_the_live_and_simulated_orders():
     assert not differ["same"] and differ["simulator"][0] == "sglang-router"
 
 
+def test_ranking_orders_one_router_a_simulated_rule():
+    def row(p90, policy):
+        return {"ttft_p90_s": {"mean": p90, "lo": p90, "hi": p90}, "policy": policy}
+
+    live = {"canopy": row(0.2, None), "sglang-router": row(0.4, None),
+            "vllm-router": row(0.3, None), "least-load": row(0.5, None)}
+    simulated = {"canopy": row(1.0, "canopy"), "sglang-router": row(2.0, "sglang"),
+                 "vllm-router": row(2.0, "sglang"), "least-load": row(3.0, "least_load")}
+    assert bench.ranking(live, simulated) == {
+        "live": ["canopy", "sglang-router", "least-load"],
+        "simulator": ["canopy", "sglang-router", "least-load"], "same": True}
+
+
 def test_bench_json_has_the_schema_and_counts_lost_requests(workers):
     failing = Worker(fail=True)
     try:
