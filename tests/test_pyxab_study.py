@@ -171,3 +171,16 @@ def test_bad_configuration_fails_before_work():
         PyXABParams(objectives=("Rosenbrock",))
     with pytest.raises(ValueError, match="pyxab: unknown"):
         PyXABParams(pyxab=("HCT",))
+
+
+def test_path_statistics_methods_carry_them_in_their_cells_key():
+    """Cells of the methods that take path statistics by default say so, so a store's cells
+    of the same keywords computed before (a cell's own statistics) are not reused; the
+    others keep their keys."""
+    by_method = {cell["method"]: cell for cell in cells(PyXABParams(
+        objectives=("Garland",), horizons=(1000,), pyxab=()))}
+    for method in ("canopy-default", "canopy-edge", "canopy-eq4", "canopy-uncapped"):
+        assert by_method[method]["stats"] == "path"
+    for method in ("canopy-own", "canopy-paper", "canopy-eq6", "canopy-certified",
+                   "canopy-poo-L"):
+        assert "stats" not in by_method[method]

@@ -9,7 +9,8 @@ Choices the paper leaves open, fixed here:
 
 - ``T(v)`` and ``mean(v)`` count the node's *own* probes only (HCT-style), so ``mean(v)``
   estimates the subtree average f(v) of Eq. (1) without bias and the certificate sees uniform
-  random-path probes. (:class:`~canopy.policies.hoo.HOO` keeps HOO's path statistics.)
+  random-path probes. (:class:`~canopy.policies.hoo.HOO` keeps HOO's path statistics, and so
+  does :class:`MemoryBoundedDescent` by default, ``stats="path"``.)
 - ``t`` in ``ln t`` is the number of observations told so far; ``U`` and ``B`` are refreshed
   only on the played path, so off-path values are stale between visits (as in HCT).
 - Ties in ``B`` (unplayed children all have ``B = +inf``) go to the first child: the policy

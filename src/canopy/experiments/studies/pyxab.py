@@ -307,9 +307,20 @@ def _run_canopy(cell: dict[str, Any], seed: int) -> tuple[float, float, float | 
     return float(target.fmax * rounds - np.sum(problem.played)), seconds, simple
 
 
+def _path_statistics(cell: dict[str, Any]) -> dict[str, str]:
+    """``{"stats": "path"}`` for a method whose descent takes path statistics by default, so
+    that its cells' keys differ from those of the same keywords computed before path
+    statistics were the default (a store's older cells of it are computed again); else
+    ``{}`` (a cell's own statistics: unchanged, and so is its key)."""
+    policy = make_policy(cell)
+    return {"stats": "path"} if getattr(policy, "stats_", "own") == "path" else {}
+
+
 def cells(params: PyXABParams) -> list[dict[str, Any]]:
-    methods = [{**policy_cell(name, CANOPY_METHODS[name][0], **CANOPY_METHODS[name][1]),
-                "geometry": name not in EDGE} for name in params.canopy]
+    methods = [policy_cell(name, CANOPY_METHODS[name][0], **CANOPY_METHODS[name][1])
+               for name in params.canopy]
+    methods = [{**method, "geometry": method["method"] not in EDGE, **_path_statistics(method)}
+               for method in methods]
     methods += [{"method": name} for name in params.pyxab]
     return [{**method, "objective": name, "T": T, "sigma": params.sigma}
             for name in params.objectives for T in params.horizons for method in methods
