@@ -650,14 +650,21 @@ def _sampled_request(t, lo, hi, nodes, parent, capacity, params, ni, nf, sc, lke
     end = k
     if lo < k < hi and ni[nodes[k - 1], SLOT] >= 0:  # it takes a child: no longer a leaf
         n = _leaf_drop(ni, lkey, lnode, n, nodes[k - 1])
-    held, rest = -1, 0.0  # the parent left a leaf; the lowest key the last draw left
+    # the parent left a leaf and its key, kept off the list (in registers) while it is the
+    # next victim; the lowest key the last draw left
+    held, hk, rest = -1, 0.0, 0.0
     for r in range(k, hi):
         if size >= capacity:
-            if held >= 0 and lkey[ni[held, SLOT]] <= rest:
+            if held >= 0 and hk <= rest:
                 u = held
-            elif n == 0:  # every cached block is pinned
-                break
             else:
+                if held >= 0:  # it joins the list now, in the slot it would have held
+                    ni[held, SLOT] = n
+                    lnode[n], lkey[n] = held, hk
+                    n += 1
+                    held = -1
+                if n == 0:  # every cached block is pinned
+                    break
                 best, bk, rest = -1, np.inf, np.inf
                 if n <= draws:
                     for i in range(n):
@@ -678,18 +685,15 @@ def _sampled_request(t, lo, hi, nodes, parent, capacity, params, ni, nf, sc, lke
                         elif x < rest and i != best:  # a leaf drawn twice counts once
                             rest = x
                 u = lnode[best]
+                n = _leaf_drop(ni, lkey, lnode, n, u)
             held = -1
-            n = _leaf_drop(ni, lkey, lnode, n, u)
             ni[u, CACHED] = 0
             size -= 1
             p = parent[u]
             if p >= 0:
                 ni[p, NCHILD] -= 1
-                if ni[p, NCHILD] == 0 and ni[p, PIN] != t:  # p joins the list, held
-                    ni[p, SLOT] = n
-                    lnode[n], lkey[n] = p, _count(p, nf, j, epoch, lam, period)
-                    n += 1
-                    held = p
+                if ni[p, NCHILD] == 0 and ni[p, PIN] != t:  # p a leaf, held
+                    held, hk = p, _count(p, nf, j, epoch, lam, period)
         v = nodes[r]  # a decayed key reads the cells only: no use counts here
         ni[v, CACHED] = 1
         ni[v, PIN] = t
@@ -697,6 +701,10 @@ def _sampled_request(t, lo, hi, nodes, parent, capacity, params, ni, nf, sc, lke
         if parent[v] >= 0:
             ni[parent[v], NCHILD] += 1
         end = r + 1
+    if held >= 0:
+        ni[held, SLOT] = n
+        lnode[n], lkey[n] = held, hk
+        n += 1
     if end > lo and ni[nodes[end - 1], NCHILD] == 0:  # the request's last block: a leaf
         v = nodes[end - 1]
         if ni[v, SLOT] < 0:
