@@ -334,8 +334,8 @@ def _heap_pop(hkey, hnode, hver, n):
         c = 2 * i + 1
         if c >= n:
             break
-        if c + 1 < n and hkey[c + 1] < hkey[c]:
-            c += 1
+        if c + 1 < n:  # the smaller child, by a flag's value: no branch to mispredict
+            c += hkey[c + 1] < hkey[c]
         if hkey[c] >= key:
             break
         hkey[i], hnode[i], hver[i] = hkey[c], hnode[c], hver[c]
@@ -874,7 +874,8 @@ def _canopy_loop(t0, t1, first, offsets, nodes, parent, depth, capacity, params,
         t, event, arm = _canopy_run(t, t1, first, offsets, nodes, parent, depth, capacity,
                                     params, cells, c, arms, reused)
         if event == _UNRIDE or (event == _SWITCHED and sm[RIDES] == 1):
-            _unride(ni, sc, sm, sni, ssc)
+            # the requests so far (a trace's from its first: riding is a replay's alone)
+            _unride(ni, sc, sm, sni, ssc, nodes[offsets[0]:offsets[t - first]])
         if event == _SWITCHED:
             if sc[ARM] == 0:
                 _queue_from_heap(parent, depth, ni, params, sc, hnode, hver)
@@ -922,10 +923,15 @@ def _canopy_run(t0, t1, first, offsets, nodes, parent, depth, capacity, params, 
 
 
 @nb.njit(cache=True)
-def _unride(ni, sc, sm, sni, ssc):
+def _unride(ni, sc, sm, sni, ssc, seen):
     """Give the recency shadow its own state: until now it was the main cache (the same
-    kernel, capacity and requests), from now on it is not."""
-    sni[0][:] = ni
+    kernel, capacity and requests), from now on it is not. ``seen``: the blocks the requests
+    so far referenced; the main cache wrote no other node's row and the shadow none while it
+    rode, so the rows up to the highest of them are all that differ."""
+    m = 0
+    for v in seen:
+        m = max(m, v + 1)
+    sni[0][:m] = ni[:m]
     ssc[0][:] = sc
     ssc[0][ARM] = 0
     sm[RIDES] = 0
