@@ -666,13 +666,12 @@ def _sampled_request(t, lo, hi, nodes, parent, capacity, params, ni, nf, sc, lke
                 if n == 0:  # every cached block is pinned
                     break
                 best, bk, rest = -1, np.inf, np.inf
-                if n <= draws:
+                if n <= draws:  # without a branch on the keys (a coin flip a leaf)
                     for i in range(n):
                         x = lkey[i]
-                        if x < bk:
-                            best, bk, rest = i, x, bk
-                        elif x < rest:
-                            rest = x
+                        rest = min(rest, max(x, bk))  # the runner-up: the old best, or x
+                        best = i if x < bk else best
+                        bk = min(bk, x)
                 else:
                     for _ in range(draws):
                         rng ^= rng << 13
@@ -680,10 +679,10 @@ def _sampled_request(t, lo, hi, nodes, parent, capacity, params, ni, nf, sc, lke
                         rng ^= rng << 17
                         i = ((rng >> 32) & 0xFFFFFFFF) * n >> 32
                         x = lkey[i]
-                        if x < bk:
-                            best, bk, rest = i, x, bk
-                        elif x < rest and i != best:  # a leaf drawn twice counts once
-                            rest = x
+                        # a leaf drawn twice counts once (were x < bk, i could not be best)
+                        rest = rest if i == best else min(rest, max(x, bk))
+                        best = i if x < bk else best
+                        bk = min(bk, x)
                 u = lnode[best]
                 n = _leaf_drop(ni, lkey, lnode, n, u)
             held = -1
