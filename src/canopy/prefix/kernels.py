@@ -629,7 +629,8 @@ def _sampled_request(t, lo, hi, nodes, parent, capacity, params, ni, nf, sc, lke
     block (a request's reused prefix ends in the one block that takes a child, dropped before
     the first eviction; its inserted blocks join at its end), and a parent left a leaf by its
     child's eviction is the next victim while its key is at most the rest of the draw's, so a
-    chain's tail goes without a draw a block. The draws' generator (xorshift64) is seeded by
+    chain's tail goes without a draw a block (waiting in registers, off the list, until a draw
+    or the request's end puts it there). The draws' generator (xorshift64) is seeded by
     the sample's salt. Keys are the arm's counts in the scale of one epoch of the cells
     (:func:`_count`; the list is rescaled when an epoch begins): no logarithm a block."""
     size, n, rng = sc[SIZE], sc[HLEN], sc[DRAW]
