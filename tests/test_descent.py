@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from functools import partial
 
 import numpy as np
 import pytest
@@ -244,21 +245,46 @@ def test_the_options_resolve_from_split_and_are_stored_as_given():
     default = MemoryBoundedDescent()
     assert (default.split, default.probe, default.forget, default.radius) == (
         "variance", None, None, None)
-    assert (default.probe_, default.forget_, default.radius_) == ("centre", "balanced", "moss")
+    assert (default.probe_, default.forget_, default.radius_, default.stats_) == (
+        "centre", "balanced", "moss", "path")
     paper = MemoryBoundedDescent(split="eq6")  # the paper's Eq. 1 / Eq. 4 / Eq. 6 rule
-    assert (paper.probe_, paper.forget_, paper.radius_) == ("uniform", "any", "eq4")
+    assert (paper.probe_, paper.forget_, paper.radius_, paper.stats_) == (
+        "uniform", "any", "eq4", "own")
     for spread in ("estimated", "certified"):  # their estimates rest on uniform probes
         data_driven = MemoryBoundedDescent(spread=spread)
-        assert (data_driven.probe_, data_driven.forget_, data_driven.radius_) == (
-            "uniform", "any", "eq4")
+        assert (data_driven.probe_, data_driven.forget_, data_driven.radius_,
+                data_driven.stats_) == ("uniform", "any", "eq4", "own")
     mixed = MemoryBoundedDescent(split="eq6", probe="centre", forget="balanced", radius="moss")
     assert (mixed.probe_, mixed.forget_, mixed.radius_) == ("centre", "balanced", "moss")
     for kwargs, match in ((dict(split="vhct"), "split"), (dict(probe="corner"), "probe"),
-                          (dict(forget="oldest"), "forget"), (dict(radius="kl"), "radius")):
+                          (dict(forget="oldest"), "forget"), (dict(radius="kl"), "radius"),
+                          (dict(stats="subtree"), "stats")):
         with pytest.raises(ValueError, match=match):
             MemoryBoundedDescent(**kwargs)
     with pytest.raises(ValueError, match="split"):
         OptimisticDescent(split="vhct")
+
+
+@pytest.mark.parametrize("stats", ["path", "own"])
+def test_a_split_cells_upper_bound_counts_its_subtrees_probes(stats):
+    """``stats="path"`` (the default): a split cell's ``U`` counts every probe made in its
+    subtree (each is a point of its cell, within its spread of its best point), so it keeps
+    falling while its children are played; ``"own"``: the probes it had when it split."""
+    problem = FunctionOnInterval(LazyTree(2), lambda x: 0.5 + 0 * x, sigma=0.1)
+    policy = MemoryBoundedDescent(lipschitz=0.05, stats=stats)
+    run(policy, problem, budget=2_000.0, seed=0)
+    used = int(policy._ctl[ex.M_USED])
+    fs, ist = policy._fs[:used], policy._ist[:used]
+    split = (ist[:, ex.LEVEL] >= 0) & (ist[:, ex.FIRST] >= 0)
+    assert split.sum() >= 3
+    if stats == "path":
+        assert np.array_equal(fs[:, ex.COUNT], fs[:, ex.SUBN])
+    else:
+        assert (fs[split, ex.COUNT] < fs[split, ex.SUBN]).all()
+    root = fs[0]  # on every path: its U was refreshed at t = 2,000 with MOSS's radius
+    radius = 0.1 * math.sqrt(2.0 * max(math.log(2_000.0 / root[ex.COUNT]), 0.0)
+                             / root[ex.COUNT])
+    assert root[ex.UPPER] == pytest.approx(root[ex.MEAN] + radius + 0.05, rel=1e-9)
 
 
 @pytest.mark.parametrize("arity", [2, 3])
@@ -273,8 +299,10 @@ def test_centre_probes_ask_the_middle_descendant_and_carry_only_the_noise(arity)
     low, high = problem.tree.interval((level, index))
     assert abs(low - 0.5) < 1e-12 and abs(high - 0.5) < 1e-12  # a point: the centre
     variances = {}
-    for probe in ("centre", "uniform"):
-        policy = MemoryBoundedDescent(probe=probe, lipschitz=0.01, max_nodes=1 + arity)
+    for probe in ("centre", "uniform"):  # the root's own probes (its path statistics would
+        # also hold its children's, at other points of the slope)
+        policy = MemoryBoundedDescent(probe=probe, lipschitz=0.01, max_nodes=1 + arity,
+                                      stats="own")
         run(policy, problem, budget=400.0, seed=1)
         root = policy._fs[0]
         variances[probe] = root[ex.M2] / (root[ex.COUNT] - 1)
@@ -321,15 +349,18 @@ def test_variance_split_refines_sooner_than_eq6():
 
 def test_balanced_forgetting_keeps_two_equal_peaks_under_a_tight_cap():
     """Two equal peaks, the default cap: forgetting any cell passes memory back and forth
-    between them; the balanced rule keeps both and pays about what no cap pays."""
+    between them; the balanced rule keeps both and pays about what no cap pays. With a split
+    cell's own statistics (``stats="own"``) the round trip costs most (3 seeds: 96 against
+    64, uncapped 52); with the default path statistics a forgotten cell keeps its subtree's
+    probes and the round trip costs less (55 against 47, uncapped 47)."""
     problem = FunctionOnInterval(LazyTree(2), _two_peaks, sigma=0.1)
-    balanced = np.mean(_final_regrets(MemoryBoundedDescent, problem, 3_000))
-    forgetful = np.mean(_final_regrets(lambda: MemoryBoundedDescent(forget="any"), problem,
-                                       3_000))
-    uncapped = np.mean(_final_regrets(lambda: MemoryBoundedDescent(max_nodes=10**6), problem,
-                                      3_000))
-    assert balanced < 0.8 * forgetful
-    assert balanced < 1.25 * uncapped
+    for stats, margin, cap_margin in (("own", 0.8, 1.25), ("path", 0.9, 1.1)):
+        balanced, forgetful, uncapped = (
+            np.mean(_final_regrets(partial(MemoryBoundedDescent, stats=stats, **options),
+                                   problem, 3_000))
+            for options in ({}, {"forget": "any"}, {"max_nodes": 10**6}))
+        assert balanced < margin * forgetful
+        assert balanced < cap_margin * uncapped
 
 
 def test_memory_bounded_default_cap_and_certified_spread():

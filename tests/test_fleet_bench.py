@@ -194,6 +194,19 @@ def test_ranking_compares_the_live_and_simulated_orders():
     assert not differ["same"] and differ["simulator"][0] == "sglang-router"
 
 
+def test_ranking_orders_one_router_a_simulated_rule():
+    def row(p90, policy):
+        return {"ttft_p90_s": {"mean": p90, "lo": p90, "hi": p90}, "policy": policy}
+
+    live = {"canopy": row(0.2, None), "sglang-router": row(0.4, None),
+            "vllm-router": row(0.3, None), "least-load": row(0.5, None)}
+    simulated = {"canopy": row(1.0, "canopy"), "sglang-router": row(2.0, "sglang"),
+                 "vllm-router": row(2.0, "sglang"), "least-load": row(3.0, "least_load")}
+    assert bench.ranking(live, simulated) == {
+        "live": ["canopy", "sglang-router", "least-load"],
+        "simulator": ["canopy", "sglang-router", "least-load"], "same": True}
+
+
 def test_bench_json_has_the_schema_and_counts_lost_requests(workers):
     failing = Worker(fail=True)
     try:
@@ -344,10 +357,14 @@ def test_calibration_sends_each_prompt_once_one_at_a_time_over_every_replica(wor
     replicas = [w.replica for w in workers[:2]]
     for worker in workers[:2]:
         worker.s_per_token = 0.002  # 16-136 ms a prompt: a slope no machine load hides
-    prompts = [list(range(k * 1000, k * 1000 + n)) for k, n in enumerate(range(8, 72, 4))]
+    prompts = [(" ".join(f"w{k}x{i}" for i in range(n)), n)
+               for k, n in enumerate(range(8, 72, 4))]
     fitted = bench.calibrate(replicas, prompts, max_tokens=1)
     assert fitted is not None and fitted[0] > 0
-    assert [len(w.prompts) for w in workers[:2]] == [8, 8]
+    # one untimed request a replica first, then each prompt once, as text
+    assert [w.prompts[0] for w in workers[:2]] == [" hello"] * 2
+    assert workers[0].prompts[1:] + workers[1].prompts[1:] == \
+        [p for p, _ in prompts[0::2]] + [p for p, _ in prompts[1::2]]
     assert max(w.most_in_flight for w in workers[:2]) == 1
     assert workers[0].hits == workers[1].hits == 0  # distinct prompts: nothing cached
 
@@ -359,8 +376,8 @@ def test_calibration_prompts_spread_their_lengths():
 
     prompts = bench.calibration_prompts(["aa", "bbb", "cccc"], Vocab(), 5, low=10, high=50,
                                         bos=True, seed=0)
-    assert [len(p) for p in prompts] == [10, 20, 30, 40, 50]
-    assert all(p[0] == 1 for p in prompts)
+    assert [length for _, length in prompts] == [10, 20, 30, 40, 50]
+    assert all(len(text.split()) == length - 1 for text, length in prompts)  # and the BOS
 
 
 def test_the_gateway_plays_the_engines_calibrated_overhead(workers):

@@ -42,6 +42,9 @@ def test_llama_replicas_behind_canopy_sglang_router_and_round_robin(tmp_path):
     assert abs(sim["round-robin"]["hit_rate"] - results["round-robin"]["hit_rate"]) < 0.05
     assert len((tmp_path / "stream.jsonl").read_text().splitlines()) == 24
     assert out["simulator"]["engine"] == "serial"
+    # llama.cpp's own TTFT line, measured one request at a time: its prefill takes time a
+    # token, so the gateway plays the fitted overhead rather than its default
+    assert out["calibration"] is not None and out["calibration"]["ms_per_token"] > 0
 
 
 def test_vllm_replicas_behind_a_precise_canopy_gateway_predict_cached_tokens():

@@ -4,6 +4,7 @@ PyXAB is in the ``dev`` extra: these tests skip without it, and fail in CI."""
 from __future__ import annotations
 
 import importlib.util
+from functools import cache
 
 import numpy as np
 import pytest
@@ -77,6 +78,7 @@ def test_default_descent_beats_the_paper_rule_and_hct_and_is_faster(tmp_path):
     assert speed > 3.0  # ~60x on an idle machine at this horizon; a margin for load
 
 
+@cache
 def _mean_regret(method: str, target: str, horizon: int, seeds: int = 3) -> float:
     params = PyXABParams(objectives=(target,), horizons=(horizon,), canopy=(method,), pyxab=())
     (cell,) = cells(params)
@@ -100,22 +102,36 @@ def test_centre_probes_and_the_balanced_memory_bound_each_decide_a_cell():
 def test_box_centres_cut_himmelblau_early_regret():
     """On the 2-d Himmelblau the tree that declares its dimensions gives centre probes the box
     centres PyXAB plays; without them the middle path's point is an edge middle, whose gap over
-    the top levels' cells is 2-7x the centre's (3 seeds at T = 1,000: 28 against 39)."""
+    the top levels' cells is 2-7x the centre's (3 seeds at T = 1,000: 27 against 32)."""
     assert _mean_regret("canopy-default", "Himmelblau", 1000) < 0.85 * _mean_regret(
         "canopy-edge", "Himmelblau", 1000)
 
 
 def test_moss_radius_cuts_difficultfunc_without_losing_garland():
     """The default's radius ``c sqrt(2 ln+(t / T) / T)`` against Eq. 4's ``c sqrt(2 ln t /
-    T)`` (the former default, ``canopy-eq4``), 3 seeds at T = 10,000: on DifficultFunc, whose
+    T)`` (an earlier default, ``canopy-eq4``), 3 seeds at T = 10,000: on DifficultFunc, whose
     plateaus beside the peak hold many cells within two spreads of the optimum, it explores
-    them less (52 against 67); on Garland it stays level (600 against 565)."""
+    them less (44 against 52); on Garland it stays level (553 against 540)."""
     moss = _mean_regret("canopy-default", "DifficultFunc", 10000)
     eq4 = _mean_regret("canopy-eq4", "DifficultFunc", 10000)
     assert moss < 0.85 * eq4
     moss = _mean_regret("canopy-default", "Garland", 10000)
     eq4 = _mean_regret("canopy-eq4", "Garland", 10000)
     assert moss < 1.15 * eq4
+
+
+def test_path_statistics_cut_difficultfunc_without_losing_elsewhere():
+    """The default's ``U`` counts a split cell's subtree probes (``stats="path"``) against its
+    own probes frozen at the split (``canopy-own``, the former default), 3 seeds at T =
+    10,000: on DifficultFunc a plateau cell's subtree is dropped at the cell's rate instead
+    of anew in each child (44 against 52); Garland and Himmelblau do not lose (553 against
+    600, 98 against 115)."""
+    assert "canopy-own" in CANOPY_METHODS
+    assert _mean_regret("canopy-default", "DifficultFunc", 10000) < 0.9 * _mean_regret(
+        "canopy-own", "DifficultFunc", 10000)
+    for target in ("Garland", "Himmelblau"):
+        assert _mean_regret("canopy-default", target, 10000) < _mean_regret(
+            "canopy-own", target, 10000)
 
 
 def _himmelblau_play(seed: int, **options: int | str) -> tuple[float, int, int, int]:
@@ -133,12 +149,13 @@ def _himmelblau_play(seed: int, **options: int | str) -> tuple[float, int, int, 
 
 
 def test_four_equal_maxima_fill_the_cap_and_the_split_waits():
-    """Under Eq. 4's radius (the former default, ``radius="eq4"``), Himmelblau's four equal
+    """Under Eq. 4's radius (an earlier default, ``radius="eq4"``), Himmelblau's four equal
     maxima hold the default memory bound (``2 b ceil(log_b n) + 1`` rows, two
     root-to-resolution paths) full: nothing is dominated or deeper, so the split waits and the
     second half of the run plays a few cells at a shallower depth than without the cap (seeds
-    0-1, 20k rounds, box centres: 9-16 distinct cells against 69-76, depth 6-7 against 9). At
-    this horizon the waiting pays (regret 169-175 against 267-279)."""
+    0-1, 20k rounds, box centres, path statistics: 11 distinct cells against 65-74, depth 6-7
+    against 9; with a split cell's own statistics 9-16 against 69-76). At this horizon the
+    waiting pays (regret 172-206 against 215-224; own statistics 169-175 against 267-279)."""
     cap = 2 * 2 * 15 + 1  # ceil(log2 20,000) = 15
     for seed in (0, 1):
         capped = _himmelblau_play(seed, radius="eq4")
@@ -154,3 +171,16 @@ def test_bad_configuration_fails_before_work():
         PyXABParams(objectives=("Rosenbrock",))
     with pytest.raises(ValueError, match="pyxab: unknown"):
         PyXABParams(pyxab=("HCT",))
+
+
+def test_path_statistics_methods_carry_them_in_their_cells_key():
+    """Cells of the methods that take path statistics by default say so, so a store's cells
+    of the same keywords computed before (a cell's own statistics) are not reused; the
+    others keep their keys."""
+    by_method = {cell["method"]: cell for cell in cells(PyXABParams(
+        objectives=("Garland",), horizons=(1000,), pyxab=()))}
+    for method in ("canopy-default", "canopy-edge", "canopy-eq4", "canopy-uncapped"):
+        assert by_method[method]["stats"] == "path"
+    for method in ("canopy-own", "canopy-paper", "canopy-eq6", "canopy-certified",
+                   "canopy-poo-L"):
+        assert "stats" not in by_method[method]

@@ -9,7 +9,8 @@ Choices the paper leaves open, fixed here:
 
 - ``T(v)`` and ``mean(v)`` count the node's *own* probes only (HCT-style), so ``mean(v)``
   estimates the subtree average f(v) of Eq. (1) without bias and the certificate sees uniform
-  random-path probes. (:class:`~canopy.policies.hoo.HOO` keeps HOO's path statistics.)
+  random-path probes. (:class:`~canopy.policies.hoo.HOO` keeps HOO's path statistics, and so
+  does :class:`MemoryBoundedDescent` by default, ``stats="path"``.)
 - ``t`` in ``ln t`` is the number of observations told so far; ``U`` and ``B`` are refreshed
   only on the played path, so off-path values are stale between visits (as in HCT).
 - Ties in ``B`` (unplayed children all have ``B = +inf``) go to the first child: the policy
@@ -57,6 +58,7 @@ _SPLITS = {"eq6": ex.EQ6, "variance": ex.VARIANCE}
 _PROBES = {"uniform": 0, "centre": 1}
 _FORGETS = {"any": ex.ANY, "balanced": ex.BALANCED}
 _RADII = {"eq4": ex.EQ4, "moss": ex.MOSS}
+_STATS = {"own": 0, "path": 1}
 _INITIAL_CAPACITY = 64
 _EMPTY = np.zeros(1, dtype=np.int64)
 
@@ -581,10 +583,10 @@ class MemoryBoundedDescent(ExploredTreePolicy):
     """Optimistic descent with a refine rule under a hard memory cap, for trees of unbounded
     depth (:class:`~canopy.tree.LazyTree`; finite-state compression, Appendix D).
 
-    Four options, each composable with the others and with the memory bound; ``split``
+    Five options, each composable with the others and with the memory bound; ``split``
     alone switches between the default and the paper's rule (``split="eq6"``: Eq. 6, the
-    uniform probe of Eq. 1, ``forget="any"`` and Eq. 4's radius, unless ``probe``,
-    ``forget`` or ``radius`` is given):
+    uniform probe of Eq. 1, ``forget="any"``, Eq. 4's radius and a cell's own statistics,
+    unless ``probe``, ``forget``, ``radius`` or ``stats`` is given):
 
     - ``split``: ``"variance"`` (default) splits an explored leaf once one standard error of
       its mean is within its spread, ``T(v) >= V_hat(v) / spread(v)^2`` with ``V_hat`` the
@@ -620,6 +622,16 @@ class MemoryBoundedDescent(ExploredTreePolicy):
       so a cell played often stops being explored on the optimism it no longer needs.
       ``"eq4"``: Eq. (4) as written. ``None``: ``"moss"`` under ``split="variance"`` with
       the assumed spread, else ``"eq4"``. The balanced rule's lower bound keeps ``ln t``.
+    - ``stats``: ``"path"`` counts every probe made in a cell's subtree in its ``T(v)`` and
+      mean (Eq. 4 as the paper states it, "updates ``mu_hat``, ``T``, ``U`` and ``B`` along
+      the path"; HOO's path statistics). Each such probe is at a point of the cell, whose
+      value is within ``spread(v)`` of the cell's best point (Eq. 2), so ``U(v)`` stays an
+      upper bound and keeps falling after the split while the children are played: a
+      suboptimal cell's subtree is dropped at the rate of the cell itself instead of anew in
+      every child. An explored leaf's statistics are its own probes either way (the split
+      rule reads them); a cell whose children the memory bound forgets keeps its subtree's.
+      ``"own"``: the cell's own probes, frozen at its split. ``None``: ``"path"`` under
+      ``split="variance"`` with the assumed spread, else ``"own"``.
 
     ``max_nodes=None`` is ``2 b ceil(log_b n) + 1`` with ``b`` the arity and
     ``n = budget / probe_cost`` the horizon: room for a path down to the depth a cell is
@@ -642,12 +654,14 @@ class MemoryBoundedDescent(ExploredTreePolicy):
                  c: float | None = None, spread: str = "assumed", max_nodes: int | None = None,
                  delta: float = 0.05, z: float = 3.0, certificate: str = DEFAULT_METHOD,
                  split: str = "variance", probe: str | None = None,
-                 forget: str | None = None, radius: str | None = None) -> None:
+                 forget: str | None = None, radius: str | None = None,
+                 stats: str | None = None) -> None:
         self.certificate = _check_certificate(certificate)
         self.split = _check_choice(split, _SPLITS, "split")
         self.probe = None if probe is None else _check_choice(probe, _PROBES, "probe")
         self.forget = None if forget is None else _check_choice(forget, _FORGETS, "forget")
         self.radius = None if radius is None else _check_choice(radius, _RADII, "radius")
+        self.stats = None if stats is None else _check_choice(stats, _STATS, "stats")
         _check_schedule(lipschitz, rho, c)
         self.lipschitz, self.rho, self.c = lipschitz, rho, c
         if spread not in ("assumed", "estimated", "certified"):
@@ -672,7 +686,7 @@ class MemoryBoundedDescent(ExploredTreePolicy):
             raise ValueError(f"max_nodes must be at least 1 + arity = {1 + tree.arity}, "
                              f"got {cap}")
         self._begin(schedules=[(self.lipschitz, self.rho)], spread=self.spread,
-                    expand="refine", max_depth=None, path_stats=False,
+                    expand="refine", max_depth=None, path_stats=self.stats_ == "path",
                     c=radius_scale(self.c, self.spec_), delta=self.delta, z=self.z,
                     max_nodes=cap, certificate=self.certificate, split=self.split,
                     probe=self.probe_, forget=self.forget_, radius=self.radius_)
@@ -703,6 +717,15 @@ class MemoryBoundedDescent(ExploredTreePolicy):
         if self.radius is not None:
             return self.radius
         return "moss" if self._variance_assumed() else "eq4"
+
+    @property
+    def stats_(self) -> str:
+        """The statistics of a split cell's ``U``: ``stats`` as given; by default (``None``)
+        ``"path"`` under ``split="variance"`` with the assumed spread, else the cell's own
+        probes (``"own"``)."""
+        if self.stats is not None:
+            return self.stats
+        return "path" if self._variance_assumed() else "own"
 
     def _variance_assumed(self) -> bool:
         """Whether the defaults of the variance-scaled split with the assumed spread apply."""

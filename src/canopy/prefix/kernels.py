@@ -334,8 +334,8 @@ def _heap_pop(hkey, hnode, hver, n):
         c = 2 * i + 1
         if c >= n:
             break
-        if c + 1 < n and hkey[c + 1] < hkey[c]:
-            c += 1
+        if c + 1 < n:  # the smaller child, by a flag's value: no branch to mispredict
+            c += hkey[c + 1] < hkey[c]
         if hkey[c] >= key:
             break
         hkey[i], hnode[i], hver[i] = hkey[c], hnode[c], hver[c]
@@ -629,7 +629,8 @@ def _sampled_request(t, lo, hi, nodes, parent, capacity, params, ni, nf, sc, lke
     block (a request's reused prefix ends in the one block that takes a child, dropped before
     the first eviction; its inserted blocks join at its end), and a parent left a leaf by its
     child's eviction is the next victim while its key is at most the rest of the draw's, so a
-    chain's tail goes without a draw a block. The draws' generator (xorshift64) is seeded by
+    chain's tail goes without a draw a block (waiting in registers, off the list, until a draw
+    or the request's end puts it there). The draws' generator (xorshift64) is seeded by
     the sample's salt. Keys are the arm's counts in the scale of one epoch of the cells
     (:func:`_count`; the list is rescaled when an epoch begins): no logarithm a block."""
     size, n, rng = sc[SIZE], sc[HLEN], sc[DRAW]
@@ -650,22 +651,28 @@ def _sampled_request(t, lo, hi, nodes, parent, capacity, params, ni, nf, sc, lke
     end = k
     if lo < k < hi and ni[nodes[k - 1], SLOT] >= 0:  # it takes a child: no longer a leaf
         n = _leaf_drop(ni, lkey, lnode, n, nodes[k - 1])
-    held, rest = -1, 0.0  # the parent left a leaf; the lowest key the last draw left
+    # the parent left a leaf and its key, kept off the list (in registers) while it is the
+    # next victim; the lowest key the last draw left
+    held, hk, rest = -1, 0.0, 0.0
     for r in range(k, hi):
         if size >= capacity:
-            if held >= 0 and lkey[ni[held, SLOT]] <= rest:
+            if held >= 0 and hk <= rest:
                 u = held
-            elif n == 0:  # every cached block is pinned
-                break
             else:
+                if held >= 0:  # it joins the list now, in the slot it would have held
+                    ni[held, SLOT] = n
+                    lnode[n], lkey[n] = held, hk
+                    n += 1
+                    held = -1
+                if n == 0:  # every cached block is pinned
+                    break
                 best, bk, rest = -1, np.inf, np.inf
-                if n <= draws:
+                if n <= draws:  # without a branch on the keys (a coin flip a leaf)
                     for i in range(n):
                         x = lkey[i]
-                        if x < bk:
-                            best, bk, rest = i, x, bk
-                        elif x < rest:
-                            rest = x
+                        rest = min(rest, max(x, bk))  # the runner-up: the old best, or x
+                        best = i if x < bk else best
+                        bk = min(bk, x)
                 else:
                     for _ in range(draws):
                         rng ^= rng << 13
@@ -673,23 +680,20 @@ def _sampled_request(t, lo, hi, nodes, parent, capacity, params, ni, nf, sc, lke
                         rng ^= rng << 17
                         i = ((rng >> 32) & 0xFFFFFFFF) * n >> 32
                         x = lkey[i]
-                        if x < bk:
-                            best, bk, rest = i, x, bk
-                        elif x < rest and i != best:  # a leaf drawn twice counts once
-                            rest = x
+                        # a leaf drawn twice counts once (were x < bk, i could not be best)
+                        rest = rest if i == best else min(rest, max(x, bk))
+                        best = i if x < bk else best
+                        bk = min(bk, x)
                 u = lnode[best]
+                n = _leaf_drop(ni, lkey, lnode, n, u)
             held = -1
-            n = _leaf_drop(ni, lkey, lnode, n, u)
             ni[u, CACHED] = 0
             size -= 1
             p = parent[u]
             if p >= 0:
                 ni[p, NCHILD] -= 1
-                if ni[p, NCHILD] == 0 and ni[p, PIN] != t:  # p joins the list, held
-                    ni[p, SLOT] = n
-                    lnode[n], lkey[n] = p, _count(p, nf, j, epoch, lam, period)
-                    n += 1
-                    held = p
+                if ni[p, NCHILD] == 0 and ni[p, PIN] != t:  # p a leaf, held
+                    held, hk = p, _count(p, nf, j, epoch, lam, period)
         v = nodes[r]  # a decayed key reads the cells only: no use counts here
         ni[v, CACHED] = 1
         ni[v, PIN] = t
@@ -697,6 +701,10 @@ def _sampled_request(t, lo, hi, nodes, parent, capacity, params, ni, nf, sc, lke
         if parent[v] >= 0:
             ni[parent[v], NCHILD] += 1
         end = r + 1
+    if held >= 0:
+        ni[held, SLOT] = n
+        lnode[n], lkey[n] = held, hk
+        n += 1
     if end > lo and ni[nodes[end - 1], NCHILD] == 0:  # the request's last block: a leaf
         v = nodes[end - 1]
         if ni[v, SLOT] < 0:
@@ -866,7 +874,8 @@ def _canopy_loop(t0, t1, first, offsets, nodes, parent, depth, capacity, params,
         t, event, arm = _canopy_run(t, t1, first, offsets, nodes, parent, depth, capacity,
                                     params, cells, c, arms, reused)
         if event == _UNRIDE or (event == _SWITCHED and sm[RIDES] == 1):
-            _unride(ni, sc, sm, sni, ssc)
+            # the requests so far (a trace's from its first: riding is a replay's alone)
+            _unride(ni, sc, sm, sni, ssc, nodes[offsets[0]:offsets[t - first]])
         if event == _SWITCHED:
             if sc[ARM] == 0:
                 _queue_from_heap(parent, depth, ni, params, sc, hnode, hver)
@@ -914,10 +923,15 @@ def _canopy_run(t0, t1, first, offsets, nodes, parent, depth, capacity, params, 
 
 
 @nb.njit(cache=True)
-def _unride(ni, sc, sm, sni, ssc):
+def _unride(ni, sc, sm, sni, ssc, seen):
     """Give the recency shadow its own state: until now it was the main cache (the same
-    kernel, capacity and requests), from now on it is not."""
-    sni[0][:] = ni
+    kernel, capacity and requests), from now on it is not. ``seen``: the blocks the requests
+    so far referenced; the main cache wrote no other node's row and the shadow none while it
+    rode, so the rows up to the highest of them are all that differ."""
+    m = 0
+    for v in seen:
+        m = max(m, v + 1)
+    sni[0][:m] = ni[:m]
     ssc[0][:] = sc
     ssc[0][ARM] = 0
     sm[RIDES] = 0

@@ -14,10 +14,11 @@ uniform point of the box plus the noise. The default descent plays centre probes
 the cell's deepest descendant holding its box's centre, ``LazyTree.centre``: PyXAB's point);
 ``canopy-edge`` is the default on ``LazyTree(2)`` without its dimensions, whose centre is the
 middle path's point (on the 2-d Himmelblau the middle of an edge, centred along the dimension
-the cell is halved in next and at the low end of the other; the former default);
+the cell is halved in next and at the low end of the other; the default before box centres);
 ``canopy-paper`` plays the paper's uniform probe (Eq. 1) with Eq. (6)
 and Eq. (4)'s radius and forgets any cell under the memory bound; ``canopy-eq4`` is the
-default with Eq. (4)'s radius in place of MOSS's; ``canopy-uncapped``
+default with Eq. (4)'s radius in place of MOSS's; ``canopy-own`` the default with a split
+cell's own statistics in its ``U`` in place of its subtree's; ``canopy-uncapped``
 is the default without its memory bound (the bound's diagnostic). Regret is the realised
 one both ways, ``sum_t (f_max - f(x_t))`` over the points played (PyXAB's own ``f_max``;
 Garland's is 1, 3e-5 above its true maximum, adding at most 3 at 100k rounds). Simple regret is
@@ -84,11 +85,12 @@ OBJECTIVES: dict[str, tuple[str, str, tuple[tuple[float, float], ...]]] = {
 UNCAPPED = {"max_nodes": 10**7}
 PAPER = "canopy-paper"
 #: Canopy's methods: label -> (policy class, keywords): the default, the paper's Eq. 1 / Eq. 6
-#: variant (the paper's rule), the default with each of its four options set back alone
-#: (Eq. 6; uniform probes; forgetting any cell; Eq. 4's radius), the default on a tree that
-#: does not know the boxes' dimensions (``canopy-edge``, the former default), the default
-#: without its memory bound,
-#: the two data-driven spreads, and POO over its grid of L and over Grill et al.'s grid of rho
+#: variant (the paper's rule), the default with each of its five options set back alone
+#: (Eq. 6; uniform probes; forgetting any cell; Eq. 4's radius; a split cell's own
+#: statistics, ``canopy-own``, the default before path statistics), the default on a tree
+#: that does not know the boxes' dimensions (``canopy-edge``, the default before box
+#: centres), the default without its memory bound, the two data-driven spreads, and POO over
+#: its grid of L and over Grill et al.'s grid of rho
 CANOPY_METHODS: dict[str, tuple[str, dict[str, Any]]] = {
     DEFAULT: ("MemoryBoundedDescent", {}),
     PAPER: ("MemoryBoundedDescent", {"split": "eq6"}),
@@ -97,6 +99,7 @@ CANOPY_METHODS: dict[str, tuple[str, dict[str, Any]]] = {
     "canopy-uniform": ("MemoryBoundedDescent", {"probe": "uniform"}),
     "canopy-forget-any": ("MemoryBoundedDescent", {"forget": "any"}),
     "canopy-eq4": ("MemoryBoundedDescent", {"radius": "eq4"}),
+    "canopy-own": ("MemoryBoundedDescent", {"stats": "own"}),
     "canopy-edge": ("MemoryBoundedDescent", {}),
     "canopy-uncapped": ("MemoryBoundedDescent", UNCAPPED),
     "canopy-certified": ("MemoryBoundedDescent", {"spread": "certified"}),
@@ -304,9 +307,20 @@ def _run_canopy(cell: dict[str, Any], seed: int) -> tuple[float, float, float | 
     return float(target.fmax * rounds - np.sum(problem.played)), seconds, simple
 
 
+def _path_statistics(cell: dict[str, Any]) -> dict[str, str]:
+    """``{"stats": "path"}`` for a method whose descent takes path statistics by default, so
+    that its cells' keys differ from those of the same keywords computed before path
+    statistics were the default (a store's older cells of it are computed again); else
+    ``{}`` (a cell's own statistics: unchanged, and so is its key)."""
+    policy = make_policy(cell)
+    return {"stats": "path"} if getattr(policy, "stats_", "own") == "path" else {}
+
+
 def cells(params: PyXABParams) -> list[dict[str, Any]]:
-    methods = [{**policy_cell(name, CANOPY_METHODS[name][0], **CANOPY_METHODS[name][1]),
-                "geometry": name not in EDGE} for name in params.canopy]
+    methods = [policy_cell(name, CANOPY_METHODS[name][0], **CANOPY_METHODS[name][1])
+               for name in params.canopy]
+    methods = [{**method, "geometry": method["method"] not in EDGE, **_path_statistics(method)}
+               for method in methods]
     methods += [{"method": name} for name in params.pyxab]
     return [{**method, "objective": name, "T": T, "sigma": params.sigma}
             for name in params.objectives for T in params.horizons for method in methods
