@@ -33,6 +33,8 @@ class Breaker:
         return closed + [m for m in models if m not in closed]
 
     def success(self, model: str) -> None:
+        if not self._streak.get(model) and model not in self._open_until:
+            return  # nothing to reset (the usual case): no lock
         with self._lock:
             self._streak[model] = 0
             self._open_until.pop(model, None)

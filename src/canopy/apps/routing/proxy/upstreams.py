@@ -80,6 +80,7 @@ class UpstreamPool:
                              api_key_env=config.api_key_env,
                              max_answer_bytes=max_answer_bytes) for r in config.replicas)
         self.up = [True] * len(self._replicas)
+        self._everyone = list(range(len(self._replicas)))  # read only
         self.fleet = len(self._replicas) > 1
         self.subscriber: Any = None
         self._rid = itertools.count()
@@ -137,11 +138,15 @@ class UpstreamPool:
         view = self.view
         view.now = time.monotonic()
         rid = next(self._rid)
-        with contextlib.nullcontext() if self.shared is None else self.shared.reading():
+        if self.shared is None:
             chosen = self.policy.choose_keys(keys, tokens, rid, view)
+        else:
+            with self.shared.reading():
+                chosen = self.policy.choose_keys(keys, tokens, rid, view)
         matched = view.matched(keys).copy()
         up = self.up
-        alive = [r for r in range(len(up)) if up[r]] or list(range(len(up)))
+        alive = self._everyone if all(up) else \
+            [r for r in range(len(up)) if up[r]] or self._everyone
         inflight = self.load.table[INFLIGHT].tolist()
         rest = sorted((r for r in alive if r != chosen), key=inflight.__getitem__)
         order = [chosen, *rest] if chosen in alive else rest
