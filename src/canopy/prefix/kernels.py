@@ -1084,14 +1084,15 @@ def priorities_keyed(key, nodes, depth, ni, cells, params, sc, out):
 # a child block again is dropped when it surfaces (the node comes back once a leaf).
 EFREE, EHELD, ESTAMP, EHEAD, ETAIL = range(5)
 _EK = 5
-BNODE, BPREV, BNEXT, BFREE = range(4)
-_BK = 4
+BNODE, BPREV, BNEXT, BFREE, BSTAMP = range(5)
+_BK = 5
 ELEN, ESEQ, EHAND = range(3)
 Evictable = namedtuple("Evictable", "ek nkey blocks hkey hstamp hnode hver es")
 """A host's evictable set: the per-node table (``EFREE`` ... ``ETAIL``) and key, the per-block
-table (``BNODE`` ... ``BFREE``), the heap (keys, stamps, nodes, versions) and its scalars
-(heap length, next stamp, SIEVE's hand: the insertion order of its last victim). The kernels
-take it as a plain tuple in this order (numba reads a named one at twice the cost a call)."""
+table (``BNODE`` ... ``BSTAMP``: a free block's release stamp, its place in release order),
+the heap (keys, stamps, nodes, versions) and its scalars (heap length, next stamp, SIEVE's
+hand: the insertion order of its last victim). The kernels take it as a plain tuple in this
+order (numba reads a named one at twice the cost a call)."""
 
 
 # The kernels unpack the set once; its helpers take its arrays (an array read from the tuple
@@ -1200,6 +1201,7 @@ def evictable_release(kind, key, ids, nodes, parent, depth, ni, cells, params, s
             _ev_unfree(ek, blocks, b)  # freed twice: now the newest
         t = ek[v, ETAIL]
         blocks[b, BPREV], blocks[b, BNEXT], blocks[b, BFREE] = t, -1, 1
+        blocks[b, BSTAMP] = stamp
         if t >= 0:
             blocks[t, BNEXT] = b
         else:
