@@ -125,6 +125,11 @@ def _leading_cached(nodes, lead, ni):
     return lead
 
 
+def _joined(parts: list[np.ndarray]) -> np.ndarray:
+    """Engine blocks handed over in ``parts``, as one array."""
+    return _NONE if not parts else parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+
 class BlockTree:
     """A prefix cache's state under ``policy`` with room for ``capacity`` blocks.
 
@@ -190,6 +195,7 @@ class BlockTree:
         self._ev_epoch = 0
         self._due: np.ndarray | None = None  # a request's nodes to re-key (:meth:`rekey`)
         self._hits: list[np.ndarray] = []  # engine blocks hits took back (:meth:`acquire`)
+        self._drops: list[np.ndarray] = []  # engine blocks whose keys went (:meth:`drop`)
 
     # ------------------------------------------------------------ what hosts read
     @property
@@ -553,14 +559,14 @@ class BlockTree:
         return known
 
     def free_blocks(self) -> np.ndarray:
-        """The host's free blocks the set holds, in release order (hits not yet handed to the
-        set left out); nothing changes."""
+        """The host's free blocks the set holds, in release order (hits and drops not yet
+        handed to the set left out); nothing changes."""
         if self._ev is None:
             return _NONE
         blocks = self._ev.blocks
         free = np.flatnonzero(blocks[:, kernels.BFREE])
-        if self._hits:
-            free = free[~np.isin(free, np.concatenate(self._hits))]
+        if self._hits or self._drops:
+            free = free[~np.isin(free, np.concatenate(self._hits + self._drops))]
         return free[np.argsort(blocks[free, kernels.BSTAMP], kind="stable")]
 
     def acquire(self, blocks: np.ndarray) -> None:
@@ -570,12 +576,10 @@ class BlockTree:
             self._hits.append(blocks)
 
     def drop(self, blocks: np.ndarray) -> None:
-        """A host dropped ``blocks``' keys: forget them."""
+        """A host dropped ``blocks``' keys: forgotten when the set is next read (after the
+        hits and the re-keying before them)."""
         if self._ev is not None and len(blocks):
-            self._settle()
-            ev = self._ev_room(len(blocks))  # a dropped block's parent may become a leaf
-            kernels.evictable_drop(blocks[blocks < len(self._ev.blocks)], self.parent, self._ni,
-                                   ev)
+            self._drops.append(blocks)
 
     def rekey(self, path: np.ndarray) -> None:
         """A request observed nodes ``path``: its free nodes re-keyed, or every free node
@@ -588,28 +592,27 @@ class BlockTree:
         self._settle()
         self._due = path
 
-    def _pending(self) -> tuple[np.ndarray, np.ndarray]:
-        """The hits and the nodes to re-key since the set was last read (every node, the
-        heap emptied, when the policy re-ordered its keys), taken."""
-        hits = (_NONE if not self._hits else self._hits[0] if len(self._hits) == 1
-                else np.concatenate(self._hits))
-        self._hits = []
+    def _pending(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The hits, the drops and the nodes to re-key since the set was last read (every
+        node, the heap emptied, when the policy re-ordered its keys), taken."""
+        hits, drops = _joined(self._hits), _joined(self._drops)
+        self._hits, self._drops = [], []
         path, self._due = self._due, None
         if path is None:
-            return hits, _NONE
+            return hits, drops, _NONE
         if self.switches != self._ev_epoch:
             self._ev_epoch = self.switches
             self._ev.es[kernels.ELEN] = 0  # every entry made anew
             path = np.arange(self.n)
-        return hits, path
+        return hits, drops, path
 
     def _settle(self) -> None:
         """Hand the set what happened since it was last read (:meth:`_pending`)."""
-        if self._ev is None or (not self._hits and self._due is None):
+        if self._ev is None or (not self._hits and not self._drops and self._due is None):
             return
-        hits, path = self._pending()
-        ev = self._ev_room(len(path))
-        kernels.evictable_settle(hits, self.kind, self._ev_key(), path, self.parent,
+        hits, drops, path = self._pending()
+        ev = self._ev_room(len(path) + len(drops))  # a dropped block's parent may be a leaf
+        kernels.evictable_settle(hits, drops, self.kind, self._ev_key(), path, self.parent,
                                  self.depth, self._ni, self._cells, self.params, self._sc, ev)
 
     def pop_victims(self, want: int) -> np.ndarray:
@@ -618,10 +621,11 @@ class BlockTree:
         settles the set first."""
         if self._ev is None or want <= 0:
             return np.zeros(0, dtype=np.int64)
-        hits, path = self._pending()
-        ev = self._ev_room(len(path) + want)  # re-keyed leaves; each victim's parent
+        hits, drops, path = self._pending()
+        # re-keyed leaves; each dropped block's parent and each victim's
+        ev = self._ev_room(len(path) + len(drops) + want)
         out = np.empty(want, dtype=np.int64)
-        got = kernels.evictable_pop(self.policy.hand, want, self.n, hits, self.kind,
+        got = kernels.evictable_pop(self.policy.hand, want, self.n, hits, drops, self.kind,
                                     self._ev_key(), path, self.parent, self.depth, self._ni,
                                     self._cells, self.params, self._sc, ev, out)
         return out[:got]

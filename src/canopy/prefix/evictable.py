@@ -123,8 +123,10 @@ class EvictableBlocks:
 
     def drop_all(self, blocks: Sequence[int]) -> None:
         """:meth:`drop` of each of ``blocks``."""
-        self._flush()
-        self._forget(blocks)
+        if self._acquired:
+            self._flush()
+        if self._free:
+            self._forget(blocks)
         if self.policy is not None:
             self.policy.drop(blocks)
 
@@ -133,7 +135,8 @@ class EvictableBlocks:
         it (and re-keys its free blocks); free blocks of keys it did not know join its set."""
         if self.policy is None:
             return
-        self._flush()
+        if self._acquired:
+            self._flush()
         self.policy.observe(keys)
         if self._waiting:
             blocks = [b for key in keys for b in self._waiting.get(key, ())]

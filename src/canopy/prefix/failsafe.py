@@ -158,12 +158,13 @@ class FailSafePolicy(_Guard):
 
     def observe(self, keys: Sequence[Hashable] | np.ndarray, *, start: int = 0) -> None:
         """:meth:`OnlinePolicy.observe`, guarded; fails the policy past ``max_nodes``."""
-
-        self._call(None, self._observe, keys, start)
-
-    def _observe(self, keys: Sequence[Hashable] | np.ndarray, start: int) -> None:
-        self.policy.observe(keys, start=start)
-        self._check_size(self.policy.n_nodes)
+        if self.failed:
+            return
+        try:
+            self.policy.observe(keys, start=start)
+            self._check_size(self.policy.n_nodes)
+        except Exception as error:  # any failure of the policy, whatever its type
+            self.fail(error)
 
     def release(self, blocks: Sequence[int] | np.ndarray,
                 keys: Sequence[Hashable] | np.ndarray) -> np.ndarray:

@@ -1219,12 +1219,13 @@ def evictable_release(kind, key, ids, nodes, parent, depth, ni, cells, params, s
 
 
 @nb.njit(cache=True, inline="always")
-def _ev_settle(hits, kind, key, nodes, parent, depth, ni, cells, params, sc, ev):
+def _ev_settle(hits, drops, kind, key, nodes, parent, depth, ni, cells, params, sc, ev):
     """What happened since the set was last read: hits took blocks ``hits`` back (pinned, no
     longer evictable; a block not free, or not in the table, is left as it is: their nodes'
     heap entries die when no free block is left), then the free nodes among ``nodes`` (a
     request observed them; every node when the policy re-ordered its keys) are re-keyed, the
-    leaves among them back into the heap."""
+    leaves among them back into the heap, then the host dropped blocks ``drops`` (their keys
+    are gone: forgotten, as :func:`evictable_drop`)."""
     ek, nkey, blocks, hk, hs, hn, hv, es = ev
     for b in hits:
         if b < len(blocks) and blocks[b, BFREE]:
@@ -1242,12 +1243,15 @@ def _ev_settle(hits, kind, key, nodes, parent, depth, ni, cells, params, sc, ev)
         ni[v, VER] += 1
         if ni[v, NCHILD] == 0:
             _ev_push(hk, hs, hn, hv, es, keys[i], ek[v, ESTAMP], v, ni[v, VER])
+    for b in drops:
+        if b < len(blocks):
+            _ev_drop(ek, nkey, blocks, hk, hs, hn, hv, es, b, parent, ni)
 
 
 @nb.njit(cache=True)
-def evictable_settle(hits, kind, key, nodes, parent, depth, ni, cells, params, sc, ev):
-    """``_ev_settle``, before a release, a drop or forgetting reads the set."""
-    _ev_settle(hits, kind, key, nodes, parent, depth, ni, cells, params, sc, ev)
+def evictable_settle(hits, drops, kind, key, nodes, parent, depth, ni, cells, params, sc, ev):
+    """``_ev_settle``, before a release or forgetting reads the set."""
+    _ev_settle(hits, drops, kind, key, nodes, parent, depth, ni, cells, params, sc, ev)
 
 
 @nb.njit(cache=True)
@@ -1310,14 +1314,14 @@ def _ev_sieve(ek, es, ni, n):
 
 
 @nb.njit(cache=True)
-def evictable_pop(hand, want, n, hits, kind, key, nodes, parent, depth, ni, cells, params, sc,
-                  ev, out):
+def evictable_pop(hand, want, n, hits, drops, kind, key, nodes, parent, depth, ni, cells, params,
+                  sc, ev, out):
     """Up to ``want`` victims into ``out`` (engine blocks; returns how many), once the set is
     settled (``_ev_settle``): by SIEVE's hand over insertion order (``hand``) or the free
     leaf of the lowest (key, stamp), its entry popped and pushed back should the node keep a
     free block (``_ev_lowest_held`` when there is none); each victim's block (its node's
     oldest free block) is forgotten and its node evicted."""
-    _ev_settle(hits, kind, key, nodes, parent, depth, ni, cells, params, sc, ev)
+    _ev_settle(hits, drops, kind, key, nodes, parent, depth, ni, cells, params, sc, ev)
     ek, nkey, blocks, hk, hs, hn, hv, es = ev
     got = 0
     while got < want:
