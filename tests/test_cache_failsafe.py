@@ -120,6 +120,29 @@ def test_a_policy_outgrowing_its_node_limit_is_dropped_once(tmp_path, monkeypatc
     assert len(lines) == 1 and json.loads(lines[0])["policy"] == "lfu"
 
 
+def test_a_failed_policys_free_blocks_leave_in_release_order():
+    """While the policy serves, the fail-safe keeps nothing: on failure it takes over the
+    free blocks the policy held, in release order, less those hits and drops took (handed
+    over or not yet), and the blocks released from then on join them at the end."""
+    policy = FailSafePolicy(OnlinePolicy("lfu", 16))
+    policy.observe([1, 2, 3])
+    policy.observe([4, 5])
+    policy.release([12, 11, 10], [3, 2, 1])  # a request's blocks, deepest first
+    policy.release([21, 20], [5, 4])
+    policy.acquire([11])  # a hit, not yet handed to the set
+    policy.drop([21])  # vLLM reused the block
+    policy.release([12], [3])  # freed again: the newest; free: 10, 20, 12 in that order
+    first = policy.pop_victims(1).tolist()
+    assert len(first) == 1 and not policy.failed
+    policy.acquire([20])  # not yet handed to the set when the policy fails
+    policy.drop([10])
+    policy.fail(RuntimeError("a bug"))
+    assert policy.release([30], [9]).tolist() == [True]  # an unknown key: kept too
+    assert policy.pop_victims(8).tolist() == [b for b in [10, 20, 12, 30]
+                                              if b not in [*first, 20, 10]]
+    assert policy.fallbacks == 1
+
+
 def test_sglangs_radix_cache_serves_every_request_after_its_policy_raises(caplog):
     trace = from_paths(_chains())
     cache = standin.api.simulated("canopy", {"policy": RAISES, "capacity_blocks": 12},

@@ -84,10 +84,25 @@ def _chain(slots, key, parent, state, keys, by_parent, depth, born, births, out)
 
 
 @nb.njit(cache=True)
+def _chain_observe(slots, key, parent, state, keys, by_parent, depth, born, births, out, start,
+                   kind, t, params, ni, cells, sc, seq):
+    """:func:`_chain`, then :func:`~canopy.prefix.kernels.observe` of the chain's nodes from
+    ``start`` on: returns the births and the insertion order after them."""
+    births = _chain(slots, key, parent, state, keys, by_parent, depth, born, births, out)
+    seq = kernels.observe(kind, t, out[start:], parent, params, ni, cells, sc, seq)
+    return births, seq
+
+
+@nb.njit(cache=True)
 def _release_keys(slots, key, parent, by_parent, folded, ids, kind, fn, depth, ni, cells, params,
                   sc, ev, known):
     """:meth:`BlockTree.release`: the nodes of keys ``folded`` (``known``: found), blocks of
-    unknown keys dropped, then the rest released in order."""
+    unknown keys dropped, then the rest released in order. Returns False, having done
+    nothing, when a block lies beyond the set's block table (the host grows it first)."""
+    blocks = ev[2]
+    for b in ids:
+        if b >= len(blocks):
+            return False
     nodes = np.empty(len(folded), dtype=np.int64)
     hashindex.find_chain(slots, key, parent, folded, by_parent, nodes)
     m = 0
@@ -98,6 +113,7 @@ def _release_keys(slots, key, parent, by_parent, folded, ids, kind, fn, depth, n
         kernels.evictable_drop(ids[~known], parent, ni, ev)
         ids, nodes = ids[known], nodes[known]
     kernels.evictable_release(kind, fn, ids, nodes, parent, depth, ni, cells, params, sc, ev)
+    return True
 
 
 @nb.njit(cache=True)
@@ -107,6 +123,11 @@ def _leading_cached(nodes, lead, ni):
         if ni[nodes[j], CACHED] == 0:
             return j
     return lead
+
+
+def _joined(parts: list[np.ndarray]) -> np.ndarray:
+    """Engine blocks handed over in ``parts``, as one array."""
+    return _NONE if not parts else parts[0] if len(parts) == 1 else np.concatenate(parts)
 
 
 class BlockTree:
@@ -170,9 +191,11 @@ class BlockTree:
         self._floor_nodes = 4 * (capacity + shadow_blocks) + _START
         self._limit = 2 * self._floor_nodes
         self._ev: kernels.Evictable | None = None  # a host's free blocks, once it frees one
+        self._evt: tuple[np.ndarray, ...] = ()  # the same as the kernels take it (a plain tuple)
         self._ev_epoch = 0
         self._due: np.ndarray | None = None  # a request's nodes to re-key (:meth:`rekey`)
         self._hits: list[np.ndarray] = []  # engine blocks hits took back (:meth:`acquire`)
+        self._drops: list[np.ndarray] = []  # engine blocks whose keys went (:meth:`drop`)
 
     # ------------------------------------------------------------ what hosts read
     @property
@@ -261,6 +284,16 @@ class BlockTree:
     def chain(self, keys: Iterable[Hashable]) -> np.ndarray:
         """The nodes of a request's block keys, root first; keys met for the first time
         become nodes (the tables grow). One compiled call for the whole chain."""
+        folded = self._room(keys)
+        index = self._index
+        out = np.empty(len(folded), dtype=np.int64)
+        self._births = int(_chain(index.slots, index.key, index.parent, index.state, folded,
+                                  index.by_parent, self.depth, self._born, self._births, out))
+        self._fit(len(out))
+        return out
+
+    def _room(self, keys: Iterable[Hashable]) -> np.ndarray:
+        """A request's keys, folded, with room in the tables for each to become a node."""
         folded = hashindex.as_keys(keys)
         if len(folded) > MAX_DEPTH:
             raise ValueError(f"a request of {len(folded)} blocks is deeper than the "
@@ -269,11 +302,7 @@ class BlockTree:
         if index.spare < len(folded):
             self._grow(max(2 * len(self.parent), self.n + len(folded)))
         index.reserve(len(folded))
-        out = np.empty(len(folded), dtype=np.int64)
-        self._births = int(_chain(index.slots, index.key, index.parent, index.state, folded,
-                                  index.by_parent, self.depth, self._born, self._births, out))
-        self._fit(len(out))
-        return out
+        return folded
 
     def _grow(self, n: int) -> None:
         old = len(self.parent)
@@ -282,9 +311,9 @@ class BlockTree:
         self._born = np.concatenate([self._born, np.zeros(n - old, dtype=np.int64)])
         self._ni = np.concatenate([self._ni, kernels.node_table(n - old)])
         if self._ev is not None:
-            self._ev = self._ev._replace(
+            self._set_ev(self._ev._replace(
                 ek=np.concatenate([self._ev.ek, kernels.evictable_nodes(n - old)]),
-                nkey=np.concatenate([self._ev.nkey, np.zeros(n - old)]))
+                nkey=np.concatenate([self._ev.nkey, np.zeros(n - old)])))
         if self._canopy:
             shadows = self._shadows
             self._cells = np.concatenate(
@@ -368,11 +397,24 @@ class BlockTree:
         run(self._how, t0, t1, trace.offsets, trace.nodes, nu, self.parent, self.depth,
             self.capacity, self.params, self._cells, self._state(), reused)
 
-    def observe(self, t: int, path: np.ndarray, seq: int) -> int:
-        """Account request ``t`` (nodes ``path``) admitted by a host that keeps the cache
-        itself (:func:`~canopy.prefix.kernels.observe`); returns the next insertion order."""
-        return kernels.observe(self.kind, t, path, self.parent, self.params, self._ni,
-                               self._cells, self._sc, seq)
+    def observe(self, t: int, keys: Iterable[Hashable], seq: int,
+                start: int = 0) -> tuple[np.ndarray, int]:
+        """Account request ``t``, its block keys ``keys`` (root first) admitted by a host
+        that keeps the cache itself: their nodes (:meth:`chain`), then the use of those from
+        ``start`` on (:func:`~canopy.prefix.kernels.observe`), one compiled call; the
+        request's free nodes are re-keyed (:meth:`rekey`). Returns the request's nodes and
+        the next insertion order."""
+        folded = self._room(keys)
+        index = self._index
+        out = np.empty(len(folded), dtype=np.int64)
+        births, seq = _chain_observe(index.slots, index.key, index.parent, index.state, folded,
+                                     index.by_parent, self.depth, self._born, self._births,
+                                     out, start, self.kind, t, self.params, self._ni,
+                                     self._cells, self._sc, seq)
+        self._births = int(births)
+        self._fit(len(out))
+        self.rekey(out)
+        return out, int(seq)
 
     def replay_shadows(self, t: int, path: np.ndarray) -> None:
         """``canopy``: replay request ``t`` (nodes ``path``) in the shadows, switching arm
@@ -474,8 +516,11 @@ class BlockTree:
         elif blocks > len(ev.blocks):
             more = max(blocks, 2 * len(ev.blocks)) - len(ev.blocks)
             ev = ev._replace(blocks=np.concatenate([ev.blocks, kernels.evictable_blocks(more)]))
-        self._ev = ev
+        self._set_ev(ev)
         return ev
+
+    def _set_ev(self, ev: kernels.Evictable) -> None:
+        self._ev, self._evt = ev, tuple(ev)
 
     def _ev_room(self, entries: int) -> tuple[np.ndarray, ...]:
         """The evictable set as the kernels take it, its heap with room for ``entries`` more
@@ -484,14 +529,14 @@ class BlockTree:
         ev = self._ev
         assert ev is not None, "room is asked for only once a block was freed"
         if ev.es[kernels.ELEN] + entries > len(ev.hkey):
-            kernels.evictable_compact(self._ni, tuple(ev))
+            kernels.evictable_compact(self._ni, self._evt)
             need = ev.es[kernels.ELEN] + entries
             if 2 * need > len(ev.hkey):
                 grow = 2 * need - len(ev.hkey)
-                ev = self._ev = ev._replace(**{
+                self._set_ev(ev._replace(**{
                     f: np.concatenate([getattr(ev, f), np.zeros(grow, dtype=getattr(ev, f).dtype)])
-                    for f in ("hkey", "hstamp", "hnode", "hver")})
-        return tuple(ev)
+                    for f in ("hkey", "hstamp", "hnode", "hver")}))
+        return self._evt
 
     def release(self, blocks: np.ndarray, keys: Iterable[Hashable] | np.ndarray) -> np.ndarray:
         """A host freed engine blocks ``blocks`` (non-negative ids) caching ``keys`` (a tree
@@ -499,15 +544,30 @@ class BlockTree:
         (:func:`~canopy.prefix.kernels.evictable_release`); blocks of keys never met (or
         forgotten) are forgotten here. Returns which keys are known; one compiled call."""
         folded = hashindex.as_keys(keys)
-        self._evictable(int(blocks.max(initial=-1)) + 1)
+        if self._ev is None:
+            self._evictable(int(blocks.max(initial=-1)) + 1)
         self._settle()
-        ev = self._ev_room(2 * len(blocks))  # a block may make its node and an old parent leaves
         index = self._index
         known = np.empty(len(blocks), dtype=np.bool_)
-        _release_keys(index.slots, index.key, index.parent, index.by_parent, folded, blocks,
-                      self.kind, self._ev_key(), self.depth, self._ni, self._cells, self.params,
-                      self._sc, ev, known)
+        while not _release_keys(index.slots, index.key, index.parent, index.by_parent, folded,
+                                blocks, self.kind, self._ev_key(), self.depth, self._ni,
+                                self._cells, self.params, self._sc,
+                                self._ev_room(2 * len(blocks)), known):
+            # a block beyond the table: grown, then released (a block may make its node and
+            # an old parent leave: two heap entries a block)
+            self._evictable(int(blocks.max(initial=-1)) + 1)
         return known
+
+    def free_blocks(self) -> np.ndarray:
+        """The host's free blocks the set holds, in release order (hits and drops not yet
+        handed to the set left out); nothing changes."""
+        if self._ev is None:
+            return _NONE
+        blocks = self._ev.blocks
+        free = np.flatnonzero(blocks[:, kernels.BFREE])
+        if self._hits or self._drops:
+            free = free[~np.isin(free, np.concatenate(self._hits + self._drops))]
+        return free[np.argsort(blocks[free, kernels.BSTAMP], kind="stable")]
 
     def acquire(self, blocks: np.ndarray) -> None:
         """A host's hits took ``blocks`` back (pinned), handed to the set when it is next
@@ -516,12 +576,10 @@ class BlockTree:
             self._hits.append(blocks)
 
     def drop(self, blocks: np.ndarray) -> None:
-        """A host dropped ``blocks``' keys: forget them."""
+        """A host dropped ``blocks``' keys: forgotten when the set is next read (after the
+        hits and the re-keying before them)."""
         if self._ev is not None and len(blocks):
-            self._settle()
-            ev = self._ev_room(len(blocks))  # a dropped block's parent may become a leaf
-            kernels.evictable_drop(blocks[blocks < len(self._ev.blocks)], self.parent, self._ni,
-                                   ev)
+            self._drops.append(blocks)
 
     def rekey(self, path: np.ndarray) -> None:
         """A request observed nodes ``path``: its free nodes re-keyed, or every free node
@@ -534,28 +592,27 @@ class BlockTree:
         self._settle()
         self._due = path
 
-    def _pending(self) -> tuple[np.ndarray, np.ndarray]:
-        """The hits and the nodes to re-key since the set was last read (every node, the
-        heap emptied, when the policy re-ordered its keys), taken."""
-        hits = (_NONE if not self._hits else self._hits[0] if len(self._hits) == 1
-                else np.concatenate(self._hits))
-        self._hits = []
+    def _pending(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The hits, the drops and the nodes to re-key since the set was last read (every
+        node, the heap emptied, when the policy re-ordered its keys), taken."""
+        hits, drops = _joined(self._hits), _joined(self._drops)
+        self._hits, self._drops = [], []
         path, self._due = self._due, None
         if path is None:
-            return hits, _NONE
+            return hits, drops, _NONE
         if self.switches != self._ev_epoch:
             self._ev_epoch = self.switches
             self._ev.es[kernels.ELEN] = 0  # every entry made anew
             path = np.arange(self.n)
-        return hits, path
+        return hits, drops, path
 
     def _settle(self) -> None:
         """Hand the set what happened since it was last read (:meth:`_pending`)."""
-        if self._ev is None or (not self._hits and self._due is None):
+        if self._ev is None or (not self._hits and not self._drops and self._due is None):
             return
-        hits, path = self._pending()
-        ev = self._ev_room(len(path))
-        kernels.evictable_settle(hits, self.kind, self._ev_key(), path, self.parent,
+        hits, drops, path = self._pending()
+        ev = self._ev_room(len(path) + len(drops))  # a dropped block's parent may be a leaf
+        kernels.evictable_settle(hits, drops, self.kind, self._ev_key(), path, self.parent,
                                  self.depth, self._ni, self._cells, self.params, self._sc, ev)
 
     def pop_victims(self, want: int) -> np.ndarray:
@@ -564,10 +621,11 @@ class BlockTree:
         settles the set first."""
         if self._ev is None or want <= 0:
             return np.zeros(0, dtype=np.int64)
-        hits, path = self._pending()
-        ev = self._ev_room(len(path) + want)  # re-keyed leaves; each victim's parent
+        hits, drops, path = self._pending()
+        # re-keyed leaves; each dropped block's parent and each victim's
+        ev = self._ev_room(len(path) + len(drops) + want)
         out = np.empty(want, dtype=np.int64)
-        got = kernels.evictable_pop(self.policy.hand, want, self.n, hits, self.kind,
+        got = kernels.evictable_pop(self.policy.hand, want, self.n, hits, drops, self.kind,
                                     self._ev_key(), path, self.parent, self.depth, self._ni,
                                     self._cells, self.params, self._sc, ev, out)
         return out[:got]

@@ -32,7 +32,6 @@ from collections import Counter
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import Any
 
-import numba as nb
 import numpy as np
 
 from canopy.prefix.stream import OnlinePolicy, StreamingCache
@@ -52,28 +51,6 @@ FALLBACK_LOG_ENV = "CANOPY_FALLBACK_LOG"
 logger = logging.getLogger(__name__)
 
 _FALLBACKS: Counter[str] = Counter()
-
-
-@nb.njit(cache=True)
-def _stamp(stamp, blocks, known, clock):
-    """Blocks ``blocks[known]`` released now, in order: stamped ``clock``, ``clock + 1``...;
-    returns the next clock, or -1 (nothing stamped) when ``stamp`` is too short."""
-    for i in range(len(blocks)):
-        if known[i] and blocks[i] >= len(stamp):
-            return -1
-    for i in range(len(blocks)):
-        if known[i]:
-            stamp[blocks[i]] = clock
-            clock += 1
-    return clock
-
-
-@nb.njit(cache=True)
-def _unstamp(stamp, blocks):
-    """Blocks ``blocks`` are no longer held."""
-    for b in blocks:
-        if b < len(stamp):
-            stamp[b] = -1
 
 
 def fallbacks() -> dict[str, int]:
@@ -151,12 +128,22 @@ class FailSafePolicy(_Guard):
         self.policy = policy
         self.hand = policy.hand
         self._epoch = 0
-        # the free blocks the policy holds, in release order: handed out in that order (the
-        # engine's own, LRU) once the policy failed, so no free block is lost with it; while
-        # it serves, each block's release stamp (-1: not held), one numpy pass a call
-        self._stamp = np.full(0, -1, dtype=np.int64)
-        self._clock = 0
-        self._held: dict[int, None] | None = None  # once failed: the release order itself
+        # once failed, the free blocks the policy held, in release order (the engine's own,
+        # LRU), handed out in that order so that no free block is lost with the policy; while
+        # it serves, the policy keeps them (its evictable set stamps each release)
+        self._held: dict[int, None] | None = None
+
+    def fail(self, error: BaseException) -> None:
+        """:meth:`_Guard.fail`; the free blocks the policy held are taken over, in release
+        order (none should its tables not be readable)."""
+        failed = self.failed
+        super().fail(error)
+        if not failed:
+            try:
+                held = self.policy.free_blocks().tolist()
+            except Exception:  # any failure of the policy: its tables are not to be trusted
+                held = []
+            self._held = dict.fromkeys(held)
 
     @property
     def epoch(self) -> int:
@@ -171,66 +158,56 @@ class FailSafePolicy(_Guard):
 
     def observe(self, keys: Sequence[Hashable] | np.ndarray, *, start: int = 0) -> None:
         """:meth:`OnlinePolicy.observe`, guarded; fails the policy past ``max_nodes``."""
-
-        self._call(None, self._observe, keys, start)
-
-    def _observe(self, keys: Sequence[Hashable] | np.ndarray, start: int) -> None:
-        self.policy.observe(keys, start=start)
-        self._check_size(self.policy.n_nodes)
+        if self.failed:
+            return
+        try:
+            self.policy.observe(keys, start=start)
+            self._check_size(self.policy.n_nodes)
+        except Exception as error:  # any failure of the policy, whatever its type
+            self.fail(error)
 
     def release(self, blocks: Sequence[int] | np.ndarray,
                 keys: Sequence[Hashable] | np.ndarray) -> np.ndarray:
         """:meth:`OnlinePolicy.release`, guarded; once the policy failed every block is known
         (kept here, in release order)."""
-        known = self._call(None, self.policy.release, blocks, keys)
-        if known is None:
-            known = np.ones(len(blocks), dtype=bool)
-        ids = np.asarray(blocks, dtype=np.int64)
-        if self._held is not None:
-            for block in ids[known].tolist():
-                self._held.pop(block, None)
-                self._held[block] = None
-            return known
-        clock = _stamp(self._stamp, ids, known, self._clock)
-        if clock < 0:  # a block beyond the stamps: grow them, then stamp
-            more = max(int(ids.max()) + 1, 2 * len(self._stamp)) - len(self._stamp)
-            self._stamp = np.concatenate([self._stamp, np.full(more, -1, dtype=np.int64)])
-            clock = _stamp(self._stamp, ids, known, self._clock)
-        self._clock = clock
-        return known
+        if not self.failed:
+            try:
+                return self.policy.release(blocks, keys)
+            except Exception as error:  # any failure of the policy, whatever its type
+                self.fail(error)
+        held = self._held
+        assert held is not None, "a failed policy's blocks are taken over when it fails"
+        ids = np.asarray(blocks, dtype=np.int64).tolist()
+        for block in ids:
+            held.pop(block, None)
+            held[block] = None
+        return np.ones(len(ids), dtype=bool)
 
     def acquire(self, blocks: Sequence[int] | np.ndarray) -> None:
         """:meth:`OnlinePolicy.acquire`, guarded."""
-        self._forget(blocks)
         self._call(None, self.policy.acquire, blocks)
+        self._forget(blocks)
 
     def drop(self, blocks: Sequence[int]) -> None:
         """:meth:`OnlinePolicy.drop`, guarded."""
-        self._forget(blocks)
         self._call(None, self.policy.drop, blocks)
+        self._forget(blocks)
 
     def pop_victims(self, n: int) -> np.ndarray:
         """:meth:`OnlinePolicy.pop_victims`, guarded; once the policy failed, the blocks it
         held in release order."""
         victims = self._call(None, self.policy.pop_victims, n)
-        if victims is None:
-            victims = np.fromiter(itertools.islice(self._release_order(), n), dtype=np.int64)
-        self._forget(victims)
+        if self._held is not None:
+            if victims is None:
+                victims = np.fromiter(itertools.islice(self._held, n), dtype=np.int64)
+            self._forget(victims)
         return victims
 
-    def _release_order(self) -> dict[int, None]:
-        """The held blocks in release order (made from the stamps once the policy failed)."""
-        if self._held is None:
-            held = np.flatnonzero(self._stamp >= 0)
-            self._held = dict.fromkeys(held[np.argsort(self._stamp[held])].tolist())
-        return self._held
-
     def _forget(self, blocks: Sequence[int] | np.ndarray) -> None:
+        """Once the policy failed, ``blocks`` leave the release order."""
         if self._held is not None:
             for block in np.asarray(blocks, dtype=np.int64).tolist():
                 self._held.pop(block, None)
-            return
-        _unstamp(self._stamp, np.asarray(blocks, dtype=np.int64))
 
     def evicted(self, key: Hashable) -> None:
         """:meth:`OnlinePolicy.evicted`, guarded."""

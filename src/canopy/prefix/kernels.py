@@ -1084,14 +1084,15 @@ def priorities_keyed(key, nodes, depth, ni, cells, params, sc, out):
 # a child block again is dropped when it surfaces (the node comes back once a leaf).
 EFREE, EHELD, ESTAMP, EHEAD, ETAIL = range(5)
 _EK = 5
-BNODE, BPREV, BNEXT, BFREE = range(4)
-_BK = 4
+BNODE, BPREV, BNEXT, BFREE, BSTAMP = range(5)
+_BK = 5
 ELEN, ESEQ, EHAND = range(3)
 Evictable = namedtuple("Evictable", "ek nkey blocks hkey hstamp hnode hver es")
 """A host's evictable set: the per-node table (``EFREE`` ... ``ETAIL``) and key, the per-block
-table (``BNODE`` ... ``BFREE``), the heap (keys, stamps, nodes, versions) and its scalars
-(heap length, next stamp, SIEVE's hand: the insertion order of its last victim). The kernels
-take it as a plain tuple in this order (numba reads a named one at twice the cost a call)."""
+table (``BNODE`` ... ``BSTAMP``: a free block's release stamp, its place in release order),
+the heap (keys, stamps, nodes, versions) and its scalars (heap length, next stamp, SIEVE's
+hand: the insertion order of its last victim). The kernels take it as a plain tuple in this
+order (numba reads a named one at twice the cost a call)."""
 
 
 # The kernels unpack the set once; its helpers take its arrays (an array read from the tuple
@@ -1200,6 +1201,7 @@ def evictable_release(kind, key, ids, nodes, parent, depth, ni, cells, params, s
             _ev_unfree(ek, blocks, b)  # freed twice: now the newest
         t = ek[v, ETAIL]
         blocks[b, BPREV], blocks[b, BNEXT], blocks[b, BFREE] = t, -1, 1
+        blocks[b, BSTAMP] = stamp
         if t >= 0:
             blocks[t, BNEXT] = b
         else:
@@ -1217,12 +1219,13 @@ def evictable_release(kind, key, ids, nodes, parent, depth, ni, cells, params, s
 
 
 @nb.njit(cache=True, inline="always")
-def _ev_settle(hits, kind, key, nodes, parent, depth, ni, cells, params, sc, ev):
+def _ev_settle(hits, drops, kind, key, nodes, parent, depth, ni, cells, params, sc, ev):
     """What happened since the set was last read: hits took blocks ``hits`` back (pinned, no
     longer evictable; a block not free, or not in the table, is left as it is: their nodes'
     heap entries die when no free block is left), then the free nodes among ``nodes`` (a
     request observed them; every node when the policy re-ordered its keys) are re-keyed, the
-    leaves among them back into the heap."""
+    leaves among them back into the heap, then the host dropped blocks ``drops`` (their keys
+    are gone: forgotten, as :func:`evictable_drop`)."""
     ek, nkey, blocks, hk, hs, hn, hv, es = ev
     for b in hits:
         if b < len(blocks) and blocks[b, BFREE]:
@@ -1240,12 +1243,15 @@ def _ev_settle(hits, kind, key, nodes, parent, depth, ni, cells, params, sc, ev)
         ni[v, VER] += 1
         if ni[v, NCHILD] == 0:
             _ev_push(hk, hs, hn, hv, es, keys[i], ek[v, ESTAMP], v, ni[v, VER])
+    for b in drops:
+        if b < len(blocks):
+            _ev_drop(ek, nkey, blocks, hk, hs, hn, hv, es, b, parent, ni)
 
 
 @nb.njit(cache=True)
-def evictable_settle(hits, kind, key, nodes, parent, depth, ni, cells, params, sc, ev):
-    """``_ev_settle``, before a release, a drop or forgetting reads the set."""
-    _ev_settle(hits, kind, key, nodes, parent, depth, ni, cells, params, sc, ev)
+def evictable_settle(hits, drops, kind, key, nodes, parent, depth, ni, cells, params, sc, ev):
+    """``_ev_settle``, before a release or forgetting reads the set."""
+    _ev_settle(hits, drops, kind, key, nodes, parent, depth, ni, cells, params, sc, ev)
 
 
 @nb.njit(cache=True)
@@ -1308,14 +1314,14 @@ def _ev_sieve(ek, es, ni, n):
 
 
 @nb.njit(cache=True)
-def evictable_pop(hand, want, n, hits, kind, key, nodes, parent, depth, ni, cells, params, sc,
-                  ev, out):
+def evictable_pop(hand, want, n, hits, drops, kind, key, nodes, parent, depth, ni, cells, params,
+                  sc, ev, out):
     """Up to ``want`` victims into ``out`` (engine blocks; returns how many), once the set is
     settled (``_ev_settle``): by SIEVE's hand over insertion order (``hand``) or the free
     leaf of the lowest (key, stamp), its entry popped and pushed back should the node keep a
     free block (``_ev_lowest_held`` when there is none); each victim's block (its node's
     oldest free block) is forgotten and its node evicted."""
-    _ev_settle(hits, kind, key, nodes, parent, depth, ni, cells, params, sc, ev)
+    _ev_settle(hits, drops, kind, key, nodes, parent, depth, ni, cells, params, sc, ev)
     ek, nkey, blocks, hk, hs, hn, hv, es = ev
     got = 0
     while got < want:

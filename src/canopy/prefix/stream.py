@@ -179,10 +179,8 @@ class OnlinePolicy(_Host):
         if not start:
             self._replay_pending()
         chain = as_keys(keys)  # once: the pending request keeps them
-        path = self.tree.chain(chain)
         t = self.requests - 1 if start and self.requests else self.requests  # grew: its own
-        self._seq = self.tree.observe(t, path[start:], self._seq)
-        self.tree.rekey(path)
+        path, self._seq = self.tree.observe(t, chain, self._seq, start)
         if not self.tree.has_shadows:
             if not start:
                 self._after_request()
@@ -255,6 +253,11 @@ class OnlinePolicy(_Host):
     def drop(self, blocks: Sequence[int]) -> None:
         """The engine reused ``blocks`` or dropped their keys: forgotten (not evicted)."""
         self.tree.drop(np.asarray(blocks, dtype=np.int64))
+
+    def free_blocks(self) -> np.ndarray:
+        """The free blocks the policy holds, in release order (nothing changes): what a host
+        evicts in its own order should the policy be dropped."""
+        return self.tree.free_blocks()
 
     def pop_victims(self, n: int) -> np.ndarray:
         """Up to ``n`` free blocks to evict, in the policy's order among free leaves (blocks
