@@ -134,7 +134,7 @@ class FailSafePolicy(_Guard):
         self._held: dict[int, None] | None = None
 
     def fail(self, error: BaseException) -> None:
-        """:meth:`_Guard.fail`; the free blocks the policy held are taken over, in release
+        """``_Guard.fail``; the free blocks the policy held are taken over, in release
         order (none should its tables not be readable)."""
         failed = self.failed
         super().fail(error)
