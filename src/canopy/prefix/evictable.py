@@ -85,13 +85,11 @@ class EvictableBlocks:
     def release_all(self, blocks: Blocks, keys: Keys) -> None:
         """:meth:`release` of ``blocks[i]`` caching ``keys[i]``, in that order (one call to
         the policy)."""
-        if self._acquired:
-            self._flush()
+        self._flush()
         if self.policy is None:
             self._unkeyed(blocks, keys)
             return
-        if self._free:
-            self._forget(blocks)
+        self._forget(blocks)
         known = self.policy.release(blocks, keys)
         if not known.all():
             miss = np.flatnonzero(~known).tolist()
@@ -123,10 +121,8 @@ class EvictableBlocks:
 
     def drop_all(self, blocks: Sequence[int]) -> None:
         """:meth:`drop` of each of ``blocks``."""
-        if self._acquired:
-            self._flush()
-        if self._free:
-            self._forget(blocks)
+        self._flush()
+        self._forget(blocks)
         if self.policy is not None:
             self.policy.drop(blocks)
 
@@ -135,8 +131,7 @@ class EvictableBlocks:
         it (and re-keys its free blocks); free blocks of keys it did not know join its set."""
         if self.policy is None:
             return
-        if self._acquired:
-            self._flush()
+        self._flush()
         self.policy.observe(keys)
         if self._waiting:
             blocks = [b for key in keys for b in self._waiting.get(key, ())]
@@ -148,8 +143,7 @@ class EvictableBlocks:
     def pop_victims(self, n: int) -> list[int]:
         """Up to ``n`` free blocks to evict (removed from the set, reported to the policy):
         unkeyed blocks first, in release order, then the policy's victims."""
-        if self._acquired:
-            self._flush()
+        self._flush()
         if not self._free and self.policy is not None:
             return self.policy.pop_victims(n).tolist()
         out = list(itertools.islice(self._free, n))
@@ -169,7 +163,6 @@ class EvictableBlocks:
             return
         blocks = np.array(self._acquired, dtype=np.int64)
         self._acquired.clear()  # the same list: :attr:`acquire` appends to it
-        if self._free:
-            self._forget(blocks)
+        self._forget(blocks)
         if self.policy is not None:
             self.policy.acquire(blocks)

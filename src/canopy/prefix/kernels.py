@@ -1225,7 +1225,7 @@ def _ev_settle(hits, drops, kind, key, nodes, parent, depth, ni, cells, params, 
     heap entries die when no free block is left), then the free nodes among ``nodes`` (a
     request observed them; every node when the policy re-ordered its keys) are re-keyed, the
     leaves among them back into the heap, then the host dropped blocks ``drops`` (their keys
-    are gone: forgotten, as :func:`evictable_drop`)."""
+    are gone: forgotten, :func:`evictable_drop`)."""
     ek, nkey, blocks, hk, hs, hn, hv, es = ev
     for b in hits:
         if b < len(blocks) and blocks[b, BFREE]:
@@ -1243,9 +1243,7 @@ def _ev_settle(hits, drops, kind, key, nodes, parent, depth, ni, cells, params, 
         ni[v, VER] += 1
         if ni[v, NCHILD] == 0:
             _ev_push(hk, hs, hn, hv, es, keys[i], ek[v, ESTAMP], v, ni[v, VER])
-    for b in drops:
-        if b < len(blocks):
-            _ev_drop(ek, nkey, blocks, hk, hs, hn, hv, es, b, parent, ni)
+    evictable_drop(drops, parent, ni, ev)
 
 
 @nb.njit(cache=True)
@@ -1256,10 +1254,12 @@ def evictable_settle(hits, drops, kind, key, nodes, parent, depth, ni, cells, pa
 
 @nb.njit(cache=True)
 def evictable_drop(ids, parent, ni, ev):
-    """The host dropped blocks ``ids`` (their keys are gone): forget them."""
+    """The host dropped blocks ``ids`` (their keys are gone): forget them (a block beyond the
+    table was never released: nothing to forget)."""
     ek, nkey, blocks, hk, hs, hn, hv, es = ev
     for b in ids:
-        _ev_drop(ek, nkey, blocks, hk, hs, hn, hv, es, b, parent, ni)
+        if b < len(blocks):
+            _ev_drop(ek, nkey, blocks, hk, hs, hn, hv, es, b, parent, ni)
 
 
 @nb.njit(cache=True)
