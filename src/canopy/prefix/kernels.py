@@ -94,9 +94,10 @@ switches and sample salt, and per arm (stacked on the first axis) its kernel cod
 SWITCHES, SALT, RIDES = range(3)
 # a sampled shadow (``Canopy.candidates``) keeps its evictable leaves in the heap's arrays,
 # unordered (``hnode[:HLEN]``, their keys in ``hkey``), each leaf's slot there in its row's
-# ``PREV`` (-1: not a leaf on the list; the shadow keeps no recency queue), its draws'
-# generator state in its ``CLOCK`` (a shadow reads its main cache's clock, never its own) and
-# the start of the cells' epoch its keys are scaled to in ``SEQN`` (SIEVE's alone)
+# ``PREV`` (-1: not a leaf on the list; the shadow keeps no recency queue) and its draws'
+# generator state in its ``CLOCK`` (a shadow reads its main cache's clock, never its own); a
+# decayed arm's cache, sampled or a heap, holds the start of the cells' epoch its keys are
+# scaled to in ``SEQN`` (SIEVE's alone)
 SLOT, DRAW, EPOCH = PREV, CLOCK, SEQN
 
 # decayed-count configuration (``params``): prior weight, deepest depth, the cells' epoch
@@ -362,6 +363,33 @@ def _key(kind, key, v, depth, ni, nf, params, arm):
 
 
 @nb.njit(cache=True, inline="always")
+def _cache_key(kind, key, v, depth, ni, nf, params, sc):
+    """The key a cache's own heap holds: :func:`_key`, but a decayed ``CANOPY`` arm's as
+    its count in the scale of the cells' epoch starting at ``sc[EPOCH]`` (:func:`_count`:
+    the same order as the logarithm, without one a key; the heap is rescaled when an epoch
+    begins, :func:`_keys_to_epoch`)."""
+    arm = sc[ARM]
+    if kind == CANOPY and key is None and arm > 0:
+        return _count(v, nf, arm - 1, float(sc[EPOCH]), params[LAM0 + arm - 1], params[PERIOD])
+    return _key(kind, key, v, depth, ni, nf, params, arm)
+
+
+@nb.njit(cache=True, inline="always")
+def _keys_to_epoch(v, nf, params, sc, keys, n):
+    """Move the first ``n`` of a decayed ``CANOPY`` arm's ``keys`` (a heap, a sampled shadow's
+    leaves) to the epoch of the request whose first block ``v`` has its cell updated already,
+    when it is later than theirs (``sc[EPOCH]``): every key times one factor, so their order
+    holds."""
+    period = params[PERIOD]
+    epoch = period * np.floor(nf[v, CELL_CLOCK] / period)
+    if epoch > sc[EPOCH]:
+        scale = np.exp(-params[LAM0 + sc[ARM] - 1] * (epoch - sc[EPOCH]))
+        for i in range(n):  # a loop: a slice's ``*=`` allocates
+            keys[i] *= scale
+        sc[EPOCH] = int(epoch)
+
+
+@nb.njit(cache=True, inline="always")
 def _recency(v, depth, ni, dmax):
     """Recency, deepest first within a request (vLLM's tail-first order): LRU's order as a
     key, for blocks no deeper than ``dmax``."""
@@ -384,7 +412,7 @@ def _heap_compact(kind, key, depth, ni, nf, params, sc, hkey, hnode, hver, rekey
     n = 0
     for e in range(live):
         v, ver = hnode[e], hver[e]
-        k = _key(kind, key, v, depth, ni, nf, params, sc[ARM]) if rekey else hkey[e]
+        k = _cache_key(kind, key, v, depth, ni, nf, params, sc) if rekey else hkey[e]
         n = _heap_push(hkey, hnode, hver, n, k, v, ver)
     sc[HLEN] = n
 
@@ -418,9 +446,11 @@ def _cells_update(lo, hi, nodes, parent, cells, sc, params):
     its last use ``c_last``, scaled by ``e^{lam_j (c_last - b)}`` where ``b`` is the start of
     ``c_last``'s epoch (a multiple of ``params[PERIOD]``): within an epoch a use adds
     ``e^{lam_j (c - b)}`` to the stored value, one exponential a request and arm rather than
-    one a block, and only a cell last used in an older epoch is rescaled. The heap key
+    one a block, and only a cell last used in an older epoch is rescaled. A host's key
     ``log S_j + lam_j * c_last`` (:func:`_key`) orders blocks by their discounted count at any
-    common later time, so keys never need rescaling. The statistics are of the request
+    common later time, so keys never need rescaling; a cache's own heap holds the count in
+    its epoch's scale instead (:func:`_cache_key`: no logarithm a key), every key rescaled
+    when an epoch begins. The statistics are of the request
     stream, not of a cache: a block that is evicted and comes back resumes its history, and
     the main cache and every shadow read the same cells. A cell with less evidence of its own
     than its parent's share, ``rho * (S_j(parent) - 1) / children(parent)`` (the parent's
@@ -522,12 +552,17 @@ def _lru_request(t, lo, hi, nodes, nu, parent, capacity, ni, sc):
 @nb.njit(cache=True, inline="always")
 def _heap_serve(kind, key, t, lo, hi, nodes, nu, parent, depth, capacity, params, ni, nf, sc,
                 hkey, hnode, hver):
-    """A priority policy's request: the victim is the unpinned leaf with the lowest key, from
-    a heap with lazy deletion (the heap's length and the cache's size in locals)."""
+    """A priority policy's request: the victim is the unpinned leaf with the lowest key
+    (:func:`_cache_key`), from a heap with lazy deletion (the heap's length and the cache's
+    size in locals)."""
     size, n = sc[SIZE], sc[HLEN]
+    if kind == CANOPY and sc[ARM] > 0 and hi > lo:
+        _keys_to_epoch(nodes[lo], nf, params, sc, hkey, n)
     k = lo
     while k < hi and ni[nodes[k], CACHED] == 1:
         ni[nodes[k], PIN] = t
+        if kind == CANOPY:  # its keys read no use counts: the cells, and the last use
+            ni[nodes[k], LAST] = t
         k += 1
     end = k
     held, kheld = -1, 0.0  # a parent that just became the lowest leaf, kept off the heap
@@ -551,7 +586,7 @@ def _heap_serve(kind, key, t, lo, hi, nodes, nu, parent, depth, capacity, params
                     # evicting a chain tail first: when the parent's key is at most every
                     # heap key it is the next victim, so skip its push and pop
                     ni[p, VER] += 1  # retires heap entries from when it was a leaf before
-                    kp = _key(kind, key, p, depth, ni, nf, params, sc[ARM])
+                    kp = _cache_key(kind, key, p, depth, ni, nf, params, sc)
                     if n == 0 or kp <= hkey[0]:
                         held, kheld = p, kp  # not used by this request: its key holds
                     else:
@@ -560,20 +595,24 @@ def _heap_serve(kind, key, t, lo, hi, nodes, nu, parent, depth, capacity, params
         v = nodes[r]
         ni[v, CACHED] = 1
         ni[v, PIN] = t
-        ni[v, VISITED] = 0
-        ni[v, HITS] = 0
+        if kind == CANOPY:
+            ni[v, LAST] = t
+        else:
+            ni[v, VISITED] = 0
+            ni[v, HITS] = 0
         size += 1
         if parent[v] >= 0:
             ni[parent[v], NCHILD] += 1
         end = r + 1
     if held >= 0:
         n = _push_leaf(kind, key, held, kheld, depth, ni, nf, params, hkey, hnode, hver, sc, n)
-    for r in range(lo, end):
-        _touch(nodes[r], t, nu[r], ni)
+    if kind != CANOPY:
+        for r in range(lo, end):
+            _touch(nodes[r], t, nu[r], ni)
     if end > lo:
         v = nodes[end - 1]
-        n = _push_leaf(kind, key, v, _key(kind, key, v, depth, ni, nf, params, sc[ARM]), depth,
-                       ni, nf, params, hkey, hnode, hver, sc, n)
+        n = _push_leaf(kind, key, v, _cache_key(kind, key, v, depth, ni, nf, params, sc),
+                       depth, ni, nf, params, hkey, hnode, hver, sc, n)
     sc[SIZE], sc[HLEN] = size, n
     return k - lo
 
@@ -636,13 +675,8 @@ def _sampled_request(t, lo, hi, nodes, parent, capacity, params, ni, nf, sc, lke
     size, n, rng = sc[SIZE], sc[HLEN], sc[DRAW]
     j, period = sc[ARM] - 1, params[PERIOD]
     lam = params[LAM0 + j]
-    if hi > lo:  # the cells' epoch now (the request's cells are updated already)
-        epoch = period * np.floor(nf[nodes[lo], CELL_CLOCK] / period)
-        if epoch > sc[EPOCH]:
-            scale = np.exp(-lam * (epoch - sc[EPOCH]))
-            for i in range(n):  # a loop: a slice's ``*=`` allocates
-                lkey[i] *= scale
-            sc[EPOCH] = int(epoch)
+    if hi > lo:
+        _keys_to_epoch(nodes[lo], nf, params, sc, lkey, n)
     epoch = float(sc[EPOCH])
     k = lo
     while k < hi and ni[nodes[k], CACHED] == 1:
@@ -941,13 +975,15 @@ def _unride(ni, sc, sm, sni, ssc, seen):
 def _heap_from_queue(depth, ni, nf, params, sc, hkey, hnode, hver):
     """The heap of a cache leaving the recency arm: its leaves (every block is in LRU's queue
     between requests) keyed by the new arm."""
+    period = params[PERIOD]
+    sc[EPOCH] = int(period * np.floor(sc[CLOCK] / period))  # the next request's epoch
     n = 0
     v = sc[TAIL]
     while v >= 0:
         if ni[v, NCHILD] == 0:
             ni[v, VER] += 1
-            n = _heap_push(hkey, hnode, hver, n, _key(CANOPY, None, v, depth, ni, nf, params,
-                                                      sc[ARM]), v, ni[v, VER])
+            n = _heap_push(hkey, hnode, hver, n, _cache_key(CANOPY, None, v, depth, ni, nf,
+                                                            params, sc), v, ni[v, VER])
         v = ni[v, NEXT]
     sc[HLEN] = n
 
