@@ -914,6 +914,44 @@ def test_a_lean_answer_s_bookkeeping_runs_once_it_is_written():
     assert seen == [True]
 
 
+def test_a_lean_answer_is_freed_once_written_without_the_collector(tmp_path, upstreams):
+    """The answer the protocol writes, and the body it holds, are freed by their last
+    reference once its bookkeeping (``after``) ran: no reference cycle through ``after`` is
+    left for the cyclic collector (the answer's status and headers go to the metrics, not
+    the answer)."""
+    import asyncio
+    import gc
+    import weakref
+
+    app = create_app(config(tmp_path, _urls(upstreams)))
+    proxy = app.state.proxy
+    handler = app.lean_routes.handlers[b"/v1/chat/completions"]
+    headers = [(b"authorization", f"Bearer {CLIENT_KEY}".encode()),
+               (b"content-type", b"application/json")]
+
+    async def answered_once() -> weakref.ref:
+        answer = await handler(headers, json.dumps(ASK).encode())
+        assert answer.status_code == 200 and answer.after is not None
+        answer.after()
+        return weakref.ref(answer)
+
+    async def run() -> list[bool]:
+        await proxy.start()
+        try:
+            return [(await answered_once())() is None for _ in range(3)]
+        finally:
+            await proxy.close()
+
+    proxy.warm_up()
+    gc.disable()
+    try:
+        freed = asyncio.run(run())
+    finally:
+        gc.enable()
+    assert freed == [True, True, True]
+    assert proxy.metrics.exposition().count(b'canopy_requests_total{status="200"} 3.0') == 1
+
+
 def test_an_answer_header_with_a_line_break_is_refused_by_name():
     from canopy.apps.routing.proxy.connections import _head
 

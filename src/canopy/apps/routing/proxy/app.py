@@ -639,20 +639,23 @@ def create_app(config: ProxyConfig, *, insecure_no_auth: bool = False,
         """The chat's answer; its bookkeeping (``after``, then the metrics) done now, or, on
         the lean path, set as the answer's ``after``: once it is written."""
         answer = problem or await proxy.chat(headers, body, endpoint)
-        settle = functools.partial(_settled, answer, getattr(answer, "after", None),
-                                   time.perf_counter() - started)
+        # the answer's status and headers, not the answer: an answer holding a callable
+        # that holds it would be a reference cycle, left to the collector with its body
+        settle = functools.partial(_settled, answer.status_code, answer.raw_headers,
+                                   getattr(answer, "after", None), time.perf_counter() - started)
         if lean and isinstance(answer, JSONAnswer):
             answer.after = settle
         else:
             settle()
         return answer
 
-    def _settled(answer: Response, after: Callable[[], None] | None, seconds: float) -> None:
+    def _settled(status: int, raw_headers: list[tuple[bytes, bytes]],
+                 after: Callable[[], None] | None, seconds: float) -> None:
         if after is not None:
             after()
-        model = next((value.decode("latin-1") for name, value in answer.raw_headers
+        model = next((value.decode("latin-1") for name, value in raw_headers
                       if name == b"x-canopy-model"), None)  # no Headers object made
-        proxy.metrics.chat(answer.status_code, model, seconds)
+        proxy.metrics.chat(status, model, seconds)
 
     async def routed(request: Request, endpoint: str) -> Any:
         started = time.perf_counter()
