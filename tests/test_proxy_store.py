@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -272,13 +273,21 @@ def test_requests_past_the_feedback_window_are_forgotten_on_schedule(tmp_path, u
             time.sleep(0.1)
 
 
-def test_a_memory_store_is_not_waited_on_before_the_answer(tmp_path, upstreams, monkeypatch,
-                                                           caplog):
-    """A ``memory`` store is this proxy's alone: a chat is answered while its call still
-    waits to be written (here, for ten minutes), and a rating of it hurries the writer."""
-    import canopy.regional.service as service
+def test_a_memory_store_is_written_in_the_proxy_s_thread(tmp_path, upstreams, monkeypatch,
+                                                         caplog):
+    """A ``memory`` store is this proxy's alone: a chat's call is written as the answer's
+    bookkeeping, in the server's thread (no writer thread to hand it to or wait for), and
+    can be rated at once."""
+    from canopy.regional.store_memory import MemoryStore
 
-    monkeypatch.setattr(service, "PRIVATE_LINGER_S", 600.0)
+    writers: list[str] = []
+    add_calls = MemoryStore.add_calls
+
+    def counted(self, calls, ttl_s):
+        writers.extend(threading.current_thread().name for _ in calls)
+        add_calls(self, calls, ttl_s)
+
+    monkeypatch.setattr(MemoryStore, "add_calls", counted)
     cfg = ProxyConfig.from_mapping(_mapping(upstreams, "memory",
                                             limits={"store_wait_s": 0.2}), base=tmp_path)
     with serve_in_thread(create_app(cfg)) as url, httpx.Client(base_url=url, headers=ADMIN,
@@ -289,3 +298,4 @@ def test_a_memory_store_is_not_waited_on_before_the_answer(tmp_path, upstreams, 
         assert rated.status_code == 200, rated.text
         assert client.get("/v1/router/stats").json()["requests"] == 3
     assert "not stored yet" not in caplog.text
+    assert len(writers) == 3 and "canopy-ledger-writer" not in writers

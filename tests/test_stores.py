@@ -309,31 +309,42 @@ def test_connections_of_threads_that_are_gone_are_closed(tmp_path):
     store.close()
 
 
-def test_a_lingering_ledger_writes_calls_in_one_batch_and_a_reader_hurries_it():
-    """A ledger whose writer lingers (a store only this process reads) wakes once per batch,
-    not once per call; a reading of a call still queued, and closing, hurry it."""
+def test_an_inline_ledger_writes_each_call_at_once_and_queues_one_its_store_refuses():
+    """A ledger over a store held in this process (``inline``) writes a call in the
+    caller's thread as it is recorded (the future it returns is done, nothing is queued or
+    kept for a restore); a call the store refuses (busy) is queued, and the writer stores it
+    once the store takes it."""
     from canopy.regional.store_memory import MemoryStore
 
     class Counting(MemoryStore):
         def __init__(self) -> None:
             super().__init__()
-            self.batches: list[int] = []
+            self.batches: list[tuple[str, int]] = []
+            self.refuse = 0
 
         def add_calls(self, calls, ttl_s):
-            self.batches.append(len(calls))
+            self.batches.append((threading.current_thread().name, len(calls)))
+            if self.refuse:
+                self.refuse -= 1
+                raise StoreBusy("busy")
             super().add_calls(calls, ttl_s)
 
     store = Counting()
     ledger = FeedbackLedger(store, reward=lambda q, c: q, chain=lambda r: [r], wait_s=30.0,
-                            linger_s=600.0)
+                            inline=True)
+    here = threading.current_thread().name
     try:
-        for n in range(5):
-            ledger.record(_call(f"c{n}"))
-        assert store.batches == []  # lingering: nothing written yet
-        assert ledger.call("c3").id == "c3"  # a reader waits for it, and hurries the writer
-        assert store.batches == [5]
+        done = [ledger.record(_call(f"c{n}")) for n in range(5)]
+        assert all(f.done() and f.result() is None for f in done)
+        assert store.batches == [(here, 1)] * 5
+        assert ledger.call("c3").id == "c3"
         assert ledger.rate("c1", 0.5).quality == 0.5
-        ledger.record(_call("last"))
+        assert ledger.restore() == 0  # nothing kept: the store lives as long as this process
+        store.refuse = 2  # the inline write and the writer's first try
+        queued = ledger.record(_call("late"))
+        queued.result(timeout=30)
+        assert ledger.call("late").id == "late"
     finally:
         ledger.close(timeout=30.0)
-    assert store.batches == [5, 1] and store.calls(["last"])[0] is not None
+    assert [n for n, _ in store.batches[5:]] == [here, "canopy-ledger-writer",
+                                                 "canopy-ledger-writer"]

@@ -7,7 +7,8 @@ the router's ``quality - lam * cost`` (paper Section 4, "Routing"), added at eve
 its chain. Each call is rated once;
 an episode's terminal reward is credited to every open call of the episode (paper Appendix
 E). Calls are written by one background thread, in batches, so a caller never waits on the
-store longer than it chooses; a busy store raises
+store longer than it chooses (a store held in this process, whose write is a dictionary's, is
+written at once instead: ``inline``); a busy store raises
 :class:`~canopy.regional.store.StoreBusy` on a rating (retry later) and never loses a call
 it holds in its queue. The calls this process stores and has not seen rated (through itself,
 or through another process: :meth:`FeedbackLedger.forget_rated`, at each pull) are also kept
@@ -42,6 +43,8 @@ __all__ = ["AlreadyRated", "FeedbackError", "FeedbackExpired", "FeedbackLedger",
            "check_rating"]
 
 log = logging.getLogger("canopy.regional")
+_STORED: concurrent.futures.Future[None] = concurrent.futures.Future()
+_STORED.set_result(None)  # what an inline write returns: done (shared, never changed)
 
 
 class FeedbackError(Exception):
@@ -98,20 +101,20 @@ class FeedbackLedger:
     ``window_s`` is how long a call accepts its rating; at most ``max_queued`` calls wait
     for the store (past that a call is dropped, with a warning: it is served, not rated);
     a rating of a call still waiting waits for it at most ``wait_s`` (then ``StoreBusy``),
-    so a caller need not wait for its call to be stored before it answers. ``linger_s``:
-    how long the writer, woken by a call, waits for more before it writes them as one batch
-    (a reading of a queued call, and :meth:`close`, end the wait): one wake-up per batch
-    instead of one per call, for a store nobody else reads (0: write at once)."""
+    so a caller need not wait for its call to be stored before it answers. ``inline``: the
+    store lives in this process and nobody else reads it (a ``memory`` store): a call is
+    written in the caller's thread as it is recorded, with no future, queue or wake-up of
+    the writer, and none is kept for :meth:`restore` (such a store is never restarted
+    without this process); should it refuse one, the call is queued as any other."""
 
     def __init__(self, store: Store, *, reward: Callable[[float, float], float],
                  chain: Callable[[str], list[str]], window_s: float = 7 * 24 * 3600.0,
-                 max_queued: int = 100_000, wait_s: float = 0.0, linger_s: float = 0.0
+                 max_queued: int = 100_000, wait_s: float = 0.0, inline: bool = False
                  ) -> None:
         self.store = store
         self.window_s = float(window_s)
         self.wait_s = float(wait_s)
-        self.linger_s = check_number(linger_s, "linger_s", low=0.0)
-        self._hurry = threading.Event()  # a reader waits for a queued call: write now
+        self.inline = inline
         self._reward = reward
         self._chain = chain
         self._queue: queue.Queue[tuple[Call, concurrent.futures.Future[None]] | None] = \
@@ -132,6 +135,12 @@ class FeedbackLedger:
         """Queue ``call`` for the store; the future completes when it is stored, or at once
         with :class:`~canopy.regional.circuit.StoreDown` while the store's circuit is open
         (the call stays queued: nobody waits on a store that is down)."""
+        if self.inline:
+            try:
+                self.store.add_calls((call,), self.window_s)
+                return _STORED
+            except StoreBusy:  # queued, kept and retried as any call
+                pass
         done: concurrent.futures.Future[None] = concurrent.futures.Future()
         with self._queued_lock:
             self._queued[call.id] = (call, done)
@@ -157,9 +166,6 @@ class FeedbackLedger:
             item = self._queue.get()
             if item is None:
                 return
-            if self.linger_s > 0:
-                self._hurry.wait(self.linger_s)
-                self._hurry.clear()
             batch = [item]
             while len(batch) < 512:
                 try:
@@ -200,7 +206,6 @@ class FeedbackLedger:
         when one is still queued."""
         if not waiting:
             return
-        self._hurry.set()
         concurrent.futures.wait([done for _, done in waiting], timeout=self.wait_s)
         with self._queued_lock:
             late = next((c for c, _ in waiting if c.id in self._queued), None)
@@ -348,7 +353,6 @@ class FeedbackLedger:
         """Store what is queued (waiting at most ``timeout`` for a busy store), then stop."""
         with contextlib.suppress(queue.Full):
             self._queue.put(None, timeout=timeout)
-        self._hurry.set()
         self._writer.join(timeout)
         self._closing.set()
         self._writer.join(timeout)

@@ -55,9 +55,6 @@ __all__ = ["Route", "RoutingService"]
 log = logging.getLogger("canopy.regional")
 
 T = TypeVar("T")
-PRIVATE_LINGER_S = 0.05
-"""How long the ledger's writer gathers calls into one batch for a store only this process
-reads (one wake-up of its thread per batch instead of one per call)."""
 _ONE_MODEL = np.zeros(1)  # a one-model router's scores (read only)
 _ONE_MODEL.flags.writeable = False
 
@@ -96,9 +93,9 @@ class RoutingService:
     minute, or every half window when that is shorter); ``wait_s``: how long one store
     operation, or a rating of a call not yet stored, waits. ``shared_store``: whether
     another process (or service) may read the store: false only for a ``"memory"`` store
-    opened here from its URL, whose calls are then written in batches
-    (:data:`PRIVATE_LINGER_S`) and need not be waited for before a call's id is handed out
-    (a rating of a call still queued waits for it)."""
+    opened here from its URL, whose calls are then written at once in the caller's thread
+    (:class:`~canopy.regional.ledger.FeedbackLedger`'s ``inline``: a dictionary's write, no
+    queue or thread per call)."""
 
     def __init__(self, router: RegionalRouter, store: Store | str = "memory", *,
                  regions: RegionSource | None = None, namespace: str = "",
@@ -126,8 +123,7 @@ class RoutingService:
         self._ledger = FeedbackLedger(self.store, reward=router.reward,
                                       chain=self.chain_paths, window_s=window_s,
                                       max_queued=max_queued, wait_s=wait_s,
-                                      linger_s=PRIVATE_LINGER_S if not self.shared_store
-                                      else 0.0)
+                                      inline=not self.shared_store)
         self._breaker = Breaker(breaker_failures, breaker_cooldown_s)
         self._sync_quietly()
         self._rated_from = self._version  # every call here is stored (and rated) after it
