@@ -42,6 +42,7 @@ MAX_REPLICAS = 64
 TTL_STEP = 0.05
 """Relative change of the approximate index's TTL per report that disagrees with it."""
 TTL_RANGE = (1.0, 86_400.0)
+_INT64 = np.dtype(np.int64)  # numpy's own descriptor of a native int64 array
 
 
 @nb.njit(cache=True)
@@ -197,14 +198,19 @@ class ReplicaIndex:
         self.tree.reserve(blocks)
 
     def _keys_of(self, keys: object) -> np.ndarray:
+        if type(keys) is np.ndarray and keys.dtype is _INT64 and keys.ndim == 1:
+            return keys  # as the kernels take them (a gateway's keys: no checks to make)
         arr = np.asarray(keys)
         if arr.ndim != 1:
             raise ValueError(f"block keys must be a 1-d sequence, got shape {arr.shape}")
         return hashindex.as_keys(arr)
 
-    def _bit(self, replica: int) -> np.uint64:
+    def _check(self, replica: int) -> None:
         if not 0 <= replica < self.n_replicas:
             raise ValueError(f"replica must be in 0..{self.n_replicas - 1}, got {replica}")
+
+    def _bit(self, replica: int) -> np.uint64:
+        self._check(replica)
         return np.uint64(1 << replica)  # one numpy scalar (replica < 64)
 
     def _add(self, replica: int, keys: np.ndarray, parent: int) -> None:
@@ -218,7 +224,7 @@ class ReplicaIndex:
     def sequence(self, replica: int, seq: int) -> bool:
         """Check a batch's sequence number: False for a duplicate (drop the batch); a gap is
         recorded in ``gaps`` as ``(replica, first missing, received)``."""
-        self._bit(replica)
+        self._check(replica)
         last = int(self.last_seq[replica])
         if seq <= last:
             return False
@@ -255,7 +261,7 @@ class ReplicaIndex:
         if self.mode != "approximate":
             raise ValueError("sent() feeds an approximate index; a precise one takes events")
         arr = self._keys_of(keys)
-        self._bit(replica)
+        self._check(replica)
         self._room(arr.size)
         tree = self.tree
         send_keys(tree.slots, tree.key, tree.parent, tree.state, tree.by_parent, self.mask,

@@ -58,7 +58,7 @@ class Pick:
     order: list[int]
     keys: np.ndarray
     tokens: int
-    matched: np.ndarray
+    matched: list[int]
     rid: int
     sent: float = 0.0
     first: bool = False
@@ -133,7 +133,7 @@ class UpstreamPool:
     def pick(self, body: Mapping[str, Any]) -> Pick:
         """The replicas to try for ``body``, the policy's choice first."""
         if not self.fleet:
-            return Pick([0], _NO_KEYS, 0, _NO_KEYS, 0)
+            return Pick([0], _NO_KEYS, 0, [0], 0)
         keys, tokens = self.tokenizer.keys(body, self.block_size)
         view = self.view
         view.now = time.monotonic()
@@ -143,12 +143,13 @@ class UpstreamPool:
         else:
             with self.shared.reading():
                 chosen = self.policy.choose_keys(keys, tokens, rid, view)
-        matched = view.matched(keys).copy()
+        matched = view.matched(keys).tolist()
         up = self.up
         alive = self._everyone if all(up) else \
             [r for r in range(len(up)) if up[r]] or self._everyone
-        inflight = self.load.table[INFLIGHT].tolist()
-        rest = sorted((r for r in alive if r != chosen), key=inflight.__getitem__)
+        rest = [r for r in alive if r != chosen]
+        if len(rest) > 1:  # the others, least in flight first
+            rest.sort(key=self.load.table[INFLIGHT].tolist().__getitem__)
         order = [chosen, *rest] if chosen in alive else rest
         if chosen not in alive and self.metrics is not None:
             self.metrics.count(self.metrics.replica_fallbacks, self.config.model,
@@ -163,7 +164,7 @@ class UpstreamPool:
         if self.metrics is not None:
             self.metrics.count(self.metrics.replica_picks, self.config.model,
                                self.urls[replica])
-        cached = min(int(pick.matched[replica]) * self.block_size, pick.tokens)
+        cached = min(pick.matched[replica] * self.block_size, pick.tokens)
         load_module.routed(self.load.table, replica, float(pick.tokens - cached),  # checked
                            float(pick.keys.size), float(self.load.capacity_blocks))
         if self.index.mode == "approximate":
@@ -176,7 +177,7 @@ class UpstreamPool:
             return
         pick.first = True
         ttft = time.perf_counter() - pick.sent
-        cached = min(int(pick.matched[replica]) * self.block_size, pick.tokens)
+        cached = min(pick.matched[replica] * self.block_size, pick.tokens)
         load_module.first_token(self.load.table, replica, float(pick.tokens - cached), ttft)
         if learn and self.policy.learns:
             self.policy.observe(self._request(pick.keys, pick.tokens, pick.rid), replica, ttft)
@@ -191,7 +192,7 @@ class UpstreamPool:
         details = (usage or {}).get("prompt_tokens_details")
         cached = details.get("cached_tokens") if isinstance(details, Mapping) else None
         if isinstance(cached, int) and not isinstance(cached, bool) and cached >= 0:
-            self.index.reported(int(pick.matched[replica]), cached // self.block_size)
+            self.index.reported(pick.matched[replica], cached // self.block_size)
             if self.metrics is not None:
                 predicted = self.predicted_cached(pick, replica)
                 self.metrics.count(self.metrics.cache_predictions, self.config.model,
@@ -202,7 +203,7 @@ class UpstreamPool:
         """The prompt tokens the index predicted ``replica`` had cached for ``pick``: its
         matched full blocks, at most those before the prompt's last token (an engine computes
         at least that one, as vLLM's cache lookup does)."""
-        return min(int(pick.matched[replica]),
+        return min(pick.matched[replica],
                    max(pick.tokens - 1, 0) // self.block_size) * self.block_size
 
     def failed(self, pick: Pick, replica: int, *, down: bool) -> None:
@@ -212,7 +213,7 @@ class UpstreamPool:
             return
         table = self.load.table
         if not pick.first:  # it never got its first token: it leaves the queue too
-            cached = min(int(pick.matched[replica]) * self.block_size, pick.tokens)
+            cached = min(pick.matched[replica] * self.block_size, pick.tokens)
             table[QUEUED, replica] = max(table[QUEUED, replica] - 1.0, 0.0)
             table[QUEUED_TOKENS, replica] = max(
                 table[QUEUED_TOKENS, replica] - (pick.tokens - cached), 0.0)
