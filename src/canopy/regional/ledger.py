@@ -132,9 +132,10 @@ class FeedbackLedger:
 
     # -- calls -----------------------------------------------------------------------------
     def record(self, call: Call) -> concurrent.futures.Future[None]:
-        """Queue ``call`` for the store; the future completes when it is stored, or at once
-        with :class:`~canopy.regional.circuit.StoreDown` while the store's circuit is open
-        (the call stays queued: nobody waits on a store that is down)."""
+        """Queue ``call`` for the store (``inline``: write it now, and queue it only when the
+        store refuses it); the future completes when it is stored, or at once with
+        :class:`~canopy.regional.circuit.StoreDown` while the store's circuit is open (the
+        call stays queued: nobody waits on a store that is down)."""
         if self.inline:
             try:
                 self.store.add_calls((call,), self.window_s)
