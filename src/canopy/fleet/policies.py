@@ -244,7 +244,6 @@ class TradeoffRouter(RegionalRouter):
         super().__init__([f"{theta:g}" for theta in grid], lam=1.0, sharing=sharing,
                          delta=delta, explore=explore, seed=seed)
         self.grid = np.asarray(grid, dtype=float)
-        self._no_draw = np.zeros(len(grid))  # UCB's z (the scores only read it)
 
     def node(self, region: str) -> int:
         """Node of ``region`` (created with its prefixes); grows the tables."""
@@ -281,9 +280,7 @@ class TradeoffRouter(RegionalRouter):
         :meth:`node`): ``(stats, chain, kind, rule, z)``, ``z`` drawn as
         ``RegionalRouter.scores`` draws it (Thompson sampling's normals;
         zeros for UCB)."""
-        z = self.rng.standard_normal(len(self.models)) if self._kind == kernels.THOMPSON \
-            else self._no_draw
-        return self._stats, self._chains[node], self._kind, self._rule, z
+        return self._stats, self._chains[node], self._kind, self._rule, self._draw()
 
 
 @dataclass(frozen=True)

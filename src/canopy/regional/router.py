@@ -140,6 +140,7 @@ class _Learner:
         self.sharing, self.delta, self.kappa = sharing, float(delta), float(kappa)
         self.explore = float(explore)
         self.rng = np.random.default_rng(seed)
+        self._no_draw = np.zeros(len(self.models))  # UCB's z: made once, only read
         self.regions = RegionTree()
         self._set_tables(np.zeros((1, len(self.models), 3)))
         self._cost_max = 0.0
@@ -179,10 +180,16 @@ class _Learner:
             self._cost_max = cost
             self._rule[sharing_module.RANGE] = 1.0 + self.lam * cost
 
+    def _draw(self) -> np.ndarray:
+        """The scores' ``z``: Thompson sampling's normals, drawn now; zeros for UCB."""
+        if self._kind == kernels.THOMPSON:
+            return self.rng.standard_normal(len(self.models))
+        return self._no_draw
+
     def scores(self, region: str) -> np.ndarray:
         """Each model's index in ``region`` (higher is routed first)."""
         k = len(self.models)
-        z = self.rng.standard_normal(k) if self._kind == kernels.THOMPSON else np.zeros(k)
+        z = self._draw()
         out = np.empty(k)
         chain = self.chain(region)  # may grow the statistics: take it first
         kernels.scores(self._stats, chain, self._kind, self._rule, self.explore, z,
