@@ -27,6 +27,7 @@ from canopy.prefix.kernels import (
     CANOPY,
     CELL_CLOCK,
     CLOCK,
+    FULL,
     LAM0,
     OPTIMAL,
     PRIORITY,
@@ -230,8 +231,8 @@ class BlockTree:
 
     @property
     def rides(self) -> bool:
-        """``canopy``: whether the recency shadow is the main cache now (until the main cache
-        first leaves recency, at full sampling rate and capacity)."""
+        """``canopy``: whether the shadow of the main cache's arm is the main cache itself,
+        not replayed (a trace's replay at full sampling rate and capacity)."""
         return self._shadows is not None and bool(self._shadows.sm[RIDES])
 
     @property
@@ -419,12 +420,16 @@ class BlockTree:
     def replay_shadows(self, t: int, path: np.ndarray) -> None:
         """``canopy``: replay request ``t`` (nodes ``path``) in the shadows, switching arm
         when the evidence says so (a request out of the sample leaves them as they are: no
-        call)."""
+        call); at full rate, a switch gives the new arm's shadow the blocks the host holds,
+        as the replay's main cache is that shadow."""
         shadows = self._shadows
-        if shadows is not None and self._sampled(path):
-            kernels.canopy_shadows(t, 0, len(path), path, self.parent, self.depth, self.params,
-                                   self._cells, self._sc,
-                                   shadows.args()._replace(ac=self._in_sample))
+        if shadows is None or not self._sampled(path):
+            return
+        args = shadows.args()._replace(ac=self._in_sample)
+        if kernels.canopy_shadows(t, 0, len(path), path, self.parent, self.depth, self.params,
+                                  self._cells, self._sc, args) and shadows.sm[FULL]:
+            kernels.shadow_from_table(self._ni[:self.n], self.parent, self.depth, self._cells,
+                                      self.params, self._sc, args)
 
     def rank(self, nodes: np.ndarray) -> np.ndarray:
         """Eviction keys of ``nodes`` (lower evicts first), one compiled call."""
@@ -489,7 +494,7 @@ class BlockTree:
             for a in range(len(s.kinds)):  # LRU, heaps or sampled leaves, never SIEVE
                 kernels.compact(kernels.Cache(s.ni[a], s.sc[a], s.hkey[a], s.hnode[a],
                                               s.hver[a]), kept, n, remap, lists=False,
-                                slots=s.kinds[a] != kernels.LRU and s.ac[4] > 0)
+                                slots=s.kinds[a] == kernels.SAMPLED)
         if self._ev is not None:
             self._ev_compact(kept, n, remap)
         self.forgotten += n - m

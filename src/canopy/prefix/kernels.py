@@ -37,7 +37,11 @@ forgetting with :func:`compact`.
 the main cache and its shadows) and replays a hashed sample of the requests in one
 metadata-only shadow cache per arm (recency: LRU's kernel; a decayed arm: eviction by
 sampling among its leaves, ``_sampled_request``, or the heap), see
-:class:`~canopy.prefix.policies.Canopy`.
+:class:`~canopy.prefix.policies.Canopy`. At full rate the shadow of the arm the main cache
+evicts by is a copy of the main cache, taken when the main cache switched to it: the
+replay's kernels do not replay it at all (it *is* the main cache, which :func:`_adopt`
+copies when the main cache leaves the arm); a cache served one request at a time copies
+the main cache into it at the switch, a host its own cache (:func:`shadow_from_table`).
 """
 
 from __future__ import annotations
@@ -88,11 +92,17 @@ ShadowState = namedtuple("ShadowState",
 switches and sample salt, and per arm (stacked on the first axis) its kernel code and a
 :class:`Cache` of ``capacity`` blocks (a sampled shadow's leaf list in the heap's arrays)."""
 
-# shadows' counters (``sm``): switches so far, the sample's hash salt, and whether the recency
-# shadow rides on the main cache (1: at full rate and capacity, while the main cache has only
-# evicted by recency, shadow 0 *is* the main cache and is not replayed)
-SWITCHES, SALT, RIDES = range(3)
-# a sampled shadow (``Canopy.candidates``) keeps its evictable leaves in the heap's arrays,
+# shadows' counters (``sm``): switches so far, the sample's hash salt, whether the shadows
+# are at full rate and capacity (``FULL``: each replays every request at the main cache's
+# size, and the shadow of the arm the main cache switches to takes the main cache's state),
+# and whether the shadow of the main cache's arm rides on it (``RIDES``: at full rate, the
+# main cache served by :func:`_canopy_loop` with the requests so far at hand; that shadow
+# *is* the main cache and is not replayed)
+SWITCHES, SALT, RIDES, FULL = range(4)
+# a shadow's kernel code beside the policies': a decayed arm evicting by sampling
+# (``Canopy.candidates``; ``CANOPY``: by its heap, as a main cache does)
+SAMPLED = 6
+# a sampled shadow keeps its evictable leaves in the heap's arrays,
 # unordered (``hnode[:HLEN]``, their keys in ``hkey``), each leaf's slot there in its row's
 # ``PREV`` (-1: not a leaf on the list; the shadow keeps no recency queue) and its draws'
 # generator state in its ``CLOCK`` (a shadow reads its main cache's clock, never its own); a
@@ -874,7 +884,8 @@ def replay_canopy(t0, t1, offsets, nodes, parent, depth, capacity, params, cells
                 reused):
     """Canopy's replay: update the cells, evict by the current arm; on a hashed sample of
     requests, replay every arm in its shadow cache, fold its reuse into discounted statistics
-    and switch the main cache to the best arm once it leads the current one significantly."""
+    and switch the main cache to the best arm once it leads the current one significantly.
+    ``offsets``, ``nodes``: the whole trace, served from its first request on."""
     _canopy_loop(t0, t1, 0, offsets, nodes, parent, depth, capacity, params, cells, c, arms,
                  reused)
 
@@ -893,54 +904,56 @@ def canopy_request(t, lo, hi, nodes, parent, depth, capacity, params, cells, c, 
 def _canopy_loop(t0, t1, first, offsets, nodes, parent, depth, capacity, params, cells, c,
                  arms, reused):
     """Requests ``t0..t1 - 1`` of ``canopy``, request ``t`` being ``nodes[offsets[t - first]:
-    offsets[t - first + 1]]``, its reuse stored in ``reused[t - first]``.
+    offsets[t - first + 1]]``, its reuse stored in ``reused[t - first]``: ``first`` is 0 when
+    the cache served the requests before ``t0`` from the same ``nodes`` and ``offsets`` (a
+    trace's replay, a cache's first request).
 
     On the recency arm the main cache is LRU's queue (:func:`_lru_request`): its front is the
     unpinned block with the lowest recency key, a leaf, so it evicts what the recency key's
     heap would, at LRU's cost; a decayed arm evicts from the heap. A switch builds the other
     structure once. The requests run in :func:`_canopy_run`, without reference counting;
-    what allocates (the recency shadow's own copy of the main cache, the queue rebuilt from
-    the heap) runs here, between its calls."""
+    what allocates (a shadow's copy of the main cache, the queue rebuilt from the heap) runs
+    here, between its calls."""
     ni, sc, hkey, hnode, hver = c
-    _, _, _, _, sm, _, _, sni, ssc, _, _, _ = arms
+    sm = arms.sm
     t = t0
     while t < t1:
-        t, event, arm = _canopy_run(t, t1, first, offsets, nodes, parent, depth, capacity,
-                                    params, cells, c, arms, reused)
-        if event == _UNRIDE or (event == _SWITCHED and sm[RIDES] == 1):
-            # the requests so far (a trace's from its first: riding is a replay's alone)
-            _unride(ni, sc, sm, sni, ssc, nodes[offsets[0]:offsets[t - first]])
-        if event == _SWITCHED:
-            if sc[ARM] == 0:
-                _queue_from_heap(parent, depth, ni, params, sc, hnode, hver)
-            elif arm == 0:
-                _heap_from_queue(depth, ni, cells, params, sc, hkey, hnode, hver)
-            else:
-                _heap_compact(CANOPY, None, depth, ni, cells, params, sc, hkey, hnode, hver,
-                              True)
-
-
-# what stopped :func:`_canopy_run`: the last request, the recency shadow about to leave the
-# main cache (before request ``t``), a switch of arms (after request ``t - 1``)
-_DONE, _UNRIDE, _SWITCHED = range(3)
+        t, arm = _canopy_run(t, t1, first, offsets, nodes, parent, depth, capacity, params,
+                             cells, c, arms, reused)
+        if sc[ARM] == arm:  # no switch: the last request is served
+            break
+        # the main cache switched arms after request t - 1; the rows it wrote: of the nodes
+        # of the requests so far when they are at hand, else of every node
+        rows = 0
+        if sm[FULL] == 1:
+            rows = len(ni) if first > 0 else _rows(nodes[offsets[0]:offsets[t - first]])
+        if sm[RIDES] == 1:  # the shadow of the arm left was the main cache: now a copy
+            _adopt(c, arms, arm, rows)
+        if sc[ARM] == 0:
+            _queue_from_heap(parent, depth, ni, params, sc, hnode, hver)
+        elif arm == 0:
+            _heap_from_queue(depth, ni, cells, params, sc, hkey, hnode, hver)
+        else:
+            _heap_compact(CANOPY, None, depth, ni, cells, params, sc, hkey, hnode, hver, True)
+        if sm[FULL] == 1 and sm[RIDES] == 0:  # the new arm's shadow takes the main cache
+            _adopt(c, arms, sc[ARM], rows)
 
 
 @nb.njit(**_BARE)
 def _canopy_run(t0, t1, first, offsets, nodes, parent, depth, capacity, params, cells, c,
                 arms, reused):
-    """:func:`_canopy_loop`'s requests from ``t0``, up to ``t1`` or the first event that needs
-    an allocation; returns the next request, the event (``_DONE``, ``_UNRIDE``, ``_SWITCHED``)
-    and the arm the main cache evicted by before a switch. The states are unpacked out of the
-    loop and the hot calls made from it directly: a tuple unpacked, or a call with every state
-    passed, per request costs more than a recency request."""
+    """:func:`_canopy_loop`'s requests from ``t0``, up to ``t1`` or the first switch of arms
+    (what follows one allocates); returns the next request and the arm the main cache evicted
+    by before it. The states are unpacked out of the loop and the hot calls made from it
+    directly: a tuple unpacked, or a call with every state passed, per request costs more
+    than a recency request. (At full rate only an empty request is out of the sample, and it
+    changes no cache: a riding shadow stays the main cache.)"""
     ni, sc, hkey, hnode, hver = c
     ac, stats, pairs, got, sm, skinds, scap, sni, ssc, shkey, shnode, shver = arms
     rate, salt = ac[0], sm[SALT]
     for t in range(t0, t1):
         lo, hi = offsets[t - first], offsets[t - first + 1]
         sampled = hi > lo and unit_hash(nodes[min(lo + 1, hi - 1)], salt) < rate
-        if sm[RIDES] == 1 and not sampled:  # the recency shadow leaves the main cache
-            return t, _UNRIDE, sc[ARM]
         _cells_update(lo, hi, nodes, parent, cells, sc, params)
         arm = sc[ARM]
         if arm == 0:
@@ -952,23 +965,66 @@ def _canopy_run(t0, t1, first, offsets, nodes, parent, depth, capacity, params, 
         if sampled and _shadows_step(t, lo, hi, nodes, parent, depth, params, cells, sc, ac,
                                      stats, pairs, got, sm, skinds, scap, sni, ssc, shkey,
                                      shnode, shver, reused[t - first]):
-            return t + 1, _SWITCHED, arm
-    return t1, _DONE, sc[ARM]
+            return t + 1, arm
+    return t1, sc[ARM]
 
 
 @nb.njit(cache=True)
-def _unride(ni, sc, sm, sni, ssc, seen):
-    """Give the recency shadow its own state: until now it was the main cache (the same
-    kernel, capacity and requests), from now on it is not. ``seen``: the blocks the requests
-    so far referenced; the main cache wrote no other node's row and the shadow none while it
-    rode, so the rows up to the highest of them are all that differ."""
+def _rows(seen):
+    """The rows up to the highest node in ``seen``: all a cache that served only those
+    nodes wrote."""
     m = 0
     for v in seen:
         m = max(m, v + 1)
-    sni[0][:m] = ni[:m]
-    ssc[0][:] = sc
-    ssc[0][ARM] = 0
-    sm[RIDES] = 0
+    return m
+
+
+@nb.njit(cache=True)
+def _adopt(c, arms, a, rows):
+    """Make shadow ``a`` a copy of the main cache :class:`Cache` ``c`` (at full rate: the same
+    capacity; a decayed arm's shadow evicts by its heap from now on, as the main cache does,
+    so it replays what the main cache would): its first ``rows`` rows (the rest neither ever
+    wrote), its scalars but its arm, and its heap."""
+    ni, sc, hkey, hnode, hver = c
+    sni, ssc = arms.ni[a], arms.sc[a]
+    if a > 0:
+        arms.kinds[a] = CANOPY
+    sni[:rows] = ni[:rows]
+    ssc[:] = sc
+    ssc[ARM] = a
+    h = sc[HLEN]
+    arms.hkey[a][:h], arms.hnode[a][:h], arms.hver[a][:h] = hkey[:h], hnode[:h], hver[:h]
+
+
+@nb.njit(cache=True)
+def shadow_from_table(src, parent, depth, cells, params, sc, arms):
+    """A host's part of a switch at full rate: the shadow of the main cache's new arm
+    ``sc[ARM]`` takes the blocks the host holds (``src[:, CACHED]``, each with its last use),
+    in the structure the main cache of the replay builds at a switch (LRU's queue in recency
+    order, then the heap of its leaves for a decayed arm)."""
+    a = sc[ARM]
+    dst, dsc = arms.ni[a], arms.sc[a]
+    if a > 0:
+        arms.kinds[a] = CANOPY
+    dst[:] = 0
+    dst[:, PIN] = -1
+    dst[:, PREV] = -1
+    dst[:, NEXT] = -1
+    held = np.empty(len(src), dtype=np.int64)
+    m = 0
+    for v in range(len(src)):
+        if src[v, CACHED] == 1:
+            dst[v, CACHED] = 1
+            dst[v, LAST] = src[v, LAST]
+            held[m] = v
+            m += 1
+            if parent[v] >= 0:
+                dst[parent[v], NCHILD] += 1
+    dsc[SIZE], dsc[HLEN], dsc[CLOCK] = m, 0, sc[CLOCK]
+    _queue_of(held[:m], depth, dst, params, dsc)
+    if a > 0:
+        _heap_from_queue(depth, dst, cells, params, dsc, arms.hkey[a], arms.hnode[a],
+                         arms.hver[a])
 
 
 @nb.njit(cache=True)
@@ -1003,8 +1059,15 @@ def _queue_from_heap(parent, depth, ni, params, sc, hnode, hver):
                 held[m] = v
                 m += 1
                 v = parent[v]
-    keys = np.empty(m)
-    for i in range(m):
+    _queue_of(held[:m], depth, ni, params, sc)
+
+
+@nb.njit(cache=True)
+def _queue_of(held, depth, ni, params, sc):
+    """LRU's queue of the blocks ``held`` (every cached block): recency order, oldest at
+    the front."""
+    keys = np.empty(len(held))
+    for i in range(len(held)):
         keys[i] = _recency(held[i], depth, ni, params[DMAX])
     head, tail = -1, -1
     for i in np.argsort(keys):
@@ -1029,13 +1092,13 @@ def canopy_shadows(t, lo, hi, nodes, parent, depth, params, cells, sc, arms):
 def _shadows_step(t, lo, hi, nodes, parent, depth, params, cells, sc, ac, stats, pairs, got,
                   sm, skinds, scap, sni, ssc, shkey, shnode, shver, main_reused):
     """:func:`canopy_shadows` on a sampled request, the shadows' state unpacked;
-    ``main_reused``: the main cache's reuse, the recency shadow's while it rides on it."""
+    ``main_reused``: the main cache's reuse, that of the shadow riding on it."""
     for a in range(len(skinds)):
-        if a == 0 and sm[RIDES] == 1:
+        if a == sc[ARM] and sm[RIDES] == 1:
             got[a] = main_reused
         elif skinds[a] == LRU:
             got[a] = _lru_request(t, lo, hi, nodes, nodes, parent, scap, sni[a], ssc[a])
-        elif ac[4] > 0:
+        elif skinds[a] == SAMPLED:
             got[a] = _sampled_request(t, lo, hi, nodes, parent, scap, params, sni[a], cells,
                                       ssc[a], shkey[a], shnode[a], int(ac[4]))
         else:
@@ -1465,9 +1528,11 @@ def scalars() -> np.ndarray:
 class Shadows:
     """Metadata-only shadow caches, one per arm, over the sampled requests (see
     :class:`~canopy.prefix.policies.Canopy`); they read the main cache's cells.
-    ``rides``: the main cache is served by :func:`canopy_request` (not a host's own), so at
-    full rate and capacity the recency shadow rides on it until the main cache leaves recency
-    (``RIDES``)."""
+    At full rate and capacity (``FULL``) the shadow of the main cache's arm is a copy of the
+    main cache, taken when it switched to the arm (a decayed arm's copy evicts by its heap,
+    as the main cache does: kernel code ``CANOPY``, where the others sample, ``SAMPLED``).
+    ``rides``: the main cache is served by :func:`replay_canopy` (a trace's requests at
+    hand, not a host's own cache), so at full rate that shadow rides on it (``RIDES``)."""
 
     def __init__(self, n_nodes: int, longest: int, policy, capacity: int,
                  dtype: type = np.int64, rides: bool = False) -> None:
@@ -1475,14 +1540,18 @@ class Shadows:
         self.capacity = arms.capacity
         self.ac = np.array([arms.rate, arms.gamma, arms.z, arms.min_evidence,
                             arms.candidates])
-        self.kinds = arms.kinds
+        full = arms.rate >= 1.0 and arms.capacity == capacity
+        # a decayed arm's shadow samples its victims, but at full rate the main cache's
+        # (a copy of it: empty, as the main cache starts)
+        self.kinds = np.where(arms.kinds == CANOPY, SAMPLED if arms.candidates else CANOPY,
+                              arms.kinds)
+        if full:
+            self.kinds[policy.start_arm] = arms.kinds[policy.start_arm]
         k = len(arms.kinds)
         self.stats = np.zeros(k + 1)
         self.pairs = np.zeros((2, k, k))
         self.got = np.zeros(k)
-        rides = (rides and arms.rate >= 1.0 and arms.capacity == capacity
-                 and arms.kinds[0] == LRU and policy.start_arm == 0)
-        self.sm = np.array([0, arms.seed, int(rides)], dtype=np.int64)  # SWITCHES, SALT, RIDES
+        self.sm = np.array([0, arms.seed, int(rides and full), int(full)], dtype=np.int64)
         self.ni = node_table(n_nodes, dtype, k)
         self.sc = np.stack([scalars() for _ in range(k)])
         self.sc[:, ARM] = np.arange(k)  # shadow a evicts by arm a
