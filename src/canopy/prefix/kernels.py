@@ -52,11 +52,11 @@ from typing import Any
 import numba as nb
 import numpy as np
 
-__all__ = ["CANOPY", "LFU", "LRU", "OPTIMAL", "PRIORITY", "SIEVE", "Cache", "ShadowState",
-           "Shadows", "canopy_request", "canopy_shadows", "cell_counts", "cells_table",
-           "compact", "next_use", "node_table", "observe", "priorities", "priorities_keyed",
-           "replay", "replay_canopy", "replay_keyed", "request", "request_keyed", "scalars",
-           "shadow_heap_size", "unit_hash"]
+__all__ = ["CANOPY", "LFU", "LRU", "OPTIMAL", "PRIORITY", "SAMPLED", "SIEVE", "Cache",
+           "ShadowState", "Shadows", "canopy_request", "canopy_shadows", "cell_counts",
+           "cells_table", "compact", "next_use", "node_table", "observe", "priorities",
+           "priorities_keyed", "replay", "replay_canopy", "replay_keyed", "request",
+           "request_keyed", "scalars", "shadow_from_table", "shadow_heap_size", "unit_hash"]
 
 LRU, LFU, SIEVE, CANOPY, OPTIMAL, PRIORITY = 0, 1, 2, 3, 4, 5
 """Kernel codes: the built-in policies, and ``PRIORITY``: a policy's own key function
@@ -96,8 +96,8 @@ switches and sample salt, and per arm (stacked on the first axis) its kernel cod
 # are at full rate and capacity (``FULL``: each replays every request at the main cache's
 # size, and the shadow of the arm the main cache switches to takes the main cache's state),
 # and whether the shadow of the main cache's arm rides on it (``RIDES``: at full rate, the
-# main cache served by :func:`_canopy_loop` with the requests so far at hand; that shadow
-# *is* the main cache and is not replayed)
+# main cache serving a trace's requests through these kernels; that shadow *is* the main
+# cache and is not replayed)
 SWITCHES, SALT, RIDES, FULL = range(4)
 # a shadow's kernel code beside the policies': a decayed arm evicting by sampling
 # (``Canopy.candidates``; ``CANOPY``: by its heap, as a main cache does)
@@ -1531,8 +1531,9 @@ class Shadows:
     At full rate and capacity (``FULL``) the shadow of the main cache's arm is a copy of the
     main cache, taken when it switched to the arm (a decayed arm's copy evicts by its heap,
     as the main cache does: kernel code ``CANOPY``, where the others sample, ``SAMPLED``).
-    ``rides``: the main cache is served by :func:`replay_canopy` (a trace's requests at
-    hand, not a host's own cache), so at full rate that shadow rides on it (``RIDES``)."""
+    ``rides``: the main cache serves a trace's requests through :func:`replay_canopy` or
+    :func:`canopy_request` (not a host's own cache), so at full rate that shadow rides on it
+    (``RIDES``)."""
 
     def __init__(self, n_nodes: int, longest: int, policy, capacity: int,
                  dtype: type = np.int64, rides: bool = False) -> None:

@@ -149,7 +149,10 @@ class Canopy(EvictionPolicy):
       ``rate * capacity`` blocks that reads the same cells. A decayed arm's shadow evicts
       by sampling: the lowest-keyed of ``candidates`` leaves drawn at random (every leaf
       when it has no more; the draw seeded by ``seed`` too), as Redis and LHD do;
-      ``candidates=None`` keeps a heap and evicts the lowest-keyed leaf exactly.
+      ``candidates=None`` keeps a heap and evicts the lowest-keyed leaf exactly. At full
+      rate the shadow of the arm the main cache evicts by is a copy of the main cache, taken
+      when it switched to the arm (a decayed arm's copy evicts exactly, as the main cache
+      does): the arm is scored by what the main cache itself reuses.
     * **forgetting.** Each arm's score is its shadow reuse discounted by ``1 - 1/window`` per
       sampled request, so the choice re-adapts after a shift (a cell's counts decay too).
     * **hysteresis.** The main cache evicts the lowest-priority unpinned leaf under the current
