@@ -39,7 +39,7 @@ metadata-only shadow cache per arm (recency: LRU's kernel; a decayed arm: evicti
 sampling among its leaves, ``_sampled_request``, or the heap), see
 :class:`~canopy.prefix.policies.Canopy`. At full rate the shadow of the arm the main cache
 evicts by is a copy of the main cache, taken when the main cache switched to it: the
-replay's kernels do not replay it at all (it *is* the main cache, which :func:`_adopt`
+replay's kernels do not replay it at all (it *is* the main cache, which ``_adopt``
 copies when the main cache leaves the arm); a cache served one request at a time copies
 the main cache into it at the switch, a host its own cache (:func:`shadow_from_table`).
 """
