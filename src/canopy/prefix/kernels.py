@@ -448,7 +448,7 @@ def _touch(v, t, nu, ni):
 
 
 @nb.njit(cache=True, inline="always")
-def _cells_update(lo, hi, nodes, parent, cells, sc, params):
+def _cells_update(lo, hi, nodes, parent, cells, sc, params, paths):
     """Cell values after a request used ``nodes[lo:hi]`` (all of them, cached or not).
 
     For each decayed arm ``j``, ``S_j(v)`` is ``v``'s use count discounted by
@@ -470,7 +470,11 @@ def _cells_update(lo, hi, nodes, parent, cells, sc, params):
     The arms go two at a time (an odd one out paired with itself), each pair one pass over
     the request with its counts in locals: where a block's parent is the block before it (a
     request's path), the parent's count before this use is carried from that block rather
-    than read back.
+    than read back. ``paths``: every request these cells have counted was a whole root-first
+    path (a trace's, a tree the kernels serve; not a host's, which may count part of one), so
+    once a block was never used before, neither was any block after it, each the only child
+    seen of the one before: the rest of the request needs no cell read, its shares being
+    ``rho`` (most of a trace's references, measured on the conversation trace: 63%).
     """
     clock, period, rho = sc[CLOCK], params[PERIOD], params[RHO]
     base = period * np.floor(clock / period)
@@ -480,7 +484,8 @@ def _cells_update(lo, hi, nodes, parent, cells, sc, params):
         l0, l1 = params[LAM0 + j0], params[LAM0 + j1]
         n0, n1 = np.exp(l0 * (clock - base)), np.exp(l1 * (clock - base))  # one use
         a0 = a1 = 0.0  # the parent's counts before this use, in this epoch's scale
-        for r in range(lo, hi):
+        r = lo
+        while r < hi:
             v = nodes[r]
             p = parent[v]
             last = cells[v, CELL_CLOCK]  # the clock is written in the last pass
@@ -508,6 +513,19 @@ def _cells_update(lo, hi, nodes, parent, cells, sc, params):
             a0, a1 = o0 - n0, o1 - n1
             if j0 + 2 >= k:
                 cells[v, CELL_CLOCK] = clock
+            r += 1
+            if last < 0 and paths:
+                break
+        while r < hi:  # blocks never used, each under the one before (``paths``): a0 >= 0
+            if j0 == 0:
+                cells[nodes[r - 1], CELL_KIDS] = 1.0  # its first child
+            o0, o1 = rho * a0 + n0, rho * a1 + n1  # the share: rho / 1
+            v = nodes[r]
+            cells[v, CELL_S0 + j0], cells[v, CELL_S0 + j1] = o0, o1
+            a0, a1 = o0 - n0, o1 - n1
+            if j0 + 2 >= k:
+                cells[v, CELL_CLOCK] = clock
+            r += 1
     sc[CLOCK] = clock + hi - lo
 
 
@@ -953,8 +971,8 @@ def _canopy_run(t0, t1, first, offsets, nodes, parent, depth, capacity, params, 
     rate, salt = ac[0], sm[SALT]
     for t in range(t0, t1):
         lo, hi = offsets[t - first], offsets[t - first + 1]
-        sampled = hi > lo and unit_hash(nodes[min(lo + 1, hi - 1)], salt) < rate
-        _cells_update(lo, hi, nodes, parent, cells, sc, params)
+        sampled = hi > lo and (rate >= 1.0 or unit_hash(nodes[min(lo + 1, hi - 1)], salt) < rate)
+        _cells_update(lo, hi, nodes, parent, cells, sc, params, True)
         arm = sc[ARM]
         if arm == 0:
             reused[t - first] = _lru_request(t, lo, hi, nodes, nodes, parent, capacity, ni, sc)
@@ -1125,7 +1143,7 @@ def observe(kind, t, nodes, parent, params, ni, cells, sc, seq):
     the host does not hold is (re)inserted: hit count restarts, SIEVE's visited bit clears and
     ``NEXT_USE`` takes the insertion order ``seq``). Returns the next insertion order."""
     if kind == CANOPY:
-        _cells_update(0, len(nodes), nodes, parent, cells, sc, params)
+        _cells_update(0, len(nodes), nodes, parent, cells, sc, params, False)
     for v in nodes:
         if ni[v, CACHED] == 0:
             ni[v, CACHED] = 1
