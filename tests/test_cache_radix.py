@@ -190,6 +190,32 @@ def test_canopy_cells_are_their_definition(half_lives):
     np.testing.assert_allclose(got, want[seen], rtol=1e-9)
 
 
+@pytest.mark.parametrize("half_lives", [(0.05,), (0.05, 0.2, 0.8)])
+def test_canopy_cells_of_a_never_used_rest_are_the_general_update_to_the_bit(half_lives):
+    """On whole root-first paths (a trace's requests) the update writes a request's
+    never-used rest without reading its cells; every cell is the general update's (a host's,
+    which may count part of a request) to the bit."""
+    rng = np.random.default_rng(11)
+    paths = [rng.integers(0, 4, size=rng.integers(1, 9)).tolist() for _ in range(800)]
+    trace = from_paths(paths)
+    params = Canopy(half_lives=half_lives, prior=0.7).kernel(trace, 4)[1]
+    seen = np.zeros(trace.n_nodes, dtype=bool)
+    rest = 0  # references after a request's first never-used block
+    for t in range(trace.n_requests):
+        new = np.flatnonzero(~seen[trace.path(t)])
+        rest += len(trace.path(t)) - 1 - new[0] if len(new) else 0
+        seen[trace.path(t)] = True
+    assert rest > 500
+    cells = []
+    for whole_paths in (True, False):
+        table, sc = radix.cells_table(trace.n_nodes, len(half_lives)), radix.scalars()
+        for t in range(trace.n_requests):
+            radix._cells_update(trace.offsets[t], trace.offsets[t + 1], trace.nodes,
+                                trace.parent, table, sc, params, whole_paths)
+        cells.append(table)
+    assert np.array_equal(cells[0], cells[1])
+
+
 def _reference_lru(trace, capacity):
     """SGLang's rule, written plainly: evict the least recently used unpinned leaf."""
     cached: set[int] = set()
