@@ -542,7 +542,8 @@ def cell_counts(cells: np.ndarray, clock: float, params: np.ndarray) -> np.ndarr
 def _lru_request(t, lo, hi, nodes, nu, parent, capacity, ni, sc):
     """LRU's request: the victim is the free queue's front; a request's blocks join the
     queue's end when it finishes, deepest first (the queue's ends and the cache's size in
-    locals)."""
+    locals). ``nu`` ``None``: a recency shadow, which keeps no use counts (no one reads its
+    table but its kernels)."""
     size, head, tail = sc[SIZE], sc[HEAD], sc[TAIL]
     k = lo
     while k < hi and ni[nodes[k], CACHED] == 1:
@@ -563,14 +564,16 @@ def _lru_request(t, lo, hi, nodes, nu, parent, capacity, ni, sc):
         v = nodes[r]
         ni[v, CACHED] = 1
         ni[v, PIN] = t
-        ni[v, VISITED] = 0
-        ni[v, HITS] = 0
+        if nu is not None:
+            ni[v, VISITED] = 0
+            ni[v, HITS] = 0
         size += 1
         if parent[v] >= 0:
             ni[parent[v], NCHILD] += 1
         end = r + 1
-    for r in range(lo, end):
-        _touch(nodes[r], t, nu[r], ni)
+    if nu is not None:
+        for r in range(lo, end):
+            _touch(nodes[r], t, nu[r], ni)
     for r in range(end - 1, lo - 1, -1):  # freed tail first, as vLLM does
         head, tail = _push_head(ni, head, tail, nodes[r])
     sc[SIZE], sc[HEAD], sc[TAIL] = size, head, tail
@@ -1115,7 +1118,7 @@ def _shadows_step(t, lo, hi, nodes, parent, depth, params, cells, sc, ac, stats,
         if a == sc[ARM] and sm[RIDES] == 1:
             got[a] = main_reused
         elif skinds[a] == LRU:
-            got[a] = _lru_request(t, lo, hi, nodes, nodes, parent, scap, sni[a], ssc[a])
+            got[a] = _lru_request(t, lo, hi, nodes, None, parent, scap, sni[a], ssc[a])
         elif skinds[a] == SAMPLED:
             got[a] = _sampled_request(t, lo, hi, nodes, parent, scap, params, sni[a], cells,
                                       ssc[a], shkey[a], shnode[a], int(ac[4]))
