@@ -109,6 +109,8 @@ SAMPLED = 6
 # decayed arm's cache, sampled or a heap, holds the start of the cells' epoch its keys are
 # scaled to in ``SEQN`` (SIEVE's alone)
 SLOT, DRAW, EPOCH = PREV, CLOCK, SEQN
+# the node fields that start at -1 (unpinned, unlinked); the rest start at 0
+_UNSET = (PIN, PREV, NEXT)
 
 # decayed-count configuration (``params``): prior weight, deepest depth, the cells' epoch
 # length in referenced blocks, one decay rate (per referenced block) per decayed arm
@@ -1028,9 +1030,8 @@ def shadow_from_table(src, parent, depth, cells, params, sc, arms):
     if a > 0:
         arms.kinds[a] = CANOPY
     dst[:] = 0
-    dst[:, PIN] = -1
-    dst[:, PREV] = -1
-    dst[:, NEXT] = -1
+    for column in _UNSET:
+        dst[:, column] = -1
     held = np.empty(len(src), dtype=np.int64)
     m = 0
     for v in range(len(src)):
@@ -1490,7 +1491,7 @@ def node_table(n: int, dtype: type = np.int64, k: int | None = None) -> np.ndarr
     unpinned, unlinked (``dtype``: ``int32`` halves a replay's tables where node ids and
     request indices fit it)."""
     ni = np.zeros((n, _NI) if k is None else (k, n, _NI), dtype=dtype)
-    for column in (PIN, PREV, NEXT):
+    for column in _UNSET:
         ni[..., column] = -1
     return ni
 
