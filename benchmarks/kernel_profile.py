@@ -31,8 +31,8 @@ def _readable(mangled: str) -> str:
         j = i
         while mangled[j].isdigit():
             j += 1
-        parts.append(mangled[j:j + int(mangled[i:j])])
         i = j + int(mangled[i:j])
+        parts.append(mangled[j:i])
     return ".".join(parts)
 
 

@@ -33,6 +33,13 @@ def _trace(name: str):
         pytest.skip(str(missing))
 
 
+def _cpu_seconds(cache: RadixCache) -> float:
+    """CPU seconds of the replaying thread for the rest of ``cache``'s trace."""
+    began = time.thread_time()
+    cache.run()
+    return time.thread_time() - began
+
+
 def _replay_speed(benchmark, trace, policy: str, capacity: int) -> None:
     RadixCache(trace, make_policy(policy), capacity).run()  # compile / load the kernel
     cpu: list[float] = []
@@ -73,9 +80,7 @@ def test_speed_against_lru(benchmark, policy, trace, capacity):
     cpu: dict[str, list[float]] = {"lru": [], policy: []}
 
     def timed(name: str, cache: RadixCache) -> None:
-        began = time.thread_time()
-        cache.run()
-        cpu[name].append(time.thread_time() - began)
+        cpu[name].append(_cpu_seconds(cache))
 
     def setup():
         timed("lru", RadixCache(trace, make_policy("lru"), capacity))
@@ -165,20 +170,17 @@ def test_canopy_breakdown(benchmark, capacity):
     shadow_arm = 1 if heap_arm != 1 else 2
     names = ["cells", "cells+queue", "cells+heap", "cells+recency_shadow",
              "cells+sampled_shadow"]
-    for part in range(5):
-        _drive(trace, policy, capacity, part, heap_arm if part == HEAP else shadow_arm)
+    arms = [heap_arm if part == HEAP else shadow_arm for part in range(len(names))]
+    for part, arm in enumerate(arms):
+        _drive(trace, policy, capacity, part, arm)
     lru_reused = int(RadixCache(trace, make_policy("lru"), capacity).run().sum())
     cpu: dict[str, list[float]] = {name: [] for name in ["lru", "canopy", *names]}
 
     def one_round() -> None:
         for name in ("lru", "canopy"):
-            cache = RadixCache(trace, make_policy(name), capacity)
-            began = time.thread_time()
-            cache.run()
-            cpu[name].append(time.thread_time() - began)
+            cpu[name].append(_cpu_seconds(RadixCache(trace, make_policy(name), capacity)))
         for part, name in enumerate(names):
-            seconds, reused = _drive(trace, policy, capacity, part,
-                                     heap_arm if part == HEAP else shadow_arm)
+            seconds, reused = _drive(trace, policy, capacity, part, arms[part])
             cpu[name].append(seconds)
             if part == QUEUE:
                 assert reused == lru_reused
