@@ -363,6 +363,7 @@ class _Proxy:
         so. Every outcome reaches the service's breaker."""
         attempts: list[dict[str, Any]] = []
         upstream_s = 0.0
+        expired = False  # an attempt cut by the deadline itself, not its own timeout
         streaming = attempt is self._open_stream
         for model in ranking:
             upstream = self.upstreams[model]
@@ -382,9 +383,10 @@ class _Proxy:
                 except _UPSTREAM_FAILURES as error:
                     written()  # (called already unless it failed before its write)
                     status = getattr(error, "status", None)
-                    upstream.failed(pick, replica, down=not client_fault(status) and not
-                                    isinstance(error, (asyncio.TimeoutError,
-                                                       LLMTimeoutError)))
+                    timed_out = isinstance(error, (asyncio.TimeoutError, LLMTimeoutError))
+                    expired = expired or (timed_out and budget == remaining)
+                    upstream.failed(pick, replica,
+                                    down=not client_fault(status) and not timed_out)
                     attempts.append(self._attempt_failed(
                         model, error, call.request_id,
                         breaker=replica == pick.order[-1] or not upstream.fleet))
@@ -395,11 +397,14 @@ class _Proxy:
                 upstream.first_token(pick, replica, learn=streaming)
                 self.service.outcome(model, ok=True)
                 return model, result, attempts, upstream_s, _Served(upstream, pick, replica)
-        return self._failed(attempts, call.request_id, call.deadline)
+        expired = expired or time.perf_counter() >= call.deadline
+        return self._failed(attempts, call.request_id, expired)
 
-    def _failed(self, attempts: list[dict[str, Any]], request_id: str, deadline: float
+    def _failed(self, attempts: list[dict[str, Any]], request_id: str, expired: bool
                 ) -> JSONResponse:
-        """The answer when no upstream answered: a generic reason per attempt."""
+        """The answer when no upstream answered: a generic reason per attempt; a 504 when
+        the deadline ``expired`` (a timer may fire a clock tick before it, so an attempt the
+        deadline cut counts as well as the clock)."""
         public = [{"model": a["model"], "reason": a["reason"]} for a in attempts]
         statuses = [a["status"] for a in attempts]
         if attempts and all(s in (401, 403) for s in statuses):
@@ -408,7 +413,7 @@ class _Proxy:
         if attempts and all(s in (400, 404, 413, 422) for s in statuses):
             return _error(400, "every upstream rejected the request", request_id=request_id,
                           attempts=public)
-        if time.perf_counter() >= deadline:
+        if expired:
             return _error(504, f"no upstream answered within the {self.config.deadline_s:g} s "
                                "deadline", "timeout", request_id=request_id, attempts=public)
         return _error(503, "no upstream answered", "upstream_error", request_id=request_id,
